@@ -1,0 +1,348 @@
+"""DeviceSpec: what the ops are placed on, and how tensors move between them.
+
+``--devices`` accepts:
+
+* counts and sizes: ``4x8GB``, ``2x16GB,2x8GB``, ``8GiB`` (one device);
+* a preset name (see :data:`PRESETS`, e.g. ``rtx2080x4``);
+* a YAML file (schema in DESIGN.md and the README).
+
+Sizes follow SI/IEC: ``8GB`` = 8e9 bytes, ``8GiB`` = 8 * 2**30 bytes.
+
+Communication: moving ``b`` bytes between two different devices takes
+``latency + b / bandwidth`` µs (a per-pair ``links`` entry overrides the
+defaults); the same device costs nothing. The default is the fit Baechi
+measured on its PCIe testbed: 134 µs + 0.0001754 µs/byte (5.70 GB/s).
+
+Example:
+    >>> spec = parse_devices("2x16GB,2x8GB")
+    >>> [d.memory_bytes for d in spec.devices]
+    [16000000000, 16000000000, 8000000000, 8000000000]
+    >>> round(spec.interconnect.transfer_time(1_000_000, 0, 1), 1)
+    309.4
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from baechi_cli.errors import InputError
+
+# Baechi's fitted PCIe model (SoCC'20): 0.0001754 µs/byte + 134 µs.
+DEFAULT_LATENCY_US = 134.0
+DEFAULT_BANDWIDTH_BYTES_PER_US = 1.0 / 0.0001754
+# A device given only by its memory is modelled as an RTX 2080 (Baechi's GPU):
+# 10.07 TFLOP/s FP32 peak, 448 GB/s memory bandwidth (datasheet numbers).
+DEFAULT_FLOPS = 10.07e12
+DEFAULT_MEMORY_BANDWIDTH = 448e9
+# Fixed cost of launching one op (kernel launch + framework dispatch).
+DEFAULT_LAUNCH_OVERHEAD_US = 5.0
+
+COMM_MODES = ("parallel", "sequential")
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # written into NodeDef.device
+    memory_bytes: int
+    flops: float = DEFAULT_FLOPS  # peak FLOP/s
+    memory_bandwidth: float = DEFAULT_MEMORY_BANDWIDTH  # bytes/s
+    launch_overhead_us: float = DEFAULT_LAUNCH_OVERHEAD_US
+
+    @property
+    def kind(self) -> str:
+        """Devices with the same compute characteristics share a kind."""
+        return f"{self.flops:g}F/{self.memory_bandwidth:g}B/{self.launch_overhead_us:g}us"
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    mode: str = "parallel"  # or "sequential": one channel per device
+    latency_us: float = DEFAULT_LATENCY_US
+    bandwidth_bytes_per_us: float = DEFAULT_BANDWIDTH_BYTES_PER_US
+    # (a, b) device indices with a < b -> (latency µs, bandwidth bytes/µs)
+    links: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+
+    def transfer_time(self, nbytes: int, src: int, dst: int) -> float:
+        """µs to move ``nbytes`` from device ``src`` to device ``dst``."""
+        if src == dst:
+            return 0.0
+        link = self.links.get((src, dst) if src < dst else (dst, src))
+        if link is None:
+            return self.latency_us + nbytes / self.bandwidth_bytes_per_us
+        return link[0] + nbytes / link[1]
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    devices: tuple[Device, ...]
+    interconnect: Interconnect = Interconnect()
+    source: str = ""  # what the user wrote
+
+    @property
+    def count(self) -> int:
+        return len(self.devices)
+
+    @property
+    def names(self) -> list[str]:
+        return [d.name for d in self.devices]
+
+    @property
+    def total_memory(self) -> int:
+        return sum(d.memory_bytes for d in self.devices)
+
+    @property
+    def homogeneous(self) -> bool:
+        return len({d.kind for d in self.devices}) == 1
+
+    def with_comm_mode(self, mode: str) -> DeviceSpec:
+        if mode not in COMM_MODES:
+            raise InputError(f"unknown communication mode '{mode}' (use parallel or sequential)")
+        return replace(self, interconnect=replace(self.interconnect, mode=mode))
+
+
+# --- units ------------------------------------------------------------------
+
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_SI = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_TIME_UNITS = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6, "ns": 1e-3}
+_NUMBER = r"(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)"
+
+
+def parse_size(text: Any, what: str = "size") -> int:
+    """``8GB`` -> 8_000_000_000, ``8GiB`` -> 8 * 2**30, ``123`` -> 123 (bytes)."""
+    if isinstance(text, bool):
+        raise InputError(f"{what} {text!r} is not a size (use e.g. 8GB, 8GiB or a byte count)")
+    if isinstance(text, int):
+        value = float(text)
+    else:
+        m = re.fullmatch(_NUMBER + r"\s*([A-Za-z]*)", str(text).strip())
+        if not m or m.group(2).upper() not in _SIZE_UNITS:
+            raise InputError(f"{what} '{text}' is not a size (use e.g. 8GB, 8GiB or a byte count)")
+        value = float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()]
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"{what} '{text}' must be positive")
+    return int(round(value))
+
+
+def parse_rate(text: Any, what: str, per_second_suffix: str) -> float:
+    """``13.4T`` -> 1.34e13; ``448GB/s`` -> 4.48e11 (units per second)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        s = str(text).strip()
+        if s.endswith("/s"):
+            s = s[:-2]
+        s = s.removesuffix(per_second_suffix).removesuffix(per_second_suffix.upper())
+        if per_second_suffix == "B" and re.search(r"[iI]$", s):
+            raise InputError(f"{what} '{text}': use SI prefixes (GB/s), not IEC")
+        m = re.fullmatch(_NUMBER + r"\s*([KMGTP]?)", s, flags=re.IGNORECASE)
+        if not m:
+            raise InputError(f"{what} '{text}' is not a rate (e.g. 13.4T or 448GB/s)")
+        value = float(m.group(1)) * _SI[m.group(2).upper()]
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"{what} '{text}' must be positive")
+    return value
+
+
+def parse_time_us(text: Any, what: str) -> float:
+    """``134us`` / ``0.134ms`` / ``134`` (µs) -> 134.0."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = re.fullmatch(_NUMBER + r"\s*(us|µs|ms|s|ns)?", str(text).strip())
+        if not m:
+            raise InputError(f"{what} '{text}' is not a time (e.g. 134us or 0.2ms)")
+        value = float(m.group(1)) * _TIME_UNITS[m.group(2) or "us"]
+    if not math.isfinite(value) or value < 0:
+        raise InputError(f"{what} '{text}' must be a non-negative time")
+    return value
+
+
+# --- presets ----------------------------------------------------------------
+
+
+def _preset(count: int, memory: int, flops: float, bw: float, mode: str, lat: float, link_bw: float, doc: str):
+    devices = tuple(
+        Device(f"/device:GPU:{i}", memory, flops, bw) for i in range(count)
+    )
+    return DeviceSpec(devices, Interconnect(mode, lat, link_bw)), doc
+
+
+# Datasheet peak FP32 numbers; interconnects are effective point-to-point rates.
+PRESETS: dict[str, tuple[DeviceSpec, str]] = {
+    "rtx2080x4": _preset(
+        4, 8 * 2**30, 10.07e12, 448e9, "sequential", DEFAULT_LATENCY_US, DEFAULT_BANDWIDTH_BYTES_PER_US,
+        "Baechi's testbed: 4x RTX 2080 8 GiB, shared PCIe without NVLink (134 us + 5.70 GB/s, sequential)",
+    ),
+    "v100x4": _preset(
+        4, 16 * 2**30, 15.7e12, 900e9, "parallel", 10.0, 25e3,
+        "4x V100 16 GiB over NVLink (10 us + 25 GB/s per pair, parallel)",
+    ),
+    "t4x4": _preset(
+        4, 16 * 2**30, 8.1e12, 320e9, "sequential", 20.0, 12e3,
+        "4x T4 16 GiB over PCIe 3.0 (20 us + 12 GB/s, sequential)",
+    ),
+    "a100x8": _preset(
+        8, 80 * 2**30, 19.5e12, 2039e9, "parallel", 8.0, 300e3,
+        "8x A100 80 GiB over NVSwitch (8 us + 300 GB/s, parallel)",
+    ),
+}
+
+
+# --- parsing ------------------------------------------------------------------
+
+
+def parse_devices(spec: str) -> DeviceSpec:
+    """Parse a ``--devices`` value: counts x sizes, a preset, or a YAML file."""
+    text = spec.strip()
+    if not text:
+        raise InputError("--devices is empty (use e.g. 4x8GB, a preset or a YAML file)")
+    if text in PRESETS:
+        return replace(PRESETS[text][0], source=text)
+    if text.endswith((".yaml", ".yml")) or os.path.isfile(text):
+        return load_devices_yaml(text)
+    devices: list[Device] = []
+    for term in text.split(","):
+        term = term.strip()
+        m = re.fullmatch(r"(?:(\d+)\s*[xX*]\s*)?(.+)", term)
+        count = int(m.group(1)) if m and m.group(1) else 1
+        if count < 1:
+            raise InputError(f"--devices '{spec}': device count in '{term}' must be at least 1")
+        try:
+            memory = parse_size(m.group(2) if m else term, "memory")
+        except InputError as err:
+            presets = ", ".join(PRESETS)
+            raise InputError(
+                f"--devices '{spec}': {err.problem}; or name a preset ({presets}) or a YAML file"
+            ) from None
+        for _ in range(count):
+            devices.append(Device(f"/device:GPU:{len(devices)}", memory))
+    return DeviceSpec(tuple(devices), Interconnect(), source=text)
+
+
+_DEVICE_KEYS = {"name", "memory", "flops", "memory_bandwidth", "launch_overhead", "count"}
+_INTERCONNECT_KEYS = {"mode", "latency", "bandwidth", "links"}
+_LINK_KEYS = {"a", "b", "latency", "bandwidth"}
+
+
+def load_devices_yaml(path: str) -> DeviceSpec:
+    """Read the YAML device schema of DESIGN.md; every error names the file and key."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise InputError("device file not found", path=path) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read device file: {err}", path=path) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise InputError(f"not valid YAML{where}", path=path) from None
+    try:
+        return _spec_from_doc(doc, path)
+    except InputError as err:
+        raise err.with_path(path) from None
+
+
+def _check_keys(obj: Any, allowed: set[str], where: str) -> dict:
+    if not isinstance(obj, dict):
+        raise InputError(f"{where} must be a mapping")
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise InputError(f"{where}: unknown key '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})")
+    return obj
+
+
+def _device_from_doc(d: dict, index: int, where: str) -> Device:
+    if "memory" not in d:
+        raise InputError(f"{where}: 'memory' is required")
+    return Device(
+        name=str(d.get("name", f"/device:GPU:{index}")),
+        memory_bytes=parse_size(d["memory"], f"{where}.memory"),
+        flops=parse_rate(d.get("flops", DEFAULT_FLOPS), f"{where}.flops", "FLOPS"),
+        memory_bandwidth=parse_rate(
+            d.get("memory_bandwidth", DEFAULT_MEMORY_BANDWIDTH), f"{where}.memory_bandwidth", "B"
+        ),
+        launch_overhead_us=parse_time_us(
+            d.get("launch_overhead", DEFAULT_LAUNCH_OVERHEAD_US), f"{where}.launch_overhead"
+        ),
+    )
+
+
+def _spec_from_doc(doc: Any, source: str) -> DeviceSpec:
+    top = _check_keys(doc, {"devices", "interconnect"}, "the top level")
+    if "devices" not in top:
+        raise InputError("'devices' is required")
+    raw = top["devices"]
+    devices: list[Device] = []
+    if isinstance(raw, dict):  # one template with a count
+        _check_keys(raw, _DEVICE_KEYS, "devices")
+        count = raw.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise InputError(f"devices.count must be a positive integer, got {count!r}")
+        if "name" in raw and count > 1:
+            raise InputError("devices.name cannot be used with count > 1 (names must be unique)")
+        devices = [_device_from_doc(raw, i, "devices") for i in range(count)]
+    elif isinstance(raw, list) and raw:
+        for i, d in enumerate(raw):
+            _check_keys(d, _DEVICE_KEYS - {"count"}, f"devices[{i}]")
+            devices.append(_device_from_doc(d, i, f"devices[{i}]"))
+    else:
+        raise InputError("'devices' must be a non-empty list or a mapping with a count")
+    names = [d.name for d in devices]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise InputError(f"device name '{dup}' is used twice")
+
+    ic = _check_keys(top.get("interconnect") or {}, _INTERCONNECT_KEYS, "interconnect")
+    mode = str(ic.get("mode", "parallel"))
+    if mode not in COMM_MODES:
+        raise InputError(f"interconnect.mode '{mode}' must be parallel or sequential")
+    latency = parse_time_us(ic.get("latency", DEFAULT_LATENCY_US), "interconnect.latency")
+    bandwidth = (
+        parse_rate(ic["bandwidth"], "interconnect.bandwidth", "B") / 1e6
+        if "bandwidth" in ic
+        else DEFAULT_BANDWIDTH_BYTES_PER_US
+    )
+    links: dict[tuple[int, int], tuple[float, float]] = {}
+    raw_links = ic.get("links") or []
+    if not isinstance(raw_links, list):
+        raise InputError("interconnect.links must be a list")
+    for i, link in enumerate(raw_links):
+        where = f"interconnect.links[{i}]"
+        _check_keys(link, _LINK_KEYS, where)
+        a, b = (_device_ref(link.get(k), names, f"{where}.{k}") for k in ("a", "b"))
+        if a == b:
+            raise InputError(f"{where}: a link needs two different devices")
+        links[(min(a, b), max(a, b))] = (
+            parse_time_us(link.get("latency", latency), f"{where}.latency"),
+            parse_rate(link["bandwidth"], f"{where}.bandwidth", "B") / 1e6
+            if "bandwidth" in link
+            else bandwidth,
+        )
+    return DeviceSpec(tuple(devices), Interconnect(mode, latency, bandwidth, links), source=source)
+
+
+def _device_ref(ref: Any, names: list[str], where: str) -> int:
+    if isinstance(ref, int) and not isinstance(ref, bool) and 0 <= ref < len(names):
+        return ref
+    if isinstance(ref, str) and ref in names:
+        return names.index(ref)
+    raise InputError(f"{where}: '{ref}' is not a device name or index")

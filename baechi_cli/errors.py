@@ -1,0 +1,77 @@
+"""Errors that reach the user as one line and a distinct exit code.
+
+Every error names what it can of: the file, the op, and the problem. The CLI
+prints ``str(error)`` and exits with ``error.exit_code``; nothing else about an
+error is shown, so the message must stand on its own.
+
+Exit codes (documented in the README):
+
+====  ===========================================================
+0     success
+1     a regression gate failed (``baechi compare --baseline``)
+2     usage error or bad input (click's own usage errors are 2 too)
+3     infeasible placement: the model does not fit the devices
+4     a solver failed or ran out of time
+5     an optional dependency (TensorFlow) is needed but missing
+====  ===========================================================
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_REGRESSION = 1
+EXIT_BAD_INPUT = 2
+EXIT_INFEASIBLE = 3
+EXIT_SOLVER = 4
+EXIT_MISSING_DEPENDENCY = 5
+
+
+class BaechiError(Exception):
+    """Base class: a problem the user can act on, reported on one line."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, problem: str, *, path: str | None = None, op: str | None = None):
+        super().__init__(problem)
+        self.problem = problem
+        self.path = path
+        self.op = op
+
+    def with_path(self, path: str) -> BaechiError:
+        """Return this error with ``path`` filled in when it was not known yet."""
+        if self.path is None:
+            self.path = path
+        return self
+
+    def __str__(self) -> str:
+        parts = []
+        if self.path:
+            parts.append(str(self.path))
+        if self.op is not None:
+            parts.append(f"op '{self.op}'")
+        parts.append(" ".join(self.problem.split()))  # one line, always
+        return ": ".join(parts)
+
+
+class InputError(BaechiError):
+    """The input file, device spec or options are wrong."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class InfeasibleError(BaechiError):
+    """No placement fits the devices' memory."""
+
+    exit_code = EXIT_INFEASIBLE
+
+
+class SolverError(BaechiError):
+    """An LP solver failed, was infeasible or ran out of time."""
+
+    exit_code = EXIT_SOLVER
+
+
+class MissingDependencyError(BaechiError):
+    """An optional dependency is required for what was asked."""
+
+    exit_code = EXIT_MISSING_DEPENDENCY

@@ -1,0 +1,268 @@
+"""OpGraph, the intermediate representation every stage reads and returns.
+
+Ops have dense integer ids ``0..n-1``; every per-op attribute is a flat list
+indexed by id and every per-edge attribute a flat list indexed by edge id, so
+the hot loops of the simulator and the placers never touch per-node dicts.
+
+An edge carries one tensor ``(producer, port)`` to one consumer. Control
+dependencies are edges with ``port == CONTROL_PORT`` and 0 bytes. A tensor
+consumed by several ops on one device is transferred there once (see
+``sim.py``).
+
+Units: time in microseconds (float), memory in bytes (int).
+
+Stages never mutate a graph they were given: they build a new one with
+:class:`GraphBuilder` or :meth:`OpGraph.replace`.
+
+Example:
+    >>> b = GraphBuilder()
+    >>> x = b.add_op("x", "Placeholder", output_bytes=[400])
+    >>> y = b.add_op("y", "Relu", output_bytes=[400], compute_us=2.0)
+    >>> _ = b.add_edge(x, y)
+    >>> g = b.build()
+    >>> g.num_ops, g.num_edges, g.topo_order()
+    (2, 1, [0, 1])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from baechi_cli.errors import InputError
+
+CONTROL_PORT = -1
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """A directed acyclic graph of ops (cycles are rejected by :meth:`topo_order`)."""
+
+    # --- per op ---------------------------------------------------------
+    names: list[str]
+    op_types: list[str]
+    output_bytes: list[list[int]]  # bytes of each output port
+    compute_us: list[float]  # on the reference device kind
+    persistent_bytes: list[int]  # weights, optimizer slots: resident all step
+    temporary_bytes: list[int]  # scratch while the op runs
+    group: list[int]  # colocation group: ops with equal ids share a device
+    is_backward: list[bool]
+    forward_op: list[int]  # for a backward op its forward op, else -1
+    # Format-specific facts kept for the cost model and writers; never read in
+    # hot loops. ``output_shapes[v][port]`` is a tuple of ints (None when
+    # unknown); ``attrs[v]`` holds decoded attributes the cost rules need;
+    # ``colocate_with[v]`` names the ops TensorFlow's ``_class`` attr ties v to.
+    output_shapes: list[list[tuple[int, ...] | None]]
+    output_dtypes: list[list[str]]
+    attrs: list[dict[str, Any]]
+    colocate_with: list[tuple[str, ...]]
+    # --- per edge -------------------------------------------------------
+    edge_src: list[int]
+    edge_port: list[int]  # CONTROL_PORT for control edges
+    edge_dst: list[int]
+    edge_bytes: list[int]
+    edge_transfer_us: list[float | None]  # measured transfer time, overrides the comm model
+    # --- derived adjacency (edge ids) -------------------------------------
+    out_edges: list[list[int]] = field(repr=False)
+    in_edges: list[list[int]] = field(repr=False)
+    # Per-kind compute times for heterogeneous devices: kind name -> per-op µs.
+    compute_us_by_kind: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    # For a fused graph: the original op ids behind each node.
+    members: list[list[int]] | None = field(default=None, repr=False)
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.edge_src)
+
+    def replace(self, **changes: Any) -> OpGraph:
+        """A copy with some columns replaced (columns are shared, not copied)."""
+        return dataclasses.replace(self, **changes)
+
+    def durations(self, kind: str | None = None) -> list[float]:
+        """Per-op compute time in µs on devices of ``kind`` (reference kind if absent)."""
+        if kind is not None and kind in self.compute_us_by_kind:
+            return self.compute_us_by_kind[kind]
+        return self.compute_us
+
+    def index(self) -> dict[str, int]:
+        """Map op name -> id (built on demand; not for hot loops)."""
+        return {name: i for i, name in enumerate(self.names)}
+
+    def topo_order(self) -> list[int]:
+        """Kahn's algorithm, lowest id first among ready ops: deterministic.
+
+        O((V + E) log V). Raises :class:`InputError` naming the ops on a cycle.
+        """
+        n = self.num_ops
+        indeg = [0] * n
+        for d in self.edge_dst:
+            indeg[d] += 1
+        ready = [v for v in range(n) if indeg[v] == 0]
+        heapq.heapify(ready)
+        order: list[int] = []
+        out_edges, edge_dst = self.out_edges, self.edge_dst
+        while ready:
+            v = heapq.heappop(ready)
+            order.append(v)
+            for e in out_edges[v]:
+                w = edge_dst[e]
+                indeg[w] -= 1
+                if indeg[w] == 0:
+                    heapq.heappush(ready, w)
+        if len(order) != n:
+            cycle = self.find_cycle([v for v in range(n) if indeg[v] > 0])
+            shown = " -> ".join(self.names[v] for v in cycle[:8])
+            more = f" (+{len(cycle) - 8} more)" if len(cycle) > 8 else ""
+            raise InputError(
+                f"the graph has a cycle: {shown} -> {self.names[cycle[0]]}{more}",
+                op=self.names[cycle[0]],
+            )
+        return order
+
+    def find_cycle(self, among: Iterable[int]) -> list[int]:
+        """One cycle (as op ids in edge order) within the ops ``among``."""
+        import networkx as nx
+
+        sub = nx.DiGraph()
+        keep = set(among)
+        for e in range(self.num_edges):
+            s, d = self.edge_src[e], self.edge_dst[e]
+            if s in keep and d in keep:
+                sub.add_edge(s, d)
+        edges = nx.find_cycle(sub, source=min(keep))
+        return [s for s, _ in edges]
+
+    def successors(self, v: int) -> list[int]:
+        return [self.edge_dst[e] for e in self.out_edges[v]]
+
+    def predecessors(self, v: int) -> list[int]:
+        return [self.edge_src[e] for e in self.in_edges[v]]
+
+    def group_members(self) -> dict[int, list[int]]:
+        """Colocation group id -> its op ids, in id order."""
+        groups: dict[int, list[int]] = {}
+        for v, g in enumerate(self.group):
+            groups.setdefault(g, []).append(v)
+        return groups
+
+    def expanded_members(self) -> list[list[int]]:
+        """Original op ids behind each node (identity for an unfused graph)."""
+        if self.members is None:
+            return [[v] for v in range(self.num_ops)]
+        return self.members
+
+    def to_networkx(self):  # -> networkx.MultiDiGraph, imported lazily
+        """A networkx view (for cycle finding, condensation, contraction)."""
+        import networkx as nx
+
+        g = nx.MultiDiGraph()
+        g.add_nodes_from(range(self.num_ops))
+        for e in range(self.num_edges):
+            g.add_edge(self.edge_src[e], self.edge_dst[e], key=e)
+        return g
+
+
+class GraphBuilder:
+    """Accumulates ops and edges, then :meth:`build` freezes them into an OpGraph."""
+
+    def __init__(self) -> None:
+        self._cols: dict[str, list] = {
+            name: []
+            for name in (
+                "names",
+                "op_types",
+                "output_bytes",
+                "compute_us",
+                "persistent_bytes",
+                "temporary_bytes",
+                "group",
+                "is_backward",
+                "forward_op",
+                "output_shapes",
+                "output_dtypes",
+                "attrs",
+                "colocate_with",
+                "edge_src",
+                "edge_port",
+                "edge_dst",
+                "edge_bytes",
+                "edge_transfer_us",
+            )
+        }
+
+    @property
+    def num_ops(self) -> int:
+        return len(self._cols["names"])
+
+    def add_op(
+        self,
+        name: str,
+        op_type: str,
+        output_bytes: Sequence[int] = (),
+        *,
+        compute_us: float = 0.0,
+        persistent_bytes: int = 0,
+        temporary_bytes: int = 0,
+        is_backward: bool = False,
+        forward_op: int = -1,
+        output_shapes: Sequence[tuple[int, ...] | None] | None = None,
+        output_dtypes: Sequence[str] | None = None,
+        attrs: dict[str, Any] | None = None,
+        colocate_with: Sequence[str] = (),
+    ) -> int:
+        """Add an op and return its id. Its colocation group starts as itself."""
+        c = self._cols
+        v = len(c["names"])
+        nports = len(output_bytes)
+        c["names"].append(name)
+        c["op_types"].append(op_type)
+        c["output_bytes"].append([int(b) for b in output_bytes])
+        c["compute_us"].append(float(compute_us))
+        c["persistent_bytes"].append(int(persistent_bytes))
+        c["temporary_bytes"].append(int(temporary_bytes))
+        c["group"].append(v)
+        c["is_backward"].append(bool(is_backward))
+        c["forward_op"].append(int(forward_op))
+        c["output_shapes"].append(list(output_shapes) if output_shapes is not None else [None] * nports)
+        c["output_dtypes"].append(list(output_dtypes) if output_dtypes is not None else [""] * nports)
+        c["attrs"].append(attrs if attrs is not None else {})
+        c["colocate_with"].append(tuple(colocate_with))
+        return v
+
+    def add_edge(
+        self,
+        src: int,
+        dst: int,
+        port: int = 0,
+        *,
+        nbytes: int | None = None,
+        transfer_us: float | None = None,
+    ) -> int:
+        """Add an edge carrying ``(src, port)`` to ``dst``; bytes default to the port's size."""
+        c = self._cols
+        if nbytes is None:
+            nbytes = 0 if port == CONTROL_PORT else c["output_bytes"][src][port]
+        e = len(c["edge_src"])
+        c["edge_src"].append(src)
+        c["edge_port"].append(port)
+        c["edge_dst"].append(dst)
+        c["edge_bytes"].append(int(nbytes))
+        c["edge_transfer_us"].append(transfer_us)
+        return e
+
+    def build(self) -> OpGraph:
+        c = self._cols
+        n = len(c["names"])
+        out_edges: list[list[int]] = [[] for _ in range(n)]
+        in_edges: list[list[int]] = [[] for _ in range(n)]
+        for e, (s, d) in enumerate(zip(c["edge_src"], c["edge_dst"])):
+            out_edges[s].append(e)
+            in_edges[d].append(e)
+        return OpGraph(out_edges=out_edges, in_edges=in_edges, **c)
