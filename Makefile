@@ -1,0 +1,35 @@
+# Set-up and checks. `make install` then `make test` is all a fresh clone needs.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: install test test-slow test-all lint proto testdata bench clean
+
+install:  ## create .venv and install baechi with the dev extra (TensorFlow, pytest, ruff, ...)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+
+test:  ## the default suite (well under 10 minutes)
+	$(BIN)/python -m pytest -q -m "not slow" -n 2
+
+test-slow:  ## heavy cases only (real model graphs, big synthetic graphs); none selected is fine
+	$(BIN)/python -m pytest -q -m slow -n 2 || [ $$? -eq 5 ]
+
+test-all: test test-slow
+
+lint:
+	$(BIN)/ruff check baechi_cli tests testdata bench proto
+	$(BIN)/ruff format --check baechi_cli tests testdata bench proto
+
+proto:  ## regenerate baechi_cli/proto_gen from proto/ (committed; see proto/README.md)
+	$(BIN)/python proto/build.py
+
+testdata:  ## regenerate the committed TensorFlow test graphs (needs the tf extra)
+	$(BIN)/python testdata/generate.py
+
+bench:  ## benchmarks; results are committed under bench/
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,140 @@
+"""MemoryLedger: what placers count against each device's memory while placing.
+
+The simulator frees tensors when their last consumer ends; a placer deciding
+op by op cannot know those times yet. The ledger therefore counts an upper
+bound of the simulator's peak: every op's persistent, temporary and output
+bytes for the whole step, plus one received copy of every tensor a device
+consumes from another device. A placement that fits the ledger fits the
+simulator, which is how every placer keeps its promise never to exceed
+device memory.
+
+Example:
+    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.devices import parse_devices
+    >>> b = GraphBuilder()
+    >>> a = b.add_op("a", "A", [100], persistent_bytes=50)
+    >>> c = b.add_op("c", "C", [10])
+    >>> _ = b.add_edge(a, c)
+    >>> ledger = MemoryLedger(b.build(), parse_devices("2x1KB"))
+    >>> ledger.commit([a], 0, ledger.extra([a], 0))
+    >>> ledger.extra([c], 1)   # c's output, plus a copy of a's output on device 1
+    {1: 110}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.errors import InfeasibleError
+from baechi_cli.graph import CONTROL_PORT, OpGraph
+
+
+def own_bytes(graph: OpGraph) -> list[int]:
+    """Bytes each op holds on its device in the ledger: persistent + temporary + outputs."""
+    return [
+        graph.persistent_bytes[v] + graph.temporary_bytes[v] + sum(graph.output_bytes[v])
+        for v in range(graph.num_ops)
+    ]
+
+
+class MemoryLedger:
+    """Per-device used bytes (upper bound of the simulated peak) as ops are placed."""
+
+    def __init__(self, graph: OpGraph, devices: DeviceSpec) -> None:
+        self.graph = graph
+        self.own = own_bytes(graph)
+        self.capacity = [d.memory_bytes for d in devices.devices]
+        self.used = [0] * devices.count
+        self.device_of = [-1] * graph.num_ops
+        self._copies: set[tuple[int, int, int]] = set()  # (producer, port, device) counted
+
+    def extra(self, ops: Sequence[int], d: int) -> dict[int, int]:
+        """Bytes each device would gain if ``ops`` (all unplaced) went to device ``d``."""
+        g = self.graph
+        device_of = self.device_of
+        members = set(ops)
+        add = {d: sum(self.own[v] for v in ops)}
+        new: set[tuple[int, int, int]] = set()
+        for v in ops:
+            for e in g.in_edges[v]:
+                u, port = g.edge_src[e], g.edge_port[e]
+                du = device_of[u]
+                if port == CONTROL_PORT or u in members or du < 0 or du == d:
+                    continue
+                key = (u, port, d)
+                if key not in self._copies and key not in new:
+                    new.add(key)
+                    add[d] += g.edge_bytes[e]
+            for e in g.out_edges[v]:
+                w, port = g.edge_dst[e], g.edge_port[e]
+                dw = device_of[w]
+                if port == CONTROL_PORT or w in members or dw < 0 or dw == d:
+                    continue
+                key = (v, port, dw)
+                if key not in self._copies and key not in new:
+                    new.add(key)
+                    add[dw] = add.get(dw, 0) + g.edge_bytes[e]
+        return add
+
+    def fits(self, extra: dict[int, int]) -> bool:
+        return all(self.used[x] + b <= self.capacity[x] for x, b in extra.items())
+
+    def commit(self, ops: Sequence[int], d: int, extra: dict[int, int]) -> None:
+        """Place ``ops`` on ``d``; ``extra`` must be ``self.extra(ops, d)``."""
+        g = self.graph
+        for x, b in extra.items():
+            self.used[x] += b
+        for v in ops:
+            self.device_of[v] = d
+        for v in ops:
+            for e in g.in_edges[v]:
+                u = g.edge_src[e]
+                if g.edge_port[e] != CONTROL_PORT and self.device_of[u] >= 0 and self.device_of[u] != d:
+                    self._copies.add((u, g.edge_port[e], d))
+            for e in g.out_edges[v]:
+                w = g.edge_dst[e]
+                dw = self.device_of[w]
+                if g.edge_port[e] != CONTROL_PORT and dw >= 0 and dw != d:
+                    self._copies.add((v, g.edge_port[e], dw))
+
+
+def infeasible(graph: OpGraph, devices: DeviceSpec, algorithm: str) -> InfeasibleError:
+    """The error a placer raises when its ledger cannot fit the graph.
+
+    States the hard minimum (the largest colocation group's persistent bytes
+    on one device; all persistent bytes in total) when even that does not fit,
+    else what the ledger's conservative count needs.
+    """
+    own = own_bytes(graph)
+    groups = graph.group_members()
+    largest_device = max(d.memory_bytes for d in devices.devices)
+    total = devices.total_memory
+    gives = f"devices give {_fmt(largest_device)} on the largest one / {_fmt(total)} in total"
+
+    def need(per_op: Sequence[int]) -> tuple[int, int, int]:
+        by_group = {g: sum(per_op[v] for v in ops) for g, ops in groups.items()}
+        worst = max(by_group, key=lambda g: (by_group[g], -g))
+        return by_group[worst], sum(per_op), worst
+
+    one, all_, worst = need(graph.persistent_bytes)
+    if one > largest_device or all_ > total:
+        return InfeasibleError(
+            f"the model does not fit: it needs at least {_fmt(one)} on one device "
+            f"(colocation group of '{graph.names[worst]}') / {_fmt(all_)} in total "
+            f"for weights alone; {gives}"
+        )
+    one, all_, worst = need(own)
+    return InfeasibleError(
+        f"{algorithm} could not fit the model: counting every tensor live for the whole step, "
+        f"it needs at least {_fmt(one)} on one device (colocation group of '{graph.names[worst]}') "
+        f"/ {_fmt(all_)} in total; {gives}"
+    )
+
+
+def _fmt(nbytes: int) -> str:
+    """Bytes in the SI units the device spec uses, with the exact count."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit} ({nbytes} bytes)"
+    return f"{nbytes} bytes"

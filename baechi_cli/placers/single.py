@@ -1,0 +1,22 @@
+"""Single device: every op on the device with the most memory (the lowest index on ties).
+
+The baseline every split must beat. Whether the model actually fits is judged
+by the simulator's peak, like every other placement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.graph import OpGraph
+from baechi_cli.placers import Placement
+
+
+def largest_device(devices: DeviceSpec) -> int:
+    memory = [d.memory_bytes for d in devices.devices]
+    return memory.index(max(memory))
+
+
+def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Placement:
+    return Placement([largest_device(devices)] * graph.num_ops)

@@ -1,0 +1,58 @@
+"""m-TOPO: Baechi's memory-constrained topological placer (the strawman).
+
+Walks the ops in topological order and fills the devices in turn: each device
+takes whole colocation groups until the next group would push its compute
+past an equal share (total compute / device count), then the next device
+starts. A group that does not fit the current device's memory goes to the
+next device with room (wrapping around), so m-TOPO fails only when no device
+can take the group.
+
+Complexity: O((V + E) log V) for the order plus O(V + E) ledger work per
+device tried.
+
+Example:
+    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.devices import parse_devices
+    >>> b = GraphBuilder()
+    >>> ids = [b.add_op(f"op{i}", "X", [8], compute_us=10) for i in range(4)]
+    >>> for s, d in zip(ids, ids[1:]): _ = b.add_edge(s, d)
+    >>> place(b.build(), parse_devices("2x1KB"), {}).device_of
+    [0, 0, 1, 1]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.graph import OpGraph
+from baechi_cli.placers import Placement
+from baechi_cli.placers.memory import MemoryLedger, infeasible
+
+
+def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Placement:
+    """Place ``graph`` with m-TOPO; raises InfeasibleError when a group fits nowhere."""
+    ndev = devices.count
+    dur = graph.compute_us
+    share = sum(dur) / ndev
+    groups = graph.group_members()
+    ledger = MemoryLedger(graph, devices)
+    load = [0.0] * ndev
+    current = 0
+    for v in graph.topo_order():
+        if ledger.device_of[v] >= 0:
+            continue
+        ops = groups[graph.group[v]]
+        compute = sum(dur[x] for x in ops)
+        if current < ndev - 1 and load[current] > 0 and load[current] + compute > share:
+            current += 1
+        for step in range(ndev):
+            d = (current + step) % ndev
+            extra = ledger.extra(ops, d)
+            if ledger.fits(extra):
+                break
+        else:
+            raise infeasible(graph, devices, "m-TOPO")
+        ledger.commit(ops, d, extra)
+        load[d] += compute
+    return Placement(ledger.device_of, info={"compute_share_us": share})

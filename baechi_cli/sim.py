@@ -1,0 +1,349 @@
+"""The simulator: the one yardstick every placement is judged by.
+
+``simulate(graph, devices, device_of)`` runs one step of ``graph`` with every
+op on the device ``device_of[op]`` and returns the timeline, per-device memory
+peaks and the step time, following DESIGN.md ("Simulation semantics"):
+
+* A device runs one op at a time. An op may start once its device is free and
+  all its inputs are present there. Among the ready ops of a free device the
+  earliest-ready runs first; ties go to the lower topological index. A placer
+  may instead pass its own per-device ``order``, which is then followed.
+* A tensor ``(producer, port)`` is sent once to each other device that
+  consumes it, when its producer ends; all consumers there reuse the copy.
+  Transfers are issued in the order producers end (ties: topological index of
+  the producer, then port, then destination device index), and each channel
+  serves them in that order (first come, first served; no back-filling).
+  Control edges are 0-byte tensors: across devices they cost the latency.
+* ``parallel`` mode: a transfer starts when its producer ends and never waits.
+* ``sequential`` mode: each device has one channel for sending and receiving.
+  The send starts at max(producer end, sender channel free), the receive at
+  max(send start, receiver channel free); each occupies its channel for the
+  transfer time, and the tensor is present at the receive's end.
+* Memory per device, as half-open intervals [alloc, free): persistent bytes of
+  its ops for the whole step; an op's output from the op's start until its
+  last consumer on that device and its last send have finished (its own end if
+  nothing uses it); a received copy from the receive's start until its last
+  consumer there has finished; temporary bytes while the op runs.
+* Step time: the end of the last op or transfer.
+
+Complexity: O((V + E) log V) time, O(V + E) memory; flat lists throughout.
+
+Example:
+    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.devices import parse_devices
+    >>> b = GraphBuilder()
+    >>> a = b.add_op("a", "A", [1000], compute_us=10)
+    >>> c = b.add_op("c", "C", [], compute_us=5)
+    >>> _ = b.add_edge(a, c)
+    >>> spec = parse_devices("2x1GB")
+    >>> simulate(b.build(), spec, [0, 0]).step_time_us
+    15.0
+    >>> round(simulate(b.build(), spec, [0, 1]).step_time_us, 3)
+    149.175
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.graph import CONTROL_PORT, OpGraph
+
+_FINISH = 0  # at equal times, finishes are handled before readiness
+_READY = 1
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One tensor copied from ``src_device`` to ``dst_device``."""
+
+    src_op: int
+    port: int  # CONTROL_PORT for a control dependency
+    src_device: int
+    dst_device: int
+    nbytes: int
+    send_start: float
+    recv_start: float  # equals send_start in parallel mode
+    end: float  # the tensor is present on dst_device from here on
+
+
+@dataclass
+class SimResult:
+    device_of: list[int]
+    start: list[float]
+    end: list[float]
+    order: list[list[int]]  # ops of each device in the order they ran
+    transfers: list[Transfer]
+    step_time_us: float
+    compute_us: list[float]  # busy time per device
+    peak_bytes: list[int]
+    persistent_bytes: list[int]
+    # (time, bytes in use from then on) per device, for timelines.
+    memory_curve: list[list[tuple[float, int]]]
+    memory_limits: list[int]
+
+    @property
+    def comm_bytes(self) -> int:
+        return sum(t.nbytes for t in self.transfers)
+
+    @property
+    def feasible(self) -> bool:
+        return all(p <= m for p, m in zip(self.peak_bytes, self.memory_limits))
+
+    def over_memory(self) -> list[int]:
+        """Devices whose peak exceeds their memory."""
+        return [d for d, (p, m) in enumerate(zip(self.peak_bytes, self.memory_limits)) if p > m]
+
+
+def op_durations(graph: OpGraph, devices: DeviceSpec, device_of: Sequence[int]) -> list[float]:
+    """Compute time of each op on the device it is placed on."""
+    by_device = [graph.durations(d.kind) for d in devices.devices]
+    return [by_device[d][v] for v, d in enumerate(device_of)]
+
+
+def simulate(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    device_of: Sequence[int],
+    order: Sequence[Sequence[int]] | None = None,
+    *,
+    cache_transfers: bool = True,
+) -> SimResult:
+    """Simulate one step of ``graph`` placed by ``device_of`` (see module docstring).
+
+    ``cache_transfers=False`` sends a tensor once per consuming *edge* instead
+    of once per consuming device (what a framework without Baechi's caching of
+    received tensors does); it exists to measure what caching saves.
+
+    ``order``, when given, fixes the sequence of ops on each device; it must
+    list every op of that device exactly once and respect dependencies within
+    the device, else ``ValueError``.
+    """
+    n, ndev = graph.num_ops, devices.count
+    if len(device_of) != n:
+        raise ValueError(f"placement covers {len(device_of)} ops, graph has {n}")
+    if any(not 0 <= d < ndev for d in device_of):
+        raise ValueError("placement names a device index out of range")
+    rank = [0] * n
+    for i, v in enumerate(graph.topo_order()):
+        rank[v] = i
+    dur = op_durations(graph, devices, device_of)
+    ic = devices.interconnect
+    sequential = ic.mode == "sequential"
+
+    out_edges, in_edges = graph.out_edges, graph.in_edges
+    edge_dst, edge_port = graph.edge_dst, graph.edge_port
+    edge_bytes, edge_xfer = graph.edge_bytes, graph.edge_transfer_us
+
+    remaining = [len(in_edges[v]) for v in range(n)]
+    ready_at = [0.0] * n
+    start = [0.0] * n
+    end = [0.0] * n
+    busy = [False] * ndev
+    chan_free = [0.0] * ndev
+    ran: list[list[int]] = [[] for _ in range(ndev)]
+    transfers: list[Transfer] = []
+    # The transfer serving each cross-device edge (-1: same device), for memory.
+    edge_transfer: list[int] = [-1] * graph.num_edges
+
+    fixed = order is not None
+    if fixed:
+        _check_order(order, device_of, ndev)
+        pos = [0] * ndev
+        is_ready = [False] * n
+    else:
+        avail: list[list[tuple[float, int, int]]] = [[] for _ in range(ndev)]
+
+    events: list[tuple[float, int, int, int]] = [(0.0, _READY, rank[v], v) for v in range(n) if not in_edges[v]]
+    heapq.heapify(events)
+    done = 0
+    while events:
+        now = events[0][0]
+        while events and events[0][0] == now:
+            _, kind, _, u = heapq.heappop(events)
+            if kind == _READY:
+                if fixed:
+                    is_ready[u] = True
+                else:
+                    heapq.heappush(avail[device_of[u]], (ready_at[u], rank[u], u))
+                continue
+            # _FINISH: free the device, ship outputs, release consumers.
+            done += 1
+            src = device_of[u]
+            busy[src] = False
+            outs = sorted(out_edges[u], key=lambda e: (edge_port[e], device_of[edge_dst[e]], e))
+            i = 0
+            while i < len(outs):
+                # Edges of one tensor to one device share one transfer.
+                port, dst = edge_port[outs[i]], device_of[edge_dst[outs[i]]]
+                j = i + 1
+                if cache_transfers or dst == src:
+                    while j < len(outs) and edge_port[outs[j]] == port and device_of[edge_dst[outs[j]]] == dst:
+                        j += 1
+                group = outs[i:j]
+                if dst == src:
+                    t = now
+                else:
+                    nbytes = max(edge_bytes[e] for e in group)
+                    measured = [edge_xfer[e] for e in group if edge_xfer[e] is not None]
+                    length = max(measured) if measured else ic.transfer_time(nbytes, src, dst)
+                    send = now
+                    if sequential:
+                        send = max(now, chan_free[src])
+                        chan_free[src] = send + length
+                        recv = max(send, chan_free[dst])
+                        chan_free[dst] = recv + length
+                    else:
+                        recv = send
+                    t = recv + length
+                    for e in group:
+                        edge_transfer[e] = len(transfers)
+                    transfers.append(Transfer(u, port, src, dst, nbytes, send, recv, t))
+                for e in group:
+                    v = edge_dst[e]
+                    if t > ready_at[v]:
+                        ready_at[v] = t
+                    remaining[v] -= 1
+                    if remaining[v] == 0:
+                        heapq.heappush(events, (ready_at[v], _READY, rank[v], v))
+                i = j
+        # Dispatch every free device, lowest index first.
+        for d in range(ndev):
+            if busy[d]:
+                continue
+            if fixed:
+                seq = order[d]
+                if pos[d] == len(seq) or not is_ready[seq[pos[d]]]:
+                    continue
+                v = seq[pos[d]]
+                pos[d] += 1
+            else:
+                if not avail[d]:
+                    continue
+                v = heapq.heappop(avail[d])[2]
+            busy[d] = True
+            start[v] = now
+            end[v] = now + dur[v]
+            ran[d].append(v)
+            heapq.heappush(events, (end[v], _FINISH, rank[v], v))
+    if done != n:
+        raise ValueError("the per-device order contradicts the graph's dependencies (deadlock)")
+
+    step = max(end, default=0.0)
+    if transfers:
+        step = max(step, max(t.end for t in transfers))
+    compute = [0.0] * ndev
+    for v in range(n):
+        compute[device_of[v]] += dur[v]
+    peak, persistent, curve = _memory(graph, devices, device_of, start, end, transfers, edge_transfer)
+    return SimResult(
+        device_of=list(device_of),
+        start=start,
+        end=end,
+        order=ran,
+        transfers=transfers,
+        step_time_us=step,
+        compute_us=compute,
+        peak_bytes=peak,
+        persistent_bytes=persistent,
+        memory_curve=curve,
+        memory_limits=[d.memory_bytes for d in devices.devices],
+    )
+
+
+def _check_order(order: Sequence[Sequence[int]], device_of: Sequence[int], ndev: int) -> None:
+    if len(order) != ndev:
+        raise ValueError(f"order has {len(order)} device lists, spec has {ndev} devices")
+    seen = [False] * len(device_of)
+    for d, seq in enumerate(order):
+        for v in seq:
+            if device_of[v] != d or seen[v]:
+                raise ValueError(f"op {v} is listed twice or on a device it is not placed on")
+            seen[v] = True
+    if not all(seen):
+        raise ValueError("order leaves some ops out")
+
+
+def _memory(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    device_of: Sequence[int],
+    start: list[float],
+    end: list[float],
+    transfers: list[Transfer],
+    edge_transfer: list[int],
+) -> tuple[list[int], list[int], list[list[tuple[float, int]]]]:
+    """Per-device peak bytes, persistent bytes and memory curve (see module docstring)."""
+    ndev = devices.count
+    persistent = [0] * ndev
+    deltas: list[list[tuple[float, int]]] = [[] for _ in range(ndev)]
+    for v in range(graph.num_ops):
+        d = device_of[v]
+        persistent[d] += graph.persistent_bytes[v]
+        if graph.temporary_bytes[v]:
+            deltas[d].append((start[v], graph.temporary_bytes[v]))
+            deltas[d].append((end[v], -graph.temporary_bytes[v]))
+    # Free time of each output on its producer's device, and of each received copy.
+    local_free: dict[tuple[int, int], float] = {}
+    copy_free = [t.end for t in transfers]
+    for e in range(graph.num_edges):
+        port = graph.edge_port[e]
+        if port == CONTROL_PORT:
+            continue
+        u, v = graph.edge_src[e], graph.edge_dst[e]
+        x = edge_transfer[e]
+        if x < 0:
+            key = (u, port)
+            local_free[key] = max(local_free.get(key, end[u]), end[v])
+        else:
+            copy_free[x] = max(copy_free[x], end[v])
+            send_end = transfers[x].send_start + (transfers[x].end - transfers[x].recv_start)
+            key = (u, port)
+            local_free[key] = max(local_free.get(key, end[u]), send_end)
+    for u in range(graph.num_ops):
+        d = device_of[u]
+        for port, nbytes in enumerate(graph.output_bytes[u]):
+            if nbytes:
+                deltas[d].append((start[u], nbytes))
+                deltas[d].append((local_free.get((u, port), end[u]), -nbytes))
+    for x, t in enumerate(transfers):
+        if t.nbytes and t.port != CONTROL_PORT:
+            deltas[t.dst_device].append((t.recv_start, t.nbytes))
+            deltas[t.dst_device].append((copy_free[x], -t.nbytes))
+    peaks, curves = [], []
+    for d in range(ndev):
+        # Frees sort before allocations at the same instant: intervals are half-open.
+        deltas[d].sort()
+        level = peak = persistent[d]
+        curve = [(0.0, level)]
+        for time, delta in deltas[d]:
+            level += delta
+            if curve[-1][0] == time:
+                curve[-1] = (time, level)
+            else:
+                curve.append((time, level))
+            peak = max(peak, level)
+        peaks.append(peak)
+        curves.append(curve)
+    return peaks, persistent, curves
+
+
+def lower_bound(graph: OpGraph, devices: DeviceSpec) -> float:
+    """max(critical path with zero communication, total compute / device count).
+
+    For heterogeneous devices each op counts at its fastest kind's time, which
+    keeps the bound valid (and looser). O(V + E).
+    """
+    kinds = {d.kind for d in devices.devices}
+    columns = [graph.durations(k) for k in sorted(kinds)]
+    fastest = [min(c[v] for c in columns) for v in range(graph.num_ops)] if len(columns) > 1 else columns[0]
+    finish = [0.0] * graph.num_ops
+    for v in graph.topo_order():
+        ready = 0.0
+        for e in graph.in_edges[v]:
+            ready = max(ready, finish[graph.edge_src[e]])
+        finish[v] = ready + fastest[v]
+    critical = max(finish, default=0.0)
+    return max(critical, sum(fastest) / devices.count)
