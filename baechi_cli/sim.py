@@ -11,8 +11,9 @@ peaks and the step time, following DESIGN.md ("Simulation semantics"):
 * A tensor ``(producer, port)`` is sent once to each other device that
   consumes it, when its producer ends; all consumers there reuse the copy.
   Transfers are issued in the order producers end (ties: topological index of
-  the producer, then port, then destination device index), and each channel
-  serves them in that order (first come, first served; no back-filling).
+  the producer, then port, then destination device index; 0 µs ops started
+  at that instant count as ending then too), and each channel serves them in
+  that order (first come, first served; no back-filling).
   Control edges are 0-byte tensors: across devices they cost the latency.
 * ``parallel`` mode: a transfer starts when its producer ends and never waits.
 * ``sequential`` mode: each device has one channel for sending and receiving.
@@ -159,75 +160,95 @@ def simulate(
     events: list[tuple[float, int, int, int]] = [(0.0, _READY, rank[v], v) for v in range(n) if not in_edges[v]]
     heapq.heapify(events)
     done = 0
+
+    def release(e: int, t: float) -> None:
+        v = edge_dst[e]
+        if t > ready_at[v]:
+            ready_at[v] = t
+        remaining[v] -= 1
+        if remaining[v] == 0:
+            heapq.heappush(events, (ready_at[v], _READY, rank[v], v))
+
+    def ship(u: int, now: float) -> None:
+        """Send u's outputs to the other devices that consume them."""
+        src = device_of[u]
+        outs = sorted(
+            (e for e in out_edges[u] if device_of[edge_dst[e]] != src),
+            key=lambda e: (edge_port[e], device_of[edge_dst[e]], e),
+        )
+        i = 0
+        while i < len(outs):
+            # Edges of one tensor to one device share one transfer (when caching).
+            port, dst = edge_port[outs[i]], device_of[edge_dst[outs[i]]]
+            j = i + 1
+            if cache_transfers:
+                while j < len(outs) and edge_port[outs[j]] == port and device_of[edge_dst[outs[j]]] == dst:
+                    j += 1
+            group = outs[i:j]
+            nbytes = max(edge_bytes[e] for e in group)
+            measured = [edge_xfer[e] for e in group if edge_xfer[e] is not None]
+            length = max(measured) if measured else ic.transfer_time(nbytes, src, dst)
+            send = recv = now
+            if sequential:
+                send = max(now, chan_free[src])
+                chan_free[src] = send + length
+                recv = max(send, chan_free[dst])
+                chan_free[dst] = recv + length
+            t = recv + length
+            for e in group:
+                edge_transfer[e] = len(transfers)
+                release(e, t)
+            transfers.append(Transfer(u, port, src, dst, nbytes, send, recv, t))
+            i = j
+
     while events:
         now = events[0][0]
-        while events and events[0][0] == now:
-            _, kind, _, u = heapq.heappop(events)
-            if kind == _READY:
-                if fixed:
-                    is_ready[u] = True
-                else:
-                    heapq.heappush(avail[device_of[u]], (ready_at[u], rank[u], u))
-                continue
-            # _FINISH: free the device, ship outputs, release consumers.
-            done += 1
-            src = device_of[u]
-            busy[src] = False
-            outs = sorted(out_edges[u], key=lambda e: (edge_port[e], device_of[edge_dst[e]], e))
-            i = 0
-            while i < len(outs):
-                # Edges of one tensor to one device share one transfer.
-                port, dst = edge_port[outs[i]], device_of[edge_dst[outs[i]]]
-                j = i + 1
-                if cache_transfers or dst == src:
-                    while j < len(outs) and edge_port[outs[j]] == port and device_of[edge_dst[outs[j]]] == dst:
-                        j += 1
-                group = outs[i:j]
-                if dst == src:
-                    t = now
-                else:
-                    nbytes = max(edge_bytes[e] for e in group)
-                    measured = [edge_xfer[e] for e in group if edge_xfer[e] is not None]
-                    length = max(measured) if measured else ic.transfer_time(nbytes, src, dst)
-                    send = now
-                    if sequential:
-                        send = max(now, chan_free[src])
-                        chan_free[src] = send + length
-                        recv = max(send, chan_free[dst])
-                        chan_free[dst] = recv + length
+        finished: list[int] = []  # ops ending at `now` whose transfers are not issued yet
+        while True:
+            while events and events[0][0] == now:
+                _, kind, _, u = heapq.heappop(events)
+                if kind == _READY:
+                    if fixed:
+                        is_ready[u] = True
                     else:
-                        recv = send
-                    t = recv + length
-                    for e in group:
-                        edge_transfer[e] = len(transfers)
-                    transfers.append(Transfer(u, port, src, dst, nbytes, send, recv, t))
-                for e in group:
-                    v = edge_dst[e]
-                    if t > ready_at[v]:
-                        ready_at[v] = t
-                    remaining[v] -= 1
-                    if remaining[v] == 0:
-                        heapq.heappush(events, (ready_at[v], _READY, rank[v], v))
-                i = j
-        # Dispatch every free device, lowest index first.
-        for d in range(ndev):
-            if busy[d]:
-                continue
-            if fixed:
-                seq = order[d]
-                if pos[d] == len(seq) or not is_ready[seq[pos[d]]]:
+                        heapq.heappush(avail[device_of[u]], (ready_at[u], rank[u], u))
                     continue
-                v = seq[pos[d]]
-                pos[d] += 1
-            else:
-                if not avail[d]:
+                # _FINISH: free the device and release consumers on it.
+                done += 1
+                src = device_of[u]
+                busy[src] = False
+                for e in out_edges[u]:
+                    if device_of[edge_dst[e]] == src:
+                        release(e, now)
+                finished.append(u)
+            # Dispatch every free device, lowest index first.
+            for d in range(ndev):
+                if busy[d]:
                     continue
-                v = heapq.heappop(avail[d])[2]
-            busy[d] = True
-            start[v] = now
-            end[v] = now + dur[v]
-            ran[d].append(v)
-            heapq.heappush(events, (end[v], _FINISH, rank[v], v))
+                if fixed:
+                    seq = order[d]
+                    if pos[d] == len(seq) or not is_ready[seq[pos[d]]]:
+                        continue
+                    v = seq[pos[d]]
+                    pos[d] += 1
+                else:
+                    if not avail[d]:
+                        continue
+                    v = heapq.heappop(avail[d])[2]
+                busy[d] = True
+                start[v] = now
+                end[v] = now + dur[v]
+                ran[d].append(v)
+                heapq.heappush(events, (end[v], _FINISH, rank[v], v))
+            if events and events[0][0] == now:
+                continue  # 0 µs ops just started: they end now too
+            if not finished:
+                break
+            # Every op ending now has ended: issue their transfers in topological order.
+            finished.sort(key=rank.__getitem__)
+            for u in finished:
+                ship(u, now)
+            finished = []
     if done != n:
         raise ValueError("the per-device order contradicts the graph's dependencies (deadlock)")
 
