@@ -21,8 +21,11 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in baechi, not in the input
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    # rich honours NO_COLOR and drops styling when the stream is not a terminal.
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    stream = sys.stderr if stderr else sys.stdout
+    # rich honours NO_COLOR and drops styling when the stream is not a terminal;
+    # there, lines are not wrapped at rich's default 80 columns either.
+    width = None if stream.isatty() else 160
+    return Console(stderr=stderr, highlight=False, width=width)
 
 
 def _fail(err: BaseException) -> None:

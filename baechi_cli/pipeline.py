@@ -181,7 +181,7 @@ def place_model(
         passes=passes,
         timings=timings,
         cost_report=cost_report,
-        notes=idle_device_notes(graph, devices, options.algo, sim, single),
+        notes=placement_notes(graph, devices, options.algo, sim, single),
         sha256=sha256,
     )
 
@@ -211,20 +211,27 @@ def _single_device(graph: OpGraph, devices: DeviceSpec, known: SimResult | None)
     return known if known.feasible else None
 
 
-def idle_device_notes(
+def placement_notes(
     graph: OpGraph, devices: DeviceSpec, algo: str, sim: SimResult, single: SimResult | None
 ) -> list[str]:
-    """Explain devices that run no op: users read an idle device as a bug."""
+    """Explain what users would read as a bug: a split slower than one device, an idle device."""
+    notes = []
+    if single is not None and algo != "single" and single.step_time_us < sim.step_time_us:
+        notes.append(
+            f"the model fits one device, where it runs in {_ms(single.step_time_us)}: "
+            f"{sim.step_time_us / single.step_time_us:.2f}x faster than this split "
+            "(--algo single places it there)"
+        )
     idle = [devices.devices[d].name for d in range(devices.count) if not sim.order[d]]
     if not idle:
-        return []
+        return notes
     which = ", ".join(idle)
     verb = "runs" if len(idle) == 1 else "run"
     if algo == "single":
         why = "--algo single puts every op on one device"
         if single is not None:
             why += f" ({_ms(single.step_time_us)} step)"
-        return [f"{which} {verb} no ops: {why}."]
+        return [*notes, f"{which} {verb} no ops: {why}."]
     groups = graph.group_members()
     total = sum(graph.compute_us) or 1.0
     share = max(sum(graph.compute_us[v] for v in ops) for ops in groups.values()) / total
@@ -240,9 +247,7 @@ def idle_device_notes(
             f"{ALGORITHM_TITLES.get(algo, algo)} fills devices in topological order up to an equal "
             "share of compute, and the earlier devices took all of it"
         )
-    if single is not None and single.step_time_us <= sim.step_time_us:
-        why += f"; the model fits one device, where it runs in {_ms(single.step_time_us)}"
-    return [f"{which} {verb} no ops: {why}."]
+    return [*notes, f"{which} {verb} no ops: {why}."]
 
 
 def _ms(us: float) -> str:
