@@ -151,7 +151,10 @@ def place_model(
 
     step("place")
     t0 = time.perf_counter()
-    placement = get_placer(options.algo)(graph, devices, {})
+    try:
+        placement = get_placer(options.algo)(graph, devices, {})
+    except InfeasibleError as err:
+        raise err.with_path(path) from None
     timings["place"] = time.perf_counter() - t0
 
     step("simulate")

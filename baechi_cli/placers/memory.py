@@ -113,9 +113,11 @@ def infeasible(graph: OpGraph, devices: DeviceSpec, algorithm: str) -> Infeasibl
     gives = f"devices give {_fmt(largest_device)} on the largest one / {_fmt(total)} in total"
 
     def need(per_op: Sequence[int]) -> tuple[int, int, int]:
+        """(largest group's bytes, total bytes, the heaviest op of that group)."""
         by_group = {g: sum(per_op[v] for v in ops) for g, ops in groups.items()}
         worst = max(by_group, key=lambda g: (by_group[g], -g))
-        return by_group[worst], sum(per_op), worst
+        heaviest = max(groups[worst], key=lambda v: (per_op[v], -v))
+        return by_group[worst], sum(per_op), heaviest
 
     one, all_, worst = need(graph.persistent_bytes)
     if one > largest_device or all_ > total:

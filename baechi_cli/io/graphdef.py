@@ -1,0 +1,645 @@
+"""TensorFlow GraphDef reader and placed-graph writer.
+
+Contract
+--------
+:func:`read_graphdef` turns a binary (``.pb``) or text (``.pbtxt``) GraphDef
+into an :class:`~baechi_cli.graph.OpGraph`, parsed with the project's own
+schema (``proto/tf_graph.proto``), so reading never imports TensorFlow unless
+the file lacks output shapes (see below). The format is decided by content:
+text when the bytes look like text or the extension is ``.pbtxt``/``.txt``,
+binary otherwise, the other format tried when the first fails.
+
+* Ops get dense ids in NodeDef order; ``names`` keeps the NodeDef names.
+* Edges: per node, its data inputs in NodeDef input order (``"x"`` is port 0,
+  ``"x:k"`` port k), then its control inputs (``"^x"``, port
+  :data:`~baechi_cli.graph.CONTROL_PORT`, 0 bytes). An input used twice gives
+  two edges.
+* ``output_dtypes[v]``: one name per output port, from the op registry of TF
+  2.21 (``tf_op_registry.json``) or, for a node whose op is a library
+  function, from that function's signature. Names are TensorFlow's
+  ``tf.DType.name`` (numpy-style): ``float32``, ``float16``, ``bfloat16``,
+  ``int64``, ``bool``, ``string``, ``resource``, ``variant``, ...; a
+  reference type appends ``_ref`` (``float32_ref``). See :data:`DTYPE_NAMES`.
+  Unknown op types fall back to the ``_output_types``, ``T`` or ``dtype``
+  attr (as many outputs as ``_output_shapes`` lists, else one).
+* ``output_shapes[v]``: from the ``_output_shapes`` attr (written by
+  ``as_graph_def(add_shapes=True)``); dims TensorFlow left unknown (-1) are
+  replaced by ``batch_size``. Without ``_output_shapes`` TensorFlow's own
+  shape inference runs when TensorFlow is installed (imported lazily).
+* ``output_bytes`` = element size x product of dims, element sizes as
+  TensorFlow's ``DType.size`` (:data:`DTYPE_SIZES`). ``resource``,
+  ``variant`` and ``string`` count 0 bytes (a handle is tiny; a string's size
+  is not in its shape), so their shapes may be unknown: ``None``.
+* ``attrs[v]``: every attr whose name does not start with ``_``, decoded:
+  int, float, bool, str (UTF-8, undecodable bytes replaced), dtype name,
+  shape tuple (-1 for an unknown dim) or None (unknown rank), list, function
+  name. Tensors are omitted; a tensor attr ``x`` leaves ``x_shape`` (so a
+  Const has ``attrs["value_shape"]``). Two private keys:
+  ``"_device"``: the NodeDef's requested device, when non-empty;
+  ``"_input_types"``: the declared dtype names of the node's data inputs, in
+  input order (absent for op types neither the registry nor the library
+  knows; the colocation pass then uses the producers' output types).
+* ``colocate_with[v]``: the names in the ``_class`` attr's ``loc:@name``
+  entries.
+* TF1 while loops close cycles through NextIteration -> Merge back edges;
+  those edges are kept (the control-flow pass handles them) and every other
+  cycle is rejected.
+
+Every problem with the input raises :class:`~baechi_cli.errors.InputError`
+naming the file, the op when there is one, and the problem.
+
+:func:`write_placed_graphdef` writes the input graph back with every
+``NodeDef.device`` set and nothing else changed, atomically.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+from baechi_cli.errors import InputError
+from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.io.atomic import write_atomic
+
+if TYPE_CHECKING:
+    from baechi_cli.proto_gen.tf_graph_pb2 import AttrValue, GraphDef, NodeDef, OpDef, TensorShapeProto
+
+# (DataType enum value, TensorFlow's DType.name, DType.size in bytes). A *_REF
+# enum is the base value + 100, named base name + "_ref", of the same size.
+_BASE_DTYPES = (
+    (1, "float32", 4),
+    (2, "float64", 8),
+    (3, "int32", 4),
+    (4, "uint8", 1),
+    (5, "int16", 2),
+    (6, "int8", 1),
+    (7, "string", 0),
+    (8, "complex64", 8),
+    (9, "int64", 8),
+    (10, "bool", 1),
+    (11, "qint8", 1),
+    (12, "quint8", 1),
+    (13, "qint32", 4),
+    (14, "bfloat16", 2),
+    (15, "qint16", 2),
+    (16, "quint16", 2),
+    (17, "uint16", 2),
+    (18, "complex128", 16),
+    (19, "float16", 2),
+    (20, "resource", 0),
+    (21, "variant", 0),
+    (22, "uint32", 4),
+    (23, "uint64", 8),
+    (24, "float8_e5m2", 1),
+    (25, "float8_e4m3fn", 1),
+    (26, "float8_e4m3fnuz", 1),
+    (27, "float8_e4m3b11fnuz", 1),
+    (28, "float8_e5m2fnuz", 1),
+    (29, "int4", 1),
+    (30, "uint4", 1),
+    (31, "int2", 1),
+    (32, "uint2", 1),
+    (33, "float4_e2m1fn", 1),
+)
+_REF_OFFSET = 100
+
+#: DataType enum value -> dtype name (``tf.as_dtype(value).name``).
+DTYPE_NAMES: dict[int, str] = {e: n for e, n, _ in _BASE_DTYPES} | {
+    e + _REF_OFFSET: f"{n}_ref" for e, n, _ in _BASE_DTYPES
+}
+#: dtype name -> bytes per element (``tf.as_dtype(name).size``; 0 for
+#: string, resource and variant, whose size a shape does not tell).
+DTYPE_SIZES: dict[str, int] = {n: s for _, n, s in _BASE_DTYPES} | {f"{n}_ref": s for _, n, s in _BASE_DTYPES}
+
+_TEXT_EXTENSIONS = (".pbtxt", ".txt")
+_CONTROL_BYTES = bytes(b for b in range(0x20) if b not in b"\t\n\r") + b"\x7f"
+# Every TF1 while-loop cycle passes through one of these (NextIteration -> Merge).
+_BACK_EDGE_OPS = frozenset({"NextIteration", "RefNextIteration"})
+
+
+# ----------------------------------------------------------------- reading
+
+
+def read_graphdef(path: str, *, batch_size: int | None = None) -> OpGraph:
+    """Read a binary or text GraphDef into an OpGraph (see the module docstring).
+
+    ``batch_size`` replaces dims left unknown in the graph's shapes; without it
+    an unknown dim that affects a tensor's size is an InputError.
+    """
+    if batch_size is not None and batch_size < 1:
+        raise InputError(f"the batch size must be a positive integer, not {batch_size}")
+    graph_def = _parse_file(path)
+    # Building allocates millions of small objects and no reference cycles;
+    # pausing the cyclic collector meanwhile saves about a third of the time.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(graph_def, batch_size)
+    except InputError as err:
+        raise err.with_path(path) from None
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _parse_file(path: str) -> GraphDef:
+    """Read and parse ``path`` with our schema, binary or text (see module docstring)."""
+    from google.protobuf import message, text_format
+
+    from baechi_cli.proto_gen.tf_graph_pb2 import GraphDef
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise InputError("no such file", path=path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a GraphDef file", path=path) from None
+    except OSError as err:
+        raise InputError(f"cannot read: {err.strerror}", path=path) from None
+    if not data:
+        raise InputError("the file is empty", path=path)
+
+    def parse_binary() -> GraphDef:
+        try:
+            graph_def = GraphDef.FromString(data)
+        except message.DecodeError:
+            raise InputError("not a GraphDef, or a truncated one (binary protobuf parse failed)") from None
+        if not graph_def.ListFields():
+            # Bytes that happen to decode, but only as fields GraphDef does not have.
+            raise InputError("not a GraphDef (no GraphDef field in the binary protobuf)")
+        return graph_def
+
+    def parse_text() -> GraphDef:
+        try:
+            return text_format.Parse(data.decode("utf-8"), GraphDef())
+        except UnicodeDecodeError:
+            raise InputError("not a GraphDef (neither binary protobuf nor UTF-8 text)") from None
+        except text_format.ParseError as err:
+            problem = str(err).replace('"baechi.tf.', '"')
+            raise InputError(f"not a text-format GraphDef: {problem}") from None
+
+    text_first = path.lower().endswith(_TEXT_EXTENSIONS) or _looks_like_text(data)
+    parsers = (parse_text, parse_binary) if text_first else (parse_binary, parse_text)
+    try:
+        return parsers[0]()
+    except InputError as first:
+        try:
+            return parsers[1]()
+        except InputError:
+            raise first.with_path(path) from None
+
+
+def _looks_like_text(data: bytes) -> bool:
+    """True when the first 4 KiB hold no control bytes other than whitespace.
+
+    A binary GraphDef fails this: every NodeDef's ``op`` field starts with the
+    byte 0x12.
+    """
+    head = data[:4096]
+    return bool(head) and len(head.translate(None, _CONTROL_BYTES)) == len(head)
+
+
+@functools.cache
+def _op_registry() -> dict[str, dict[str, Any]]:
+    """Op type -> {"inputs", "outputs", "defaults"} from the committed TF table."""
+    from importlib import resources
+
+    data = resources.files("baechi_cli.io").joinpath("tf_op_registry.json").read_bytes()
+    return json.loads(data)["ops"]
+
+
+def _dtype_name(value: int, what: str) -> str:
+    name = DTYPE_NAMES.get(value)
+    if name is None:
+        raise InputError(f"{what} has unknown DataType enum value {value}")
+    return name
+
+
+def _signature_entry(signature: OpDef) -> dict[str, Any]:
+    """A library function's signature in the registry table's format."""
+
+    def arg(a: Any) -> dict[str, Any]:
+        entry: dict[str, Any] = {}
+        if a.type_list_attr:
+            entry["type_list_attr"] = a.type_list_attr
+        elif a.type_attr:
+            entry["type_attr"] = a.type_attr
+        else:
+            entry["type"] = _dtype_name(a.type, f"argument '{a.name}' of function '{signature.name}'")
+        if a.number_attr:
+            entry["number_attr"] = a.number_attr
+        if a.is_ref:
+            entry["is_ref"] = True
+        return entry
+
+    defaults: dict[str, Any] = {}
+    for attr_def in signature.attr:
+        if attr_def.HasField("default_value"):
+            _, decoded = _decode_attr(attr_def.default_value, attr_def.name)
+            if decoded is not _OMIT:
+                defaults[attr_def.name] = decoded
+    return {
+        "inputs": [arg(a) for a in signature.input_arg],
+        "outputs": [arg(a) for a in signature.output_arg],
+        "defaults": defaults,
+    }
+
+
+class _Node:
+    """One NodeDef's attrs, each decoded once.
+
+    ``public``: the attrs the OpGraph keeps (see the module docstring);
+    ``kinds``: attr name -> the AttrValue field it uses ("type", "i", ...;
+    "list(type)" and so on for lists, "list()" for an empty one);
+    ``private``: the raw ``_``-prefixed attrs.
+    """
+
+    __slots__ = ("op", "device", "public", "kinds", "private")
+
+    def __init__(self, node: NodeDef) -> None:
+        self.op = node.op
+        self.device = node.device
+        self.public: dict[str, Any] = {}
+        self.kinds: dict[str, str] = {}
+        self.private: dict[str, AttrValue] = {}
+        for key, value in sorted(node.attr.items()):
+            if key.startswith("_"):
+                self.private[key] = value
+                continue
+            kind, decoded = _decode_attr(value, key)
+            self.kinds[key] = kind
+            if kind == "tensor":
+                self.public[f"{key}_shape"] = _decode_shape(value.tensor.tensor_shape)
+            elif decoded is not _OMIT:
+                self.public[key] = decoded
+
+    def typing_attr(self, name: str, defaults: dict[str, Any], kind: str) -> Any:
+        """An attr that types the node's tensors: a dtype name, a list of them, or an int.
+
+        ``kind`` is "type", "list(type)" or "i". An attr the NodeDef omits takes
+        its OpDef default, as TensorFlow does.
+        """
+        if name in self.kinds:
+            found = self.kinds[name]
+            if found != kind and not (kind == "list(type)" and found == "list()"):
+                raise InputError(f"attr '{name}' must be {_TYPING_KINDS[kind]}")
+            return self.public[name]
+        if name in defaults:
+            return defaults[name]
+        raise InputError(f"attr '{name}' is missing; op type {self.op} needs it to type its tensors")
+
+    def arg_types(self, args: list[dict[str, Any]], defaults: dict[str, Any]) -> list[str]:
+        """Expand declared arguments into one dtype name per tensor."""
+        types: list[str] = []
+        for arg in args:
+            if "type_list_attr" in arg:
+                types.extend(self.typing_attr(arg["type_list_attr"], defaults, "list(type)"))
+                continue
+            base = arg["type"] if "type" in arg else self.typing_attr(arg["type_attr"], defaults, "type")
+            count = 1
+            if "number_attr" in arg:
+                count = self.typing_attr(arg["number_attr"], defaults, "i")
+                if count < 0:
+                    raise InputError(f"attr '{arg['number_attr']}' is negative ({count})")
+            # A ref argument of a ref type (RefIdentity of a float32_ref) stays one level deep.
+            name = f"{base}_ref" if arg.get("is_ref") and not base.endswith("_ref") else base
+            types.extend([name] * count)
+        return types
+
+    def fallback_output_types(self) -> list[str]:
+        """Output types of an op type neither the registry nor the library knows."""
+        if "_output_types" in self.private:
+            kind, listed = _decode_attr(self.private["_output_types"], "_output_types")
+            if kind in ("list(type)", "list()"):
+                return listed
+        for key in ("T", "dtype"):
+            if self.kinds.get(key) == "type":
+                shapes = self.private.get("_output_shapes")
+                return [self.public[key]] * (len(shapes.list.shape) if shapes is not None else 1)
+        raise InputError(
+            f"unknown op type '{self.op}' (not in TensorFlow 2.21's op registry nor in the graph's "
+            "function library) and no _output_types, T or dtype attr to tell its output types"
+        )
+
+    def colocate_with(self) -> tuple[str, ...]:
+        """The names of ``loc:@name`` entries of the ``_class`` attr."""
+        if "_class" not in self.private:
+            return ()
+        entries = [s.decode("utf-8", errors="replace") for s in self.private["_class"].list.s]
+        return tuple([e[len("loc:@") :] for e in entries if e.startswith("loc:@")])
+
+
+_TYPING_KINDS = {"type": "a type", "list(type)": "a list of types", "i": "an int"}
+_OMIT = object()  # marks attr values that are not kept (tensors, placeholders, unset)
+
+
+def _decode_shape(shape: TensorShapeProto) -> tuple[int, ...] | None:
+    if shape.unknown_rank:
+        return None
+    dims = tuple([d.size for d in shape.dim])
+    return dims if min(dims, default=0) >= -1 else tuple([max(d, -1) for d in dims])
+
+
+def _decode_attr(value: AttrValue, key: str) -> tuple[str, Any]:
+    """(kind, value as plain Python) of an AttrValue; the value is _OMIT when not kept.
+
+    The kind is the AttrValue field set: "s", "i", "type", ...; for a list
+    "list(<field>)", or "list()" when it is empty; "" when nothing is set.
+    """
+    kind = value.WhichOneof("value")
+    if kind == "s":
+        return kind, value.s.decode("utf-8", errors="replace")
+    if kind in ("i", "f", "b"):
+        return kind, getattr(value, kind)
+    if kind == "type":
+        return kind, _dtype_name(value.type, f"attr '{key}'")
+    if kind == "shape":
+        return kind, _decode_shape(value.shape)
+    if kind == "func":
+        return kind, value.func.name
+    if kind == "list":
+        fields = value.list.ListFields()
+        if not fields:
+            return "list()", []
+        field, items = fields[0]
+        kind = f"list({field.name})"
+        if field.name == "s":
+            return kind, [s.decode("utf-8", errors="replace") for s in items]
+        if field.name == "type":
+            return kind, [_dtype_name(t, f"attr '{key}'") for t in items]
+        if field.name == "shape":
+            return kind, [_decode_shape(s) for s in items]
+        if field.name == "func":
+            return kind, [f.name for f in items]
+        if field.name == "tensor":
+            return kind, _OMIT
+        return kind, list(items)
+    return kind or "", _OMIT  # tensor (the caller keeps its shape), placeholder, or nothing set
+
+
+def _parse_input(text: str) -> tuple[str, int]:
+    """``"x"`` -> (x, 0); ``"x:k"`` -> (x, k); ``"^x"`` -> (x, CONTROL_PORT)."""
+    if text.startswith("^"):
+        return text[1:], CONTROL_PORT
+    name, sep, port = text.partition(":")
+    if not sep:
+        return name, 0
+    if not port.isdigit():
+        raise InputError(f"input '{text}' is malformed (expected 'name', 'name:port' or '^name')")
+    return name, int(port)
+
+
+def _build(graph_def: GraphDef, batch_size: int | None) -> OpGraph:
+    nodes = list(graph_def.node)
+    if not nodes:
+        raise InputError("the graph is empty (no nodes)")
+    # Each access to a field of a protobuf message builds a new Python object:
+    # read the strings once.
+    names = [node.name for node in nodes]
+    ops = [node.op for node in nodes]
+    index: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if not name:
+            raise InputError(f"node #{i} has no name")
+        if not ops[i]:
+            raise InputError("the node has no op type", op=name)
+        if name in index:
+            raise InputError("duplicate node name (names must be unique)", op=name)
+        index[name] = i
+
+    functions = {f.signature.name: f.signature for f in graph_def.library.function}
+    signatures: dict[str, dict[str, Any]] = {}
+    registry = _op_registry()
+
+    # Pass 1: attrs, types and inputs of every node.
+    decoded: list[_Node] = []
+    out_types: list[list[str]] = []
+    in_types: list[list[str] | None] = []
+    inputs: list[list[tuple[int, int]]] = []
+    for node, op in zip(nodes, ops, strict=True):
+        try:
+            info = _Node(node)
+            entry = registry.get(op)
+            if op in functions:  # TF forbids a function named like an op; the library decides
+                if op not in signatures:
+                    signatures[op] = _signature_entry(functions[op])
+                entry = signatures[op]
+            if entry is not None:
+                defaults = entry.get("defaults", {})
+                out_types.append(info.arg_types(entry["outputs"], defaults))
+                in_types.append(info.arg_types(entry["inputs"], defaults))
+            else:
+                out_types.append(info.fallback_output_types())
+                in_types.append(None)
+            inputs.append(_node_inputs(node, index))
+            decoded.append(info)
+        except InputError as err:
+            if err.op is None:
+                err.op = node.name
+            raise
+
+    # Pass 2: shapes and bytes.
+    need_inference = [
+        i for i, info in enumerate(decoded) if out_types[i] and "_output_shapes" not in info.private
+    ]
+    inferred = _infer_shapes(graph_def, names[need_inference[0]]) if need_inference else {}
+
+    builder = GraphBuilder()
+    for i, info in enumerate(decoded):
+        types = out_types[i]
+        shapes: list[tuple[int, ...] | None] = []
+        sizes: list[int] = []
+        raw = _raw_shapes(names[i], info, types, inferred)
+        for port, (dtype, shape) in enumerate(zip(types, raw, strict=True)):
+            shape, nbytes = _resolve(shape, dtype, batch_size, port, names[i])
+            shapes.append(shape)
+            sizes.append(nbytes)
+        attrs = info.public
+        if info.device:
+            attrs["_device"] = info.device
+        if in_types[i] is not None:
+            attrs["_input_types"] = in_types[i]
+        builder.add_op(
+            names[i],
+            ops[i],
+            sizes,
+            output_shapes=shapes,
+            output_dtypes=types,
+            attrs=attrs,
+            colocate_with=info.colocate_with(),
+        )
+
+    # Pass 3: edges.
+    for dst, node_inputs in enumerate(inputs):
+        declared = in_types[dst]
+        if declared is not None:
+            data_inputs = sum(1 for _, port in node_inputs if port != CONTROL_PORT)
+            if len(declared) != data_inputs:
+                raise InputError(
+                    f"has {data_inputs} data inputs but op type {ops[dst]} declares {len(declared)}",
+                    op=names[dst],
+                )
+        for src, port in node_inputs:
+            if port >= len(out_types[src]):
+                raise InputError(
+                    f"input '{names[src]}:{port}' is out of range: "
+                    f"'{names[src]}' ({ops[src]}) has {len(out_types[src])} outputs",
+                    op=names[dst],
+                )
+            builder.add_edge(src, dst, port)
+
+    graph = builder.build()
+    _check_acyclic(graph)
+    return graph
+
+
+def _node_inputs(node: NodeDef, index: dict[str, int]) -> list[tuple[int, int]]:
+    """(producer id, port) per input: data inputs first, then control inputs."""
+    data: list[tuple[int, int]] = []
+    control: list[tuple[int, int]] = []
+    for text in node.input:
+        name, port = _parse_input(text)
+        src = index.get(name)
+        if src is None:
+            raise InputError(f"input '{text}' names no node of the graph")
+        if port == CONTROL_PORT:
+            control.append((src, port))
+        elif control:
+            raise InputError(f"data input '{text}' follows a control input (data inputs come first)")
+        else:
+            data.append((src, port))
+    return data + control
+
+
+def _raw_shapes(
+    name: str, info: _Node, types: list[str], inferred: dict[str, list[tuple[int, ...] | None]]
+) -> list[tuple[int, ...] | None]:
+    """Output shapes as TensorFlow recorded or inferred them (-1 = unknown dim)."""
+    if not types:
+        return []
+    if "_output_shapes" in info.private:
+        shapes = [_decode_shape(s) for s in info.private["_output_shapes"].list.shape]
+    else:
+        shapes = inferred[name]
+    if len(shapes) != len(types):
+        raise InputError(
+            f"has {len(shapes)} output shapes but op type {info.op} has {len(types)} outputs", op=name
+        )
+    return shapes
+
+
+def _resolve(
+    shape: tuple[int, ...] | None, dtype: str, batch_size: int | None, port: int, op: str
+) -> tuple[tuple[int, ...] | None, int]:
+    """(shape with unknown dims filled, bytes) of one output."""
+    itemsize = DTYPE_SIZES[dtype]
+    if shape is None:
+        if itemsize:
+            raise InputError(
+                f"output {port} ({dtype}) has unknown rank, so its size cannot be estimated; "
+                "export the graph with static shapes",
+                op=op,
+            )
+        return None, 0
+    if -1 in shape:
+        if batch_size is None:
+            if itemsize:
+                raise InputError(
+                    f"output {port} ({dtype}) has shape {_show(shape)} with an unknown dimension; "
+                    "pass --batch-size to fill it in",
+                    op=op,
+                )
+            return None, 0
+        shape = tuple(batch_size if d == -1 else d for d in shape)
+    return shape, itemsize * math.prod(shape)
+
+
+def _show(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join("?" if d == -1 else str(d) for d in shape) + "]"
+
+
+def _infer_shapes(graph_def: GraphDef, first_op: str) -> dict[str, list[tuple[int, ...] | None]]:
+    """Output shapes of every node by TensorFlow's shape inference (imports TensorFlow)."""
+    try:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf
+    except ImportError:
+        raise InputError(
+            "has no _output_shapes attr, so output sizes are unknown; re-export the graph with "
+            "as_graph_def(add_shapes=True), or install TensorFlow (pip install 'baechi[tf]') "
+            "to infer them",
+            op=first_op,
+        ) from None
+    tf_graph_def = tf.compat.v1.GraphDef.FromString(graph_def.SerializeToString())
+    graph = tf.Graph()
+    try:
+        with graph.as_default():
+            tf.compat.v1.import_graph_def(tf_graph_def, name="")
+    except Exception as err:  # TensorFlow raises ValueError or any of its OpError kinds here
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            f"has no _output_shapes attr and TensorFlow could not import the graph to infer shapes: {first_line}",
+            op=first_op,
+        ) from None
+    return {
+        op.name: [
+            None if t.shape.rank is None else tuple(-1 if d is None else d for d in t.shape.as_list())
+            for t in op.outputs
+        ]
+        for op in graph.get_operations()
+    }
+
+
+def _check_acyclic(graph: OpGraph) -> None:
+    """Raise InputError on a cycle that is not a TF1 while loop's back edge."""
+    back = {v for v, t in enumerate(graph.op_types) if t in _BACK_EDGE_OPS}
+    if back:
+        keep = [e for e in range(graph.num_edges) if graph.edge_src[e] not in back]
+        out_edges: list[list[int]] = [[] for _ in range(graph.num_ops)]
+        in_edges: list[list[int]] = [[] for _ in range(graph.num_ops)]
+        for new, e in enumerate(keep):
+            out_edges[graph.edge_src[e]].append(new)
+            in_edges[graph.edge_dst[e]].append(new)
+        graph = graph.replace(
+            edge_src=[graph.edge_src[e] for e in keep],
+            edge_port=[graph.edge_port[e] for e in keep],
+            edge_dst=[graph.edge_dst[e] for e in keep],
+            edge_bytes=[graph.edge_bytes[e] for e in keep],
+            edge_transfer_us=[graph.edge_transfer_us[e] for e in keep],
+            out_edges=out_edges,
+            in_edges=in_edges,
+        )
+    graph.topo_order()
+
+
+# ----------------------------------------------------------------- writing
+
+
+def write_placed_graphdef(in_path: str, devices_by_name: dict[str, str], out_path: str) -> None:
+    """Write ``in_path``'s graph to ``out_path`` with every NodeDef.device set.
+
+    Everything else (names, inputs, attrs, library, versions, debug info,
+    unknown fields in binary output) is unchanged. Text format when
+    ``out_path`` ends with ``.pbtxt``, else binary with deterministic
+    serialization (same input, same bytes). The file is written whole or not
+    at all. Raises KeyError when ``devices_by_name`` lacks a node: every op
+    of a placement has a device, so a missing one is a bug upstream.
+    """
+    from google.protobuf import text_format
+
+    graph_def = _parse_file(in_path)
+    missing = [node.name for node in graph_def.node if node.name not in devices_by_name]
+    if missing:
+        raise KeyError(f"no device for {len(missing)} node(s) of {in_path}, e.g. {missing[:5]}")
+    for node in graph_def.node:
+        node.device = devices_by_name[node.name]
+    if out_path.lower().endswith(".pbtxt"):
+        data = text_format.MessageToString(graph_def).encode("utf-8")
+    else:
+        data = graph_def.SerializeToString(deterministic=True)
+    write_atomic(out_path, data)
