@@ -62,18 +62,28 @@ def main() -> None:
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option(
-    "--devices", "-d", "device_spec", required=True, metavar="SPEC",
+    "--devices",
+    "-d",
+    "device_spec",
+    required=True,
+    metavar="SPEC",
     help="Devices: 4x8GB, 2x16GB,2x8GB, a preset (rtx2080x4, v100x4, t4x4, a100x8) or a YAML file.",
 )
 @click.option(
-    "--algo", default="topo", show_default=True, type=click.Choice(["topo", "single"]),
+    "--algo",
+    default="topo",
+    show_default=True,
+    type=click.Choice(["topo", "single"]),
     help="Placement algorithm.",
 )
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the placed GraphDef here (.pb or .pbtxt).")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Write the placed GraphDef here (.pb or .pbtxt)."
+)
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions.")
 @click.option(
-    "--comm", type=click.Choice(["parallel", "sequential"]),
+    "--comm",
+    type=click.Choice(["parallel", "sequential"]),
     help="Communication model; default: the device spec's (parallel for NxSIZE specs).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report to stdout and nothing else there.")
@@ -128,8 +138,11 @@ class _Progress:
             from baechi_cli.pipeline import STAGES
 
             self._bar = Progress(
-                TextColumn("{task.description:<10}"), BarColumn(), TimeElapsedColumn(),
-                console=_console(stderr=True), transient=True,
+                TextColumn("{task.description:<10}"),
+                BarColumn(),
+                TimeElapsedColumn(),
+                console=_console(stderr=True),
+                transient=True,
             )
             self._bar.__enter__()
             self._task = self._bar.add_task("load", total=len(STAGES))
@@ -190,8 +203,13 @@ def _render_summary(outcome: Any, output: str | None, report_path: str | None) -
     )
     console.print(f"communication: {len(sim.transfers)} transfers, {_fmt_bytes(sim.comm_bytes)}")
     table = Table(box=box.SIMPLE_HEAD if fancy else box.ASCII2, show_edge=False, pad_edge=False)
-    for col, justify in (("device", "left"), ("ops", "right"), ("compute", "right"), ("busy", "right"),
-                         ("peak memory", "left")):
+    for col, justify in (
+        ("device", "left"),
+        ("ops", "right"),
+        ("compute", "right"),
+        ("busy", "right"),
+        ("peak memory", "left"),
+    ):
         table.add_column(col, justify=justify)
     width = 20
     full, empty = ("█", "░") if fancy else ("#", ".")

@@ -176,29 +176,53 @@ def parse_time_us(text: Any, what: str) -> float:
 # --- presets ----------------------------------------------------------------
 
 
-def _preset(count: int, memory: int, flops: float, bw: float, mode: str, lat: float, link_bw: float, doc: str):
-    devices = tuple(
-        Device(f"/device:GPU:{i}", memory, flops, bw) for i in range(count)
-    )
+def _preset(
+    count: int, memory: int, flops: float, bw: float, mode: str, lat: float, link_bw: float, doc: str
+):
+    devices = tuple(Device(f"/device:GPU:{i}", memory, flops, bw) for i in range(count))
     return DeviceSpec(devices, Interconnect(mode, lat, link_bw)), doc
 
 
 # Datasheet peak FP32 numbers; interconnects are effective point-to-point rates.
 PRESETS: dict[str, tuple[DeviceSpec, str]] = {
     "rtx2080x4": _preset(
-        4, 8 * 2**30, 10.07e12, 448e9, "sequential", DEFAULT_LATENCY_US, DEFAULT_BANDWIDTH_BYTES_PER_US,
+        4,
+        8 * 2**30,
+        10.07e12,
+        448e9,
+        "sequential",
+        DEFAULT_LATENCY_US,
+        DEFAULT_BANDWIDTH_BYTES_PER_US,
         "Baechi's testbed: 4x RTX 2080 8 GiB, shared PCIe without NVLink (134 us + 5.70 GB/s, sequential)",
     ),
     "v100x4": _preset(
-        4, 16 * 2**30, 15.7e12, 900e9, "parallel", 10.0, 25e3,
+        4,
+        16 * 2**30,
+        15.7e12,
+        900e9,
+        "parallel",
+        10.0,
+        25e3,
         "4x V100 16 GiB over NVLink (10 us + 25 GB/s per pair, parallel)",
     ),
     "t4x4": _preset(
-        4, 16 * 2**30, 8.1e12, 320e9, "sequential", 20.0, 12e3,
+        4,
+        16 * 2**30,
+        8.1e12,
+        320e9,
+        "sequential",
+        20.0,
+        12e3,
         "4x T4 16 GiB over PCIe 3.0 (20 us + 12 GB/s, sequential)",
     ),
     "a100x8": _preset(
-        8, 80 * 2**30, 19.5e12, 2039e9, "parallel", 8.0, 300e3,
+        8,
+        80 * 2**30,
+        19.5e12,
+        2039e9,
+        "parallel",
+        8.0,
+        300e3,
         "8x A100 80 GiB over NVSwitch (8 us + 300 GB/s, parallel)",
     ),
 }

@@ -71,7 +71,9 @@ def detect_format(path: str) -> str:
     if ext == ".onnx":
         raise InputError("ONNX input is not supported yet; export a TensorFlow GraphDef (.pb)", path=path)
     if ext == ".json":
-        raise InputError("workload JSON input is not supported yet; give a TensorFlow GraphDef (.pb)", path=path)
+        raise InputError(
+            "workload JSON input is not supported yet; give a TensorFlow GraphDef (.pb)", path=path
+        )
     return "graphdef"
 
 
@@ -306,8 +308,12 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
             "latency_us": ic.latency_us,
             "bandwidth_bytes_per_us": ic.bandwidth_bytes_per_us,
             "links": [
-                {"a": spec.devices[a].name, "b": spec.devices[b].name, "latency_us": lat,
-                 "bandwidth_bytes_per_us": bw}
+                {
+                    "a": spec.devices[a].name,
+                    "b": spec.devices[b].name,
+                    "latency_us": lat,
+                    "bandwidth_bytes_per_us": bw,
+                }
                 for (a, b), (lat, bw) in sorted(ic.links.items())
             ],
         },

@@ -157,7 +157,9 @@ def simulate(
     else:
         avail: list[list[tuple[float, int, int]]] = [[] for _ in range(ndev)]
 
-    events: list[tuple[float, int, int, int]] = [(0.0, _READY, rank[v], v) for v in range(n) if not in_edges[v]]
+    events: list[tuple[float, int, int, int]] = [
+        (0.0, _READY, rank[v], v) for v in range(n) if not in_edges[v]
+    ]
     heapq.heapify(events)
     done = 0
 

@@ -40,7 +40,9 @@ def startup() -> list[str]:
     wall = median_time(lambda: subprocess.run([baechi, "--help"], check=True, capture_output=True), 7)
     imports = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import baechi_cli.cli"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stderr
     tf = "yes" if "tensorflow" in imports else "no"
     return [
@@ -54,9 +56,12 @@ def startup() -> list[str]:
 
 
 def committed_graphs() -> list[str]:
-    rows = ["## `baechi place` on the committed graphs (m-TOPO, 4x8GB)", "",
-            "| graph | ops | total (s) | load | profile | passes | place | simulate | step (ms) | lower bound (ms) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "## `baechi place` on the committed graphs (m-TOPO, 4x8GB)",
+        "",
+        "| graph | ops | total (s) | load | profile | passes | place | simulate | step (ms) | lower bound (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name in ("mlp.pb", "cnn.pb"):
         path = os.path.join(ROOT, "testdata", name)
         if not os.path.exists(path):
@@ -74,21 +79,28 @@ def committed_graphs() -> list[str]:
 
 
 def scaling() -> list[str]:
-    rows = ["## Scaling on synthetic layered DAGs (4 devices, 1 TB each: timing only)", "",
-            "| ops | edges | analytic costs (s) | m-TOPO place (s) | simulate, parallel (s) | simulate, sequential (s) |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "## Scaling on synthetic layered DAGs (4 devices, 1 TB each: timing only)",
+        "",
+        "| ops | edges | analytic costs (s) | m-TOPO place (s) | simulate, parallel (s) | simulate, sequential (s) |",
+        "|---|---|---|---|---|---|",
+    ]
     spec = parse_devices("4x1TB")
     seq = spec.with_comm_mode("sequential")
     for n in (1_000, 10_000, 100_000):
-        g = layered_dag(n)
-        repeat = 3 if n <= 10_000 else 1
-        t_cost = median_time(lambda: estimate_costs(g, spec), repeat)
-        placement = get_placer("topo")(g, spec, {})
-        t_place = median_time(lambda: get_placer("topo")(g, spec, {}), repeat)
-        t_par = median_time(lambda: simulate(g, spec, placement.device_of), repeat)
-        t_seq = median_time(lambda: simulate(g, seq, placement.device_of), repeat)
-        rows.append(f"| {n:,} | {g.num_edges:,} | {t_cost:.3f} | {t_place:.3f} | {t_par:.3f} | {t_seq:.3f} |")
+        rows.append(_scaling_row(n, spec, seq))
     return rows + [""]
+
+
+def _scaling_row(n: int, spec, seq) -> str:
+    g = layered_dag(n)
+    repeat = 3 if n <= 10_000 else 1
+    t_cost = median_time(lambda: estimate_costs(g, spec), repeat)
+    placement = get_placer("topo")(g, spec, {})
+    t_place = median_time(lambda: get_placer("topo")(g, spec, {}), repeat)
+    t_par = median_time(lambda: simulate(g, spec, placement.device_of), repeat)
+    t_seq = median_time(lambda: simulate(g, seq, placement.device_of), repeat)
+    return f"| {n:,} | {g.num_edges:,} | {t_cost:.3f} | {t_place:.3f} | {t_par:.3f} | {t_seq:.3f} |"
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ def test_default_comm_model_is_baechis_pcie_fit():
 
 
 @pytest.mark.parametrize(
-    "text, expected", [("8GB", 8 * 10**9), ("8GiB", 8 * 2**30), ("512MB", 512 * 10**6), ("1.5KiB", 1536), (1000, 1000)]
+    "text, expected",
+    [("8GB", 8 * 10**9), ("8GiB", 8 * 2**30), ("512MB", 512 * 10**6), ("1.5KiB", 1536), (1000, 1000)],
 )
 def test_sizes(text, expected):
     assert parse_size(text) == expected

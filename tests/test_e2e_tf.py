@@ -25,7 +25,15 @@ def test_placed_graph_trains_as_placed(tmp_path, name, num_devices):
     placed = tmp_path / "placed.pb"
     r = CliRunner().invoke(
         main,
-        ["place", os.path.join(TESTDATA, f"{name}.pb"), "--devices", f"{num_devices}x8GB", "-o", str(placed), "-q"],
+        [
+            "place",
+            os.path.join(TESTDATA, f"{name}.pb"),
+            "--devices",
+            f"{num_devices}x8GB",
+            "-o",
+            str(placed),
+            "-q",
+        ],
     )
     assert r.exit_code == 0, r.output
     result = verify_placed_graph(str(placed), os.path.join(TESTDATA, f"{name}.json"), num_devices)

@@ -9,7 +9,7 @@ def test_class_attrs_merge_transitively():
     b = GraphBuilder()
     w = b.add_op("w", "VariableV2", [40], output_dtypes=["float32_ref"])
     init = b.add_op("w/Assign", "Assign", [40], colocate_with=["w"])
-    slot = b.add_op("w/Momentum", "VariableV2", [40], colocate_with=["w"])
+    b.add_op("w/Momentum", "VariableV2", [40], colocate_with=["w"])
     other = b.add_op("grad", "MatMul", [40], colocate_with=["w/Momentum"])
     free = b.add_op("x", "Relu", [40])
     for s, d in ((w, init), (other, free)):

@@ -14,7 +14,10 @@ from baechi_cli.sim import simulate
 
 def chain(n, out_bytes=100, compute=10.0, persistent=0):
     b = GraphBuilder()
-    ids = [b.add_op(f"op{i}", "X", [out_bytes], compute_us=compute, persistent_bytes=persistent) for i in range(n)]
+    ids = [
+        b.add_op(f"op{i}", "X", [out_bytes], compute_us=compute, persistent_bytes=persistent)
+        for i in range(n)
+    ]
     for s, d in zip(ids, ids[1:]):
         b.add_edge(s, d)
     return b
@@ -77,7 +80,9 @@ def random_dags(draw):
     b = GraphBuilder()
     for i in range(n):
         b.add_op(
-            f"v{i}", "X", [rng.randint(0, 400) for _ in range(rng.randint(1, 2))],
+            f"v{i}",
+            "X",
+            [rng.randint(0, 400) for _ in range(rng.randint(1, 2))],
             compute_us=rng.choice([0.0, 1.0, 5.0, 20.0]),
             persistent_bytes=rng.choice([0, 0, 100, 300]),
             temporary_bytes=rng.choice([0, 50]),

@@ -10,7 +10,9 @@ CNN = os.path.join(os.path.dirname(__file__), "..", "testdata", "cnn.pb")
 def _modules_after(code: str) -> set[str]:
     out = subprocess.run(
         [sys.executable, "-c", code + "\nimport sys\nprint('\\n'.join(sys.modules))"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return set(out.split())
 

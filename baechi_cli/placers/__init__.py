@@ -35,7 +35,10 @@ def _registry() -> dict[str, tuple[PlacerFn, str]]:
     from baechi_cli.placers import single, topo
 
     return {
-        "topo": (topo.place, "m-TOPO: topological order, devices filled in turn up to an equal share of compute"),
+        "topo": (
+            topo.place,
+            "m-TOPO: topological order, devices filled in turn up to an equal share of compute",
+        ),
         "single": (single.place, "everything on one device (the largest that fits)"),
     }
 
