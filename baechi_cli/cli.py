@@ -73,7 +73,7 @@ def main() -> None:
     "--algo",
     default="topo",
     show_default=True,
-    type=click.Choice(["topo", "single"]),
+    type=click.Choice(["topo", "etf", "single"]),
     help="Placement algorithm.",
 )
 @click.option(

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,21 @@ from typing import Any
 from baechi_cli.errors import InputError
 
 CONTROL_PORT = -1
+
+
+@dataclass(frozen=True)
+class TensorTable:
+    """The distinct tensors ``(producer, port)`` of a graph, control tensors included.
+
+    A tensor's bytes and measured transfer time are the largest among the
+    edges that carry it (they agree in every input format we read).
+    """
+
+    edge_tensor: list[int]  # edge id -> tensor id
+    src: list[int]
+    port: list[int]
+    nbytes: list[int]
+    measured_us: list[float | None]
 
 
 @dataclass(frozen=True)
@@ -90,6 +106,31 @@ class OpGraph:
         if kind is not None and kind in self.compute_us_by_kind:
             return self.compute_us_by_kind[kind]
         return self.compute_us
+
+    @functools.cached_property
+    def tensors(self) -> TensorTable:
+        """Distinct tensors and the edge -> tensor map (built once per graph). O(E)."""
+        ids: dict[tuple[int, int], int] = {}
+        edge_tensor = [0] * self.num_edges
+        src: list[int] = []
+        port: list[int] = []
+        nbytes: list[int] = []
+        measured: list[float | None] = []
+        for e in range(self.num_edges):
+            key = (self.edge_src[e], self.edge_port[e])
+            t = ids.get(key)
+            if t is None:
+                t = ids[key] = len(src)
+                src.append(key[0])
+                port.append(key[1])
+                nbytes.append(0)
+                measured.append(None)
+            edge_tensor[e] = t
+            nbytes[t] = max(nbytes[t], self.edge_bytes[e])
+            m = self.edge_transfer_us[e]
+            if m is not None and (measured[t] is None or m > measured[t]):
+                measured[t] = m
+        return TensorTable(edge_tensor, src, port, nbytes, measured)
 
     def index(self) -> dict[str, int]:
         """Map op name -> id (built on demand; not for hot loops)."""

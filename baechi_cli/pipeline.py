@@ -22,11 +22,11 @@ from baechi_cli.graph import OpGraph
 from baechi_cli.io.report import REPORT_SCHEMA
 from baechi_cli.placers import PLACER_NAMES, Placement, get_placer
 from baechi_cli.placers.single import largest_device
-from baechi_cli.sim import SimResult, lower_bound, simulate
+from baechi_cli.sim import SimResult, lower_bound, same_timeline, simulate
 
 STAGES = ("load", "profile", "passes", "place", "simulate", "write")
 
-ALGORITHM_TITLES = {"topo": "m-TOPO", "single": "single device"}
+ALGORITHM_TITLES = {"topo": "m-TOPO", "etf": "m-ETF", "sct": "m-SCT", "single": "single device"}
 
 
 @dataclass
@@ -161,7 +161,9 @@ def place_model(
 
     step("simulate")
     t0 = time.perf_counter()
-    sim = simulate(graph, devices, placement.device_of, placement.order)
+    sim = simulate(graph, devices, placement.device_of, sequence=placement.sequence)
+    if placement.predicted is not None and not same_timeline(placement.predicted, sim):
+        raise RuntimeError(f"{options.algo} predicted a timeline the simulator does not reproduce")
     if not sim.feasible:
         d = sim.over_memory()[0]
         raise InfeasibleError(

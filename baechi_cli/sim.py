@@ -15,6 +15,8 @@ peaks and the step time, following DESIGN.md ("Simulation semantics"):
   at that instant count as ending then too), and each channel serves them in
   that order (first come, first served; no back-filling).
   Control edges are 0-byte tensors: across devices they cost the latency.
+  A tensor's bytes and measured transfer time (when the input gives one) are
+  the largest among the edges that carry it.
 * ``parallel`` mode: a transfer starts when its producer ends and never waits.
 * ``sequential`` mode: each device has one channel for sending and receiving.
   The send starts at max(producer end, sender channel free), the receive at
@@ -49,8 +51,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.devices import DeviceSpec, Interconnect
+from baechi_cli.graph import CONTROL_PORT, OpGraph, TensorTable
 
 _FINISH = 0  # at equal times, finishes are handled before readiness
 _READY = 1
@@ -110,6 +112,7 @@ def simulate(
     device_of: Sequence[int],
     order: Sequence[Sequence[int]] | None = None,
     *,
+    sequence: Sequence[int] | None = None,
     cache_transfers: bool = True,
 ) -> SimResult:
     """Simulate one step of ``graph`` placed by ``device_of`` (see module docstring).
@@ -121,12 +124,27 @@ def simulate(
     ``order``, when given, fixes the sequence of ops on each device; it must
     list every op of that device exactly once and respect dependencies within
     the device, else ``ValueError``.
+
+    ``sequence``, when given, replays a list schedule instead: the ops in that
+    (topological) order, each started as early as its device and inputs allow,
+    a missing input sent when its consumer is scheduled (see
+    :class:`ListSchedule`). This is how placers that schedule (m-ETF, m-SCT)
+    hand over their plan, channel order included.
     """
     n, ndev = graph.num_ops, devices.count
     if len(device_of) != n:
         raise ValueError(f"placement covers {len(device_of)} ops, graph has {n}")
     if any(not 0 <= d < ndev for d in device_of):
         raise ValueError("placement names a device index out of range")
+    if sequence is not None:
+        if order is not None:
+            raise ValueError("give either order or sequence, not both")
+        if len(sequence) != n or len(set(sequence)) != n:
+            raise ValueError("sequence must list every op exactly once")
+        schedule = ListSchedule(graph, devices, list(device_of), cache_transfers=cache_transfers)
+        for v in sequence:
+            schedule.commit(v, device_of[v])
+        return schedule.result()
     rank = [0] * n
     for i, v in enumerate(graph.topo_order()):
         rank[v] = i
@@ -136,7 +154,8 @@ def simulate(
 
     out_edges, in_edges = graph.out_edges, graph.in_edges
     edge_dst, edge_port = graph.edge_dst, graph.edge_port
-    edge_bytes, edge_xfer = graph.edge_bytes, graph.edge_transfer_us
+    tensors = graph.tensors
+    edge_tensor = tensors.edge_tensor
 
     remaining = [len(in_edges[v]) for v in range(n)]
     ready_at = [0.0] * n
@@ -187,9 +206,9 @@ def simulate(
                 while j < len(outs) and edge_port[outs[j]] == port and device_of[edge_dst[outs[j]]] == dst:
                     j += 1
             group = outs[i:j]
-            nbytes = max(edge_bytes[e] for e in group)
-            measured = [edge_xfer[e] for e in group if edge_xfer[e] is not None]
-            length = max(measured) if measured else ic.transfer_time(nbytes, src, dst)
+            tid = edge_tensor[outs[i]]
+            nbytes = tensors.nbytes[tid]
+            length = transfer_length(tensors, ic, tid, src, dst)
             send = recv = now
             if sequential:
                 send = max(now, chan_free[src])
@@ -276,6 +295,153 @@ def simulate(
     )
 
 
+def transfer_length(tensors: TensorTable, ic: Interconnect, tid: int, src: int, dst: int) -> float:
+    """µs to copy tensor ``tid`` from ``src`` to ``dst``: measured, else the comm model."""
+    measured = tensors.measured_us[tid]
+    return measured if measured is not None else ic.transfer_time(tensors.nbytes[tid], src, dst)
+
+
+class ListSchedule:
+    """A schedule built one op at a time, in the order ops are committed.
+
+    Committing op ``v`` to device ``d`` starts it at the earliest time ``d``
+    is free and all of v's inputs are on ``d``. An input produced on another
+    device and not yet there (or, with caching, not yet sent there for an
+    earlier consumer) is sent now, in v's input order: in ``sequential`` mode
+    it takes each channel when that channel is next free after the producer
+    ended (channels serve transfers in commit order, no back-filling); in
+    ``parallel`` mode it leaves when the producer ends.
+
+    :meth:`earliest_start` asks "when could v start on d?" without changing
+    anything: the question m-ETF and m-SCT ask of every candidate device, so
+    their predicted timeline is by construction the one ``simulate(...,
+    sequence=...)`` replays. Both methods cost O(indegree of v).
+    """
+
+    def __init__(
+        self, graph: OpGraph, devices: DeviceSpec, device_of: list[int], *, cache_transfers: bool = True
+    ) -> None:
+        n, ndev = graph.num_ops, devices.count
+        self.graph = graph
+        self.devices = devices
+        self.device_of = device_of  # -1 for ops not placed yet; placers fill it in
+        self.ndev = ndev
+        self.ic = devices.interconnect
+        self.sequential = self.ic.mode == "sequential"
+        self.cache = cache_transfers
+        self.tensors = graph.tensors
+        self.dur_by_device = [graph.durations(d.kind) for d in devices.devices]
+        self.dev_free = [0.0] * ndev
+        self.chan_free = [0.0] * ndev
+        self.start = [0.0] * n
+        self.end = [0.0] * n
+        self.scheduled = [False] * n
+        self.sequence: list[int] = []
+        self.transfers: list[Transfer] = []
+        self.edge_transfer = [-1] * graph.num_edges
+        self._sent: dict[int, int] = {}  # tensor * ndev + device (or -1 - edge) -> transfer index
+
+    def earliest_start(self, v: int, d: int) -> float:
+        """When v would start on d if committed now (nothing changes)."""
+        return max(self.dev_free[d], self._inputs(v, d, False))
+
+    def data_ready(self, v: int, d: int) -> float:
+        """When all of v's inputs could be on d if v were committed there now."""
+        return self._inputs(v, d, False)
+
+    def commit(self, v: int, d: int) -> float:
+        """Schedule v on d; returns its start time. Its predecessors must be committed."""
+        ready = self._inputs(v, d, True)
+        start = max(self.dev_free[d], ready)
+        end = start + self.dur_by_device[d][v]
+        self.device_of[v] = d
+        self.start[v] = start
+        self.end[v] = end
+        self.dev_free[d] = end
+        self.scheduled[v] = True
+        self.sequence.append(v)
+        return start
+
+    def _inputs(self, v: int, d: int, commit: bool) -> float:
+        g = self.graph
+        edge_src, edge_tensor = g.edge_src, self.tensors.edge_tensor
+        device_of, end, scheduled = self.device_of, self.end, self.scheduled
+        ndev, sent, transfers = self.ndev, self._sent, self.transfers
+        chan = self.chan_free if commit else None
+        tentative: dict[int, float] = {}  # uncommitted: tensor key -> arrival
+        ready = 0.0
+        for e in g.in_edges[v]:
+            u = edge_src[e]
+            if not scheduled[u]:
+                raise ValueError(f"op {v} is scheduled before its input {u}")
+            du = device_of[u]
+            if du == d:
+                arrival = end[u]
+            else:
+                tid = edge_tensor[e]
+                key = tid * ndev + d if self.cache else -1 - e
+                x = sent.get(key)
+                if x is not None:
+                    arrival = transfers[x].end
+                    if commit:
+                        self.edge_transfer[e] = x
+                elif not commit and key in tentative:
+                    arrival = tentative[key]
+                else:
+                    length = transfer_length(self.tensors, self.ic, tid, du, d)
+                    send = recv = end[u]
+                    if self.sequential:
+                        if chan is None:  # a question, not a commitment: work on a copy
+                            chan = list(self.chan_free)
+                        send = max(send, chan[du])
+                        chan[du] = send + length
+                        recv = max(send, chan[d])
+                        chan[d] = recv + length
+                    arrival = recv + length
+                    if commit:
+                        sent[key] = len(transfers)
+                        self.edge_transfer[e] = len(transfers)
+                        transfers.append(
+                            Transfer(u, g.edge_port[e], du, d, self.tensors.nbytes[tid], send, recv, arrival)
+                        )
+                    else:
+                        tentative[key] = arrival
+            if arrival > ready:
+                ready = arrival
+        return ready
+
+    def result(self) -> SimResult:
+        """The finished schedule as a SimResult (every op must be committed)."""
+        if len(self.sequence) != self.graph.num_ops:
+            raise ValueError("not every op is scheduled")
+        n, ndev, device_of = self.graph.num_ops, self.ndev, self.device_of
+        ran: list[list[int]] = [[] for _ in range(ndev)]
+        for v in self.sequence:
+            ran[device_of[v]].append(v)
+        step = max(self.end, default=0.0)
+        if self.transfers:
+            step = max(step, max(t.end for t in self.transfers))
+        compute = [0.0] * ndev
+        for v in range(n):
+            compute[device_of[v]] += self.end[v] - self.start[v]
+        peak, persistent, curve = _memory(
+            self.graph, self.devices, device_of, self.start, self.end, self.transfers, self.edge_transfer
+        )
+        return SimResult(
+            device_of=list(device_of),
+            start=self.start,
+            end=self.end,
+            order=ran,
+            transfers=self.transfers,
+            step_time_us=step,
+            compute_us=compute,
+            peak_bytes=peak,
+            persistent_bytes=persistent,
+            memory_curve=curve,
+            memory_limits=[d.memory_bytes for d in self.devices.devices],
+        )
+
+
 def _check_order(order: Sequence[Sequence[int]], device_of: Sequence[int], ndev: int) -> None:
     if len(order) != ndev:
         raise ValueError(f"order has {len(order)} device lists, spec has {ndev} devices")
@@ -351,6 +517,18 @@ def _memory(
         peaks.append(peak)
         curves.append(curve)
     return peaks, persistent, curves
+
+
+def same_timeline(a: SimResult, b: SimResult) -> bool:
+    """Exactly the same placement, op times, transfers and memory peaks."""
+    return (
+        a.device_of == b.device_of
+        and a.start == b.start
+        and a.end == b.end
+        and a.transfers == b.transfers
+        and a.peak_bytes == b.peak_bytes
+        and a.step_time_us == b.step_time_us
+    )
 
 
 def lower_bound(graph: OpGraph, devices: DeviceSpec) -> float:

@@ -17,6 +17,7 @@ from typing import Any
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
+from baechi_cli.sim import SimResult
 
 
 @dataclass
@@ -24,33 +25,36 @@ class Placement:
     """Which device each op runs on, and optionally the order the placer planned."""
 
     device_of: list[int]
-    order: list[list[int]] | None = None  # per-device op order; None: the simulator decides
+    # The placer's list schedule (every op, in commit order), replayed by
+    # simulate(..., sequence=...); None: the simulator decides the order.
+    sequence: list[int] | None = None
+    # The timeline the placer itself predicts (placers that schedule); the
+    # pipeline checks it against the simulator's replay of ``sequence``.
+    predicted: SimResult | None = None
     info: dict[str, Any] = field(default_factory=dict)  # placer-specific facts for the report
 
 
 PlacerFn = Callable[[OpGraph, DeviceSpec, dict[str, Any]], Placement]
 
 
-def _registry() -> dict[str, tuple[PlacerFn, str]]:
-    from baechi_cli.placers import single, topo
-
-    return {
-        "topo": (
-            topo.place,
-            "m-TOPO: topological order, devices filled in turn up to an equal share of compute",
-        ),
-        "single": (single.place, "everything on one device (the largest that fits)"),
-    }
-
-
-PLACER_NAMES = ("topo", "single")
+# name -> (module whose ``place`` implements it, one-line description). Modules
+# are imported on first use so `baechi --help` stays fast.
+PLACERS: dict[str, tuple[str, str]] = {
+    "topo": (
+        "baechi_cli.placers.topo",
+        "m-TOPO: topological order, devices filled in turn up to an equal share of compute",
+    ),
+    "etf": (
+        "baechi_cli.placers.etf",
+        "m-ETF: earliest task first with memory filter and co-adjusted colocation",
+    ),
+    "single": ("baechi_cli.placers.single", "everything on one device (the largest)"),
+}
+PLACER_NAMES = tuple(PLACERS)
 
 
 def get_placer(name: str) -> PlacerFn:
     """The placer called ``name``; KeyError for an unknown name."""
-    return _registry()[name][0]
+    import importlib
 
-
-def describe_placers() -> dict[str, str]:
-    """Name -> one-line description, for help texts."""
-    return {name: desc for name, (_, desc) in _registry().items()}
+    return importlib.import_module(PLACERS[name][0]).place

@@ -1,0 +1,157 @@
+"""The list-scheduling engine behind m-ETF and m-SCT.
+
+Repeatedly commits the (ready op, device) pair with the earliest possible
+start — ties broken by a placer-given preference, then the op's topological
+index, then the device index — where an op is ready once all its
+predecessors are committed, and a device is a candidate for it when:
+
+* the op's colocation group is already on that device, or the group is
+  unplaced and fits there (co-adjusted colocation: committing the group's
+  first op places the whole group, memory counted by
+  :class:`~baechi_cli.placers.memory.MemoryLedger`);
+* the placer's ``allowed(v, d)`` does not forbid it.
+
+Start times come from :class:`~baechi_cli.sim.ListSchedule`, the simulator's
+own list-schedule semantics (device channels and cached copies in
+``sequential`` mode), so the timeline a placer predicts is exactly what
+``simulate(..., sequence=placement.sequence)`` computes.
+
+Data structures: per device, ``waiting`` is a heap of candidates keyed by
+(data-ready time, preference, rank), and ``available`` a heap keyed by
+(preference, rank) of candidates whose inputs are there by the time the
+device is free. A device's best candidate is the top of ``available`` (it
+starts when the device is free) or else the top of ``waiting``. Keys only
+grow (devices and channels only get busier), so a stale key is a lower bound:
+tops are re-checked lazily and re-pushed when their time has moved.
+
+Complexity: O((V·D + E·D) log V) heap work for V ops, E edges, D devices in
+``parallel`` mode, where data-ready times never change; in ``sequential``
+mode each re-check of a top costs O(indegree) and tops are re-checked only
+when their channel got busier. No step rescans all ready ops.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.graph import OpGraph
+from baechi_cli.placers import Placement
+from baechi_cli.placers.memory import MemoryLedger, infeasible
+from baechi_cli.sim import ListSchedule
+
+Preference = Callable[[int, int], int]  # (op, device) -> 0 preferred ... larger later
+
+
+def list_schedule(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    algorithm: str,
+    preference: Preference | None = None,
+) -> Placement:
+    """Place and order every op; raises InfeasibleError when an op fits no device."""
+    n, ndev = graph.num_ops, devices.count
+    order = graph.topo_order()
+    rank = [0] * n
+    for i, v in enumerate(order):
+        rank[v] = i
+    device_of = [-1] * n
+    schedule = ListSchedule(graph, devices, device_of)
+    ledger = MemoryLedger(graph, devices)
+    groups = graph.group_members()
+    group, in_edges, out_edges, edge_dst = graph.group, graph.in_edges, graph.out_edges, graph.edge_dst
+    sequential = schedule.sequential
+    dev_free = schedule.dev_free
+    pref = preference or (lambda v, d: 0)
+
+    waiting: list[list[tuple[float, int, int, int]]] = [[] for _ in range(ndev)]
+    available: list[list[tuple[int, int, int]]] = [[] for _ in range(ndev)]
+    dead: list[set[int]] = [set() for _ in range(ndev)]  # ops whose group cannot go to that device
+    missing = [len(in_edges[v]) for v in range(n)]
+    pending = 0  # ready, uncommitted ops
+
+    def offer(v: int) -> None:
+        placed = ledger.device_of[v]  # set for the whole group when its first op is committed
+        for d in range(ndev) if placed < 0 else (placed,):
+            if v in dead[d]:
+                continue
+            ready = schedule.data_ready(v, d)
+            p = pref(v, d)
+            if ready <= dev_free[d]:
+                heapq.heappush(available[d], (p, rank[v], v))
+            else:
+                heapq.heappush(waiting[d], (ready, p, rank[v], v))
+
+    def valid(v: int, d: int) -> bool:
+        if schedule.scheduled[v] or v in dead[d]:
+            return False
+        placed = ledger.device_of[v]
+        return placed < 0 or placed == d
+
+    def best(d: int) -> tuple[float, int, int, int] | None:
+        """(start, preference, rank, op) of device d's best candidate, keys refreshed."""
+        w, a, free = waiting[d], available[d], dev_free[d]
+        while w and w[0][0] <= free:
+            _, p, r, v = heapq.heappop(w)
+            if not valid(v, d):
+                continue
+            ready = schedule.data_ready(v, d) if sequential else 0.0
+            if ready <= free:
+                heapq.heappush(a, (p, r, v))
+            else:
+                heapq.heappush(w, (ready, p, r, v))
+        while a:
+            p, r, v = a[0]
+            if not valid(v, d):
+                heapq.heappop(a)
+                continue
+            if sequential:
+                ready = schedule.data_ready(v, d)
+                if ready > free:
+                    heapq.heappop(a)
+                    heapq.heappush(w, (ready, p, r, v))
+                    continue
+            return (free, p, r, v)
+        while w:
+            t, p, r, v = w[0]
+            if not valid(v, d):
+                heapq.heappop(w)
+                continue
+            if sequential:
+                ready = schedule.data_ready(v, d)
+                if ready > t:
+                    heapq.heapreplace(w, (ready, p, r, v))
+                    continue
+            return (t, p, r, v)
+        return None
+
+    for v in order:
+        if missing[v] == 0:
+            offer(v)
+            pending += 1
+    while pending:
+        choice = None
+        for d in range(ndev):
+            top = best(d)
+            if top is not None and (choice is None or top < choice[0]):
+                choice = (top, d)
+        if choice is None:
+            raise infeasible(graph, devices, algorithm)
+        (_, _, _, v), d = choice
+        if ledger.device_of[v] < 0:  # first op of its group: place the whole group
+            ops = groups[group[v]]
+            extra = ledger.extra(ops, d)
+            if not ledger.fits(extra):
+                dead[d].update(ops)  # the ledger only grows: it never fits later
+                continue
+            ledger.commit(ops, d, extra)
+        schedule.commit(v, d)
+        pending -= 1
+        for e in out_edges[v]:
+            w = edge_dst[e]
+            missing[w] -= 1
+            if missing[w] == 0:
+                offer(w)
+                pending += 1
+    return Placement(list(device_of), sequence=list(schedule.sequence), predicted=schedule.result())

@@ -1,0 +1,306 @@
+"""The favorite-child LP of m-SCT (Hanen & Munier's small-communication-time relaxation).
+
+Every op ``v`` has a processing time ``p_v`` (``graph.compute_us``). The LP
+has one edge per distinct ``(u, v)`` op pair joined by at least one graph edge:
+multi-edges and control edges are merged, and the pair's communication time
+``c_uv`` is the sum over the distinct tensors ``(u, port)`` it carries of their
+transfer time between two different devices. A tensor costs its measured
+``edge_transfer_us`` when one is set (the largest, if its edges disagree),
+else ``interconnect.transfer_time(bytes, 0, 1)``; per-link overrides are
+ignored because the LP does not know the devices yet. A control dependency
+counts as the 0-byte tensor ``(u, CONTROL_PORT)``, so it costs the latency,
+as in the simulator. Summing (rather than taking the largest) charges a
+pair's tensors one after another, as sequential communication does.
+
+Variables: ``x_e`` in [0, 1] per LP edge (1: ``v`` is not ``u``'s favorite
+child and pays ``c_e``), a start time ``s_v >= 0`` per op, the makespan
+``w >= 0``::
+
+    minimise   w
+    subject to s_u + p_u + c_e x_e <= s_v        for every LP edge e = (u, v)
+               sum_{e out of u} x_e >= outdeg(u) - 1   for outdeg(u) >= 2
+               sum_{e into v}   x_e >= indeg(v) - 1    for indeg(v) >= 2
+               s_v + p_v <= w                    for every sink v
+
+Bounds are variable bounds, not rows. Degree rows with degree 1 would read
+``x_e >= 0`` and are left out; makespan rows are needed only for sinks,
+since every other op ends before its successors start.
+
+The LP is always feasible (all ``x_e = 1`` and ``s`` = earliest start times)
+and bounded (``w >= 0``), so any answer but "optimal" is a solver failure,
+reported as :class:`~baechi_cli.errors.SolverError`: never a silent fallback.
+
+Backend: HiGHS (dual simplex) through ``pywraplp``, chosen by measurement
+(bench/lp_backends.md: at 20k ops HiGHS solves in about a second, GLOP and CLP
+take tens of seconds, PDLP does not converge in minutes).
+
+Complexity: O(V + E log E) to build (sorting each op's successors), with
+V + E' + 1 variables and at most 2V + E' rows for E' LP edges; the solve
+dominates. :func:`favorite_children` is O(E' log E').
+
+Example:
+    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.devices import DeviceSpec, Device, Interconnect
+    >>> b = GraphBuilder()
+    >>> a, l, r = (b.add_op(n, "X", [0], compute_us=10) for n in "alr")
+    >>> _ = b.add_edge(a, l, transfer_us=5.0)
+    >>> _ = b.add_edge(a, r, transfer_us=8.0)
+    >>> res = solve_favorite_lp(b.build(), DeviceSpec((Device("d", 10**9),), Interconnect()))
+    >>> res.objective_us, favorite_children(res)
+    (25.0, [2, -1, -1])
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.errors import InputError, SolverError
+from baechi_cli.graph import OpGraph
+
+# User-facing name -> pywraplp solver id. HiGHS is asked for as "HIGHS_LP"
+# so OR-Tools hands it a pure LP (its "HIGHS" id is the MIP flavour).
+BACKENDS: dict[str, str] = {
+    "highs": "HIGHS_LP",
+    "glop": "GLOP",
+    "clp": "CLP",
+    "pdlp": "PDLP",
+}
+DEFAULT_BACKEND = "highs"  # fastest in bench/lp_backends.md
+DEFAULT_THRESHOLD = 0.5
+
+
+@dataclass(frozen=True)
+class LPResult:
+    """An optimal solution of the favorite-child LP.
+
+    LP edge ``i`` joins ``src[i] -> dst[i]`` (sorted by ``(src, dst)``) with
+    communication time ``comm_us[i]`` and LP value ``x[i]``.
+    """
+
+    num_ops: int
+    src: list[int]
+    dst: list[int]
+    comm_us: list[float]
+    x: list[float]
+    start_us: list[float]  # s_v, the LP's start time of each op
+    objective_us: float  # w, the LP's makespan: a lower bound of SCT's schedule
+    status: str  # always "OPTIMAL": anything else raises SolverError
+    backend: str
+    seconds: float  # wall time of the solve
+    build_seconds: float  # wall time to build the LP in OR-Tools
+    num_variables: int
+    num_constraints: int
+
+
+def lp_edges(graph: OpGraph, devices: DeviceSpec) -> tuple[list[int], list[int], list[float]]:
+    """The LP edges ``(src, dst, comm_us)``: one per distinct op pair, sorted."""
+    ic = devices.interconnect
+    latency, bandwidth = ic.latency_us, ic.bandwidth_bytes_per_us
+    out_edges, edge_dst, edge_port = graph.out_edges, graph.edge_dst, graph.edge_port
+    edge_bytes, edge_xfer = graph.edge_bytes, graph.edge_transfer_us
+    src: list[int] = []
+    dst: list[int] = []
+    comm: list[float] = []
+    for u in range(graph.num_ops):
+        outs = out_edges[u]
+        if len(outs) == 1:  # the common case: no merging needed
+            e = outs[0]
+            t = edge_xfer[e]
+            src.append(u)
+            dst.append(edge_dst[e])
+            comm.append(t if t is not None else latency + edge_bytes[e] / bandwidth)
+            continue
+        # (v, port) -> [largest bytes, largest measured time or None], as the
+        # simulator sizes one transfer serving several edges of one tensor.
+        tensors: dict[tuple[int, int], list] = {}
+        for e in outs:
+            key = (edge_dst[e], edge_port[e])
+            t = edge_xfer[e]
+            entry = tensors.get(key)
+            if entry is None:
+                tensors[key] = [edge_bytes[e], t]
+            else:
+                entry[0] = max(entry[0], edge_bytes[e])
+                if t is not None:
+                    entry[1] = t if entry[1] is None else max(entry[1], t)
+        pair_comm: dict[int, float] = {}
+        for (v, _), (nbytes, t) in tensors.items():
+            pair_comm[v] = pair_comm.get(v, 0.0) + (t if t is not None else latency + nbytes / bandwidth)
+        for v in sorted(pair_comm):
+            src.append(u)
+            dst.append(v)
+            comm.append(pair_comm[v])
+    return src, dst, comm
+
+
+def solve_favorite_lp(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    *,
+    time_limit_s: float | None = None,
+    backend: str | None = None,
+) -> LPResult:
+    """Build and solve the favorite-child LP of ``graph`` (see the module docstring).
+
+    ``backend`` names one of :data:`BACKENDS` (case-insensitive; default
+    :data:`DEFAULT_BACKEND`). ``time_limit_s`` caps the solve's wall time.
+    Raises :class:`InputError` for an unknown backend or a non-positive time
+    limit, and :class:`SolverError` when the backend is missing from this
+    OR-Tools build, or the solve does not end optimal: infeasible, unbounded,
+    abnormal, or stopped by the time limit (even with a feasible solution in
+    hand: a non-optimal LP would make the rounding arbitrary).
+    """
+    from ortools.linear_solver import pywraplp
+
+    name = (backend or DEFAULT_BACKEND).lower()
+    if name not in BACKENDS:
+        raise InputError(f"unknown LP backend '{backend}' (use one of: {', '.join(BACKENDS)})")
+    if time_limit_s is not None and not (time_limit_s > 0 and math.isfinite(time_limit_s)):
+        raise InputError(f"the solver time limit must be a positive number of seconds, got {time_limit_s}")
+
+    t0 = time.perf_counter()
+    n = graph.num_ops
+    p = graph.compute_us
+    src, dst, comm = lp_edges(graph, devices)
+    m = len(src)
+    solver = pywraplp.Solver.CreateSolver(BACKENDS[name])
+    if solver is None:
+        raise SolverError(f"LP backend '{name}' is not available in this OR-Tools build")
+    inf = solver.infinity()
+    # Unnamed variables and rows: OR-Tools makes names only if a model is exported.
+    s = [solver.NumVar(0.0, inf, "") for _ in range(n)]
+    w = solver.NumVar(0.0, inf, "")
+    x = [solver.NumVar(0.0, 1.0, "") for _ in range(m)]
+    out_x: list[list[int]] = [[] for _ in range(n)]
+    in_x: list[list[int]] = [[] for _ in range(n)]
+    for e in range(m):
+        u, v = src[e], dst[e]
+        out_x[u].append(e)
+        in_x[v].append(e)
+        row = solver.Constraint(-inf, -p[u])  # s_u - s_v + c_e x_e <= -p_u
+        row.SetCoefficient(s[u], 1.0)
+        row.SetCoefficient(s[v], -1.0)
+        if comm[e]:
+            row.SetCoefficient(x[e], comm[e])
+    for v in range(n):
+        for incident in (out_x[v], in_x[v]):
+            if len(incident) >= 2:
+                row = solver.Constraint(len(incident) - 1.0, inf)
+                for e in incident:
+                    row.SetCoefficient(x[e], 1.0)
+        if not out_x[v]:  # only sinks bound w: any other op ends before its successors start
+            row = solver.Constraint(-inf, -p[v])  # s_v - w <= -p_v
+            row.SetCoefficient(s[v], 1.0)
+            row.SetCoefficient(w, -1.0)
+    objective = solver.Objective()
+    objective.SetCoefficient(w, 1.0)
+    objective.SetMinimization()
+    if time_limit_s is not None:
+        # Milliseconds, at least 1: OR-Tools would read 0 as "stop at once".
+        solver.SetTimeLimit(max(1, round(time_limit_s * 1000)))
+    t1 = time.perf_counter()
+    status = solver.Solve()
+    t2 = time.perf_counter()
+
+    if status != pywraplp.Solver.OPTIMAL:
+        raise SolverError(
+            _failure(
+                status,
+                pywraplp.Solver,
+                name,
+                time_limit_s,
+                t2 - t1,
+                n,
+                m,
+                solver.NumVariables(),
+                solver.NumConstraints(),
+            )
+        )
+    return LPResult(
+        num_ops=n,
+        src=src,
+        dst=dst,
+        comm_us=comm,
+        x=[var.solution_value() for var in x],
+        start_us=[var.solution_value() for var in s],
+        objective_us=objective.Value(),
+        status="OPTIMAL",
+        backend=name,
+        seconds=t2 - t1,
+        build_seconds=t1 - t0,
+        num_variables=solver.NumVariables(),
+        num_constraints=solver.NumConstraints(),
+    )
+
+
+def _failure(
+    status: int,
+    codes: type,
+    backend: str,
+    time_limit_s: float | None,
+    seconds: float,
+    num_ops: int,
+    num_edges: int,
+    num_variables: int,
+    num_constraints: int,
+) -> str:
+    """One line saying how the solve failed, with backend, limit and LP size."""
+    size = (
+        f"{num_ops} ops, {num_edges} LP edges ({num_variables} variables, {num_constraints} constraints)"
+    )
+    limit = f"{time_limit_s:g} s" if time_limit_s is not None else "none"
+    # Backends report a time-out differently (NOT_SOLVED, ABNORMAL or
+    # FEASIBLE), so the wall clock tells whether the limit was the cause.
+    timed_out = time_limit_s is not None and seconds >= 0.95 * time_limit_s
+    if status == codes.FEASIBLE:
+        what = "stopped at the time limit with a feasible but not optimal solution"
+    elif timed_out and status in (codes.NOT_SOLVED, codes.ABNORMAL):
+        what = "ran out of time before finding a solution"
+    else:
+        what = {
+            codes.INFEASIBLE: "reported the LP infeasible (it never is: a numerical failure)",
+            codes.UNBOUNDED: "reported the LP unbounded (it never is: a numerical failure)",
+            codes.ABNORMAL: "failed (abnormal status)",
+            codes.MODEL_INVALID: "rejected the model as invalid",
+            codes.NOT_SOLVED: "did not solve the LP",
+        }.get(status, f"returned unknown status {status}")
+    hint = "; raise --solver-time-limit" if timed_out or status == codes.FEASIBLE else ""
+    return (
+        f"m-SCT's favorite-child LP: backend '{backend}' {what} after {seconds:.2f} s "
+        f"(time limit {limit}; {size}){hint}"
+    )
+
+
+def favorite_children(result: LPResult, threshold: float = DEFAULT_THRESHOLD) -> list[int]:
+    """Round the LP: ``fav[u]`` is u's favorite child, or -1 when it has none.
+
+    An LP edge is a favorite when ``x_e < threshold``. Candidates are taken in
+    order of increasing ``x_e`` (ties: lower ``src``, then lower ``dst``) and
+    kept unless their parent already has a favorite child or their child a
+    favorite parent, so no op ever gets two favorite children or two favorite
+    parents, and the answer depends only on the LP values.
+
+    The default threshold 1/2 is Hanen & Munier's rounding, the one their
+    approximation bound is proved for. With ``threshold <= 1/2`` the degree
+    rows make the conflict rule idle: if two out-edges e1, e2 of u had
+    x < 1/2, then since every other out-edge has x <= 1,
+    ``sum_{out of u} x < 1/2 + 1/2 + (outdeg(u) - 2) = outdeg(u) - 1``,
+    violating u's out-degree row; the same holds for in-edges. (This holds
+    exactly; a solver satisfies rows only to ~1e-9, so two values just under
+    1/2 could slip through, and the rule then keeps the smaller one.) With
+    ``threshold > 1/2`` conflicts do occur and the order above settles them.
+    """
+    if not 0.0 <= threshold <= 1.0:
+        raise InputError(f"the favorite-child threshold must be in [0, 1], got {threshold}")
+    x, src, dst = result.x, result.src, result.dst
+    candidates = sorted((x[e], src[e], dst[e]) for e in range(len(x)) if x[e] < threshold)
+    fav_child = [-1] * result.num_ops
+    has_parent = [False] * result.num_ops
+    for _, u, v in candidates:
+        if fav_child[u] < 0 and not has_parent[v]:
+            fav_child[u] = v
+            has_parent[v] = True
+    return fav_child
