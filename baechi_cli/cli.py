@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from baechi_cli import __version__
-from baechi_cli.errors import BaechiError
+from baechi_cli.errors import EXIT_REGRESSION, BaechiError
+from baechi_cli.placers import PLACER_NAMES
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in baechi, not in the input
 
@@ -59,35 +61,71 @@ def main() -> None:
     """
 
 
+ALGOS = ("auto", *PLACER_NAMES)
+
+
+def _common_options(fn: Callable) -> Callable:
+    """Options shared by `place` and `compare`."""
+    options = [
+        click.option(
+            "--devices",
+            "-d",
+            "device_spec",
+            required=True,
+            metavar="SPEC",
+            help="Devices: 4x8GB, 2x16GB,2x8GB, a preset (rtx2080x4, v100x4, t4x4, a100x8) or a YAML file.",
+        ),
+        click.option(
+            "--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions."
+        ),
+        click.option(
+            "--comm",
+            type=click.Choice(["parallel", "sequential"]),
+            help="Communication model; default: the device spec's (parallel for NxSIZE specs).",
+        ),
+        click.option(
+            "--solver-time-limit",
+            type=click.FloatRange(min=0, min_open=True),
+            default=60.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Time limit for m-SCT's LP; running out is an error, never a silent fallback.",
+        ),
+        click.option(
+            "--sct-threshold",
+            type=click.FloatRange(min=0, max=1, min_open=True),
+            default=0.5,
+            show_default=True,
+            help="m-SCT rounding: an edge whose LP value is below this makes a favorite child.",
+        ),
+        click.option(
+            "--trace",
+            "trace_path",
+            type=click.Path(dir_okay=False),
+            help="Write a Chrome/Perfetto timeline here.",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout and nothing else there."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress and no summary."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option(
-    "--devices",
-    "-d",
-    "device_spec",
-    required=True,
-    metavar="SPEC",
-    help="Devices: 4x8GB, 2x16GB,2x8GB, a preset (rtx2080x4, v100x4, t4x4, a100x8) or a YAML file.",
-)
-@click.option(
     "--algo",
-    default="topo",
+    default="auto",
     show_default=True,
-    type=click.Choice(["topo", "etf", "single"]),
-    help="Placement algorithm.",
+    type=click.Choice(ALGOS),
+    help="Placement algorithm; auto runs them all (and one device when the model fits) and keeps the fastest.",
 )
 @click.option(
     "-o", "--output", type=click.Path(dir_okay=False), help="Write the placed GraphDef here (.pb or .pbtxt)."
 )
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions.")
-@click.option(
-    "--comm",
-    type=click.Choice(["parallel", "sequential"]),
-    help="Communication model; default: the device spec's (parallel for NxSIZE specs).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the report to stdout and nothing else there.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress and no summary.")
+@_common_options
 def place(
     model: str,
     device_spec: str,
@@ -96,32 +134,129 @@ def place(
     report_path: str | None,
     batch_size: int | None,
     comm: str | None,
+    solver_time_limit: float,
+    sct_threshold: float,
+    trace_path: str | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Place MODEL (a TensorFlow GraphDef, .pb or .pbtxt) on the devices.
+    """Place MODEL on the devices.
 
-    Prints a summary: the predicted step time against the lower bound and a
-    single device, and each device's ops, compute and peak memory.
+    MODEL is a TensorFlow GraphDef (.pb, .pbtxt) or a cost-annotated workload
+    JSON. Prints a summary: the predicted step time against the lower bound
+    and a single device, and each device's ops, compute and peak memory.
     """
     try:
         from baechi_cli.devices import parse_devices
         from baechi_cli.pipeline import PlaceOptions, build_report, place_model
 
         devices = parse_devices(device_spec)
-        options = PlaceOptions(algo=algo, batch_size=batch_size, comm=comm)
+        options = PlaceOptions(algo, batch_size, comm, solver_time_limit, sct_threshold)
         with _Progress(enabled=not quiet) as progress:
             outcome = place_model(
-                model, devices, options, output=output, report_path=report_path, progress=progress.stage
+                model,
+                devices,
+                options,
+                output=output,
+                report_path=report_path,
+                trace_path=trace_path,
+                progress=progress.stage,
             )
         if as_json:
             from baechi_cli.io.report import dumps
 
             click.echo(dumps(build_report(outcome, options)), nl=False)
         elif not quiet:
-            _render_summary(outcome, output, report_path)
+            _render_summary(outcome, [p for p in (output, report_path, trace_path) if p])
     except (BaechiError, Exception) as err:  # noqa: BLE001 - every error becomes one line
         _fail(err)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option(
+    "--algos",
+    default="topo,etf,sct",
+    show_default=True,
+    help=f"Comma-separated algorithms to compare ({', '.join(PLACER_NAMES)}).",
+)
+@click.option(
+    "--baseline",
+    type=click.Path(dir_okay=False),
+    help="A previous `baechi compare --json` output to gate against.",
+)
+@click.option(
+    "--max-regression",
+    default="5%",
+    show_default=True,
+    metavar="PCT",
+    help="With --baseline: exit 1 when an algorithm's step or placement time grew by more than this.",
+)
+@_common_options
+def compare(
+    model: str,
+    algos: str,
+    baseline: str | None,
+    max_regression: str,
+    device_spec: str,
+    batch_size: int | None,
+    comm: str | None,
+    solver_time_limit: float,
+    sct_threshold: float,
+    trace_path: str | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Run several algorithms on MODEL and compare them side by side.
+
+    The table shows placement seconds, predicted step time, speed-up over one
+    device, gap to the lower bound, peak memory per device and bytes
+    communicated; --json prints the same as `baechi.compare/v1`.
+    """
+    try:
+        from baechi_cli.devices import parse_devices
+        from baechi_cli.pipeline import PlaceOptions, compare_json, compare_model, load_baseline, parse_algos
+
+        names = parse_algos(algos)
+        threshold = _parse_percent(max_regression)
+        previous = load_baseline(baseline) if baseline else None
+        devices = parse_devices(device_spec)
+        options = PlaceOptions("auto", batch_size, comm, solver_time_limit, sct_threshold)
+        with _Progress(enabled=not quiet) as progress:
+            outcome = compare_model(
+                model, devices, names, options, trace_path=trace_path, progress=progress.stage
+            )
+        doc = compare_json(outcome)
+        if as_json:
+            from baechi_cli.io.report import dumps
+
+            click.echo(dumps(doc), nl=False)
+        elif not quiet:
+            _render_compare(outcome, trace_path)
+        if previous is not None:
+            from baechi_cli.pipeline import regressions
+
+            found = regressions(doc, previous, threshold)
+            for line in found:
+                click.echo(f"regression: {line}", err=True)
+            if found:
+                sys.exit(EXIT_REGRESSION)
+    except (BaechiError, Exception) as err:  # noqa: BLE001 - every error becomes one line
+        _fail(err)
+
+
+def _parse_percent(text: str) -> float:
+    """``5%`` or ``0.05`` -> 0.05."""
+    from baechi_cli.errors import InputError
+
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise InputError(f"--max-regression '{text}' is not a percentage (e.g. 5%)") from None
+    if not 0 <= value < 100:
+        raise InputError(f"--max-regression '{text}' must be between 0% and 10000%")
+    return value
 
 
 class _Progress:
@@ -174,21 +309,38 @@ def _fmt_us(us: float) -> str:
     return f"{us:.1f} µs"
 
 
-def _render_summary(outcome: Any, output: str | None, report_path: str | None) -> None:
+def _memory_bar(peak: int, memory: int, fancy: bool, width: int = 20) -> str:
+    full, empty = ("█", "░") if fancy else ("#", ".")
+    filled = round(min(peak / memory, 1.0) * width) if memory else 0
+    return full * filled + empty * (width - filled)
+
+
+def _table(console: Any, columns: list[tuple[str, str]]) -> Any:
     from rich import box
     from rich.table import Table
 
+    table = Table(box=box.SIMPLE_HEAD if console.is_terminal else box.ASCII2, show_edge=False, pad_edge=False)
+    for col, justify in columns:
+        table.add_column(col, justify=justify)
+    return table
+
+
+def _header(console: Any, prepared: Any) -> None:
+    spec, g = prepared.devices, prepared.graph
+    ic = spec.interconnect
+    console.print(
+        f"[bold]{prepared.path}[/]: {g.num_ops} ops, {g.num_edges} edges -> {spec.count} devices "
+        f"({ic.mode} comm, {ic.latency_us:g} µs + {ic.bandwidth_bytes_per_us / 1e3:.2f} GB/s)"
+    )
+
+
+def _render_summary(outcome: Any, written: list[str]) -> None:
     from baechi_cli.pipeline import ALGORITHM_TITLES
 
     console = _console()
-    fancy = console.is_terminal
-    spec, sim, g = outcome.devices, outcome.sim, outcome.graph
-    ic = spec.interconnect
+    spec, sim = outcome.devices, outcome.sim
     step = sim.step_time_us
-    console.print(
-        f"[bold]{outcome.path}[/]: {g.num_ops} ops, {g.num_edges} edges -> {spec.count} devices "
-        f"({ic.mode} comm, {ic.latency_us:g} µs + {ic.bandwidth_bytes_per_us / 1e3:.2f} GB/s)"
-    )
+    _header(console, outcome.prepared)
     gap = (step / outcome.lower_bound_us - 1) if outcome.lower_bound_us > 0 else 0.0
     single = outcome.single_device
     if single is None:
@@ -201,34 +353,80 @@ def _render_summary(outcome: Any, output: str | None, report_path: str | None) -
         f"{_fmt_us(outcome.lower_bound_us)} (+{gap:.1%}), {single_text}; placed in "
         f"{outcome.timings['place']:.3f} s"
     )
+    if len(outcome.candidates) > 1:
+        tried = ", ".join(
+            f"{ALGORITHM_TITLES[c.algorithm]} {_fmt_us(c.sim.step_time_us) if c.ok else 'failed'}"
+            for c in outcome.candidates
+        )
+        console.print(f"auto tried: {tried}")
     console.print(f"communication: {len(sim.transfers)} transfers, {_fmt_bytes(sim.comm_bytes)}")
-    table = Table(box=box.SIMPLE_HEAD if fancy else box.ASCII2, show_edge=False, pad_edge=False)
-    for col, justify in (
-        ("device", "left"),
-        ("ops", "right"),
-        ("compute", "right"),
-        ("busy", "right"),
-        ("peak memory", "left"),
-    ):
-        table.add_column(col, justify=justify)
-    width = 20
-    full, empty = ("█", "░") if fancy else ("#", ".")
+    table = _table(
+        console,
+        [
+            ("device", "left"),
+            ("ops", "right"),
+            ("compute", "right"),
+            ("busy", "right"),
+            ("peak memory", "left"),
+        ],
+    )
     for d, dev in enumerate(spec.devices):
-        frac = min(sim.peak_bytes[d] / dev.memory_bytes, 1.0) if dev.memory_bytes else 0.0
-        filled = round(frac * width)
-        bar = full * filled + empty * (width - filled)
         table.add_row(
             dev.name,
             str(len(sim.order[d])),
             _fmt_us(sim.compute_us[d]),
             f"{sim.compute_us[d] / step:.0%}" if step > 0 else "-",
-            f"{bar} {_fmt_bytes(sim.peak_bytes[d])} / {_fmt_bytes(dev.memory_bytes)}",
+            f"{_memory_bar(sim.peak_bytes[d], dev.memory_bytes, console.is_terminal)} "
+            f"{_fmt_bytes(sim.peak_bytes[d])} / {_fmt_bytes(dev.memory_bytes)}",
         )
     console.print(table)
     for note in outcome.notes:
         console.print(f"note: {note}")
-    written = [p for p in (output, report_path) if p]
     if written:
         console.print("wrote " + ", ".join(written))
     else:
-        console.print("nothing written: add -o placed.pb and/or --report report.json")
+        console.print("nothing written: add -o placed.pb, --report report.json or --trace timeline.json")
+
+
+def _render_compare(outcome: Any, trace_path: str | None) -> None:
+    from baechi_cli.pipeline import ALGORITHM_TITLES
+
+    console = _console()
+    prepared = outcome.prepared
+    _header(console, prepared)
+    single = prepared.single_device
+    console.print(
+        f"lower bound {_fmt_us(prepared.lower_bound_us)}; one device "
+        + (_fmt_us(single.step_time_us) if single else "does not fit")
+    )
+    table = _table(
+        console,
+        [
+            ("algorithm", "left"),
+            ("place (s)", "right"),
+            ("step", "right"),
+            ("vs one device", "right"),
+            ("vs bound", "right"),
+            ("comm", "right"),
+            ("peak memory per device", "left"),
+        ],
+    )
+    best = min((c.sim.step_time_us for c in outcome.candidates if c.sim is not None), default=None)
+    for c in outcome.candidates:
+        title = ALGORITHM_TITLES[c.algorithm]
+        if c.sim is None:
+            table.add_row(title, f"{c.place_seconds:.3f}", "failed", "-", "-", "-", str(c.error))
+            continue
+        step = c.sim.step_time_us
+        speedup = f"{single.step_time_us / step:.2f}x" if single else "does not fit"
+        gap = f"+{step / prepared.lower_bound_us - 1:.1%}" if prepared.lower_bound_us > 0 else "-"
+        peaks = " ".join(_fmt_bytes(p) for p in c.sim.peak_bytes)
+        step_text = _fmt_us(step)
+        if step == best and console.is_terminal:
+            step_text = f"[bold green]{step_text}[/]"
+        table.add_row(
+            title, f"{c.place_seconds:.3f}", step_text, speedup, gap, _fmt_bytes(c.sim.comm_bytes), peaks
+        )
+    console.print(table)
+    if trace_path:
+        console.print(f"wrote {trace_path}")

@@ -139,8 +139,13 @@ class OpGraph:
     def topo_order(self) -> list[int]:
         """Kahn's algorithm, lowest id first among ready ops: deterministic.
 
-        O((V + E) log V). Raises :class:`InputError` naming the ops on a cycle.
+        O((V + E) log V) the first time, then cached (do not mutate the list).
+        Raises :class:`InputError` naming the ops on a cycle.
         """
+        return self._topo_order
+
+    @functools.cached_property
+    def _topo_order(self) -> list[int]:
         n = self.num_ops
         indeg = [0] * n
         for d in self.edge_dst:
@@ -177,8 +182,10 @@ class OpGraph:
             s, d = self.edge_src[e], self.edge_dst[e]
             if s in keep and d in keep:
                 sub.add_edge(s, d)
-        edges = nx.find_cycle(sub, source=min(keep))
-        return [s for s, _ in edges]
+        edges = nx.find_cycle(sub)  # not from a fixed source: it may lie downstream of every cycle
+        cycle = [s for s, _ in edges]
+        first = cycle.index(min(cycle))  # start at the lowest id, so messages are stable
+        return cycle[first:] + cycle[:first]
 
     def successors(self, v: int) -> list[int]:
         return [self.edge_dst[e] for e in self.out_edges[v]]

@@ -17,7 +17,7 @@ from typing import Any
 
 from baechi_cli import __version__
 from baechi_cli.devices import DeviceSpec
-from baechi_cli.errors import InfeasibleError, InputError
+from baechi_cli.errors import BaechiError, InfeasibleError, InputError, SolverError
 from baechi_cli.graph import OpGraph
 from baechi_cli.io.report import REPORT_SCHEMA
 from baechi_cli.placers import PLACER_NAMES, Placement, get_placer
@@ -27,13 +27,21 @@ from baechi_cli.sim import SimResult, lower_bound, same_timeline, simulate
 STAGES = ("load", "profile", "passes", "place", "simulate", "write")
 
 ALGORITHM_TITLES = {"topo": "m-TOPO", "etf": "m-ETF", "sct": "m-SCT", "single": "single device"}
+# What --algo auto tries, in order of preference when step times tie.
+AUTO_CANDIDATES = ("single", "etf", "sct", "topo")
+ALGO_CHOICES = ("auto", *PLACER_NAMES)
 
 
 @dataclass
 class PlaceOptions:
-    algo: str = "topo"
+    algo: str = "auto"
     batch_size: int | None = None
     comm: str | None = None  # overrides the device spec's interconnect mode
+    solver_time_limit: float | None = 60.0  # seconds, for m-SCT's LP
+    sct_threshold: float = 0.5
+
+    def placer_options(self) -> dict[str, Any]:
+        return {"solver_time_limit": self.solver_time_limit, "sct_threshold": self.sct_threshold}
 
 
 @dataclass
@@ -48,41 +56,100 @@ class PassRecord:
 
 
 @dataclass
-class PlaceOutcome:
+class Prepared:
+    """A model loaded, costed and through the passes: what every placer starts from."""
+
     path: str
     input_format: str
-    graph: OpGraph  # costed, after passes
+    sha256: str
+    graph: OpGraph
     devices: DeviceSpec
-    algorithm: str
-    placement: Placement
-    sim: SimResult
-    lower_bound_us: float
-    single_device: SimResult | None  # None when the model does not fit one device
     passes: list[PassRecord]
     timings: dict[str, float]
     cost_report: Any
+    lower_bound_us: float
+    single_device: SimResult | None  # None when the model does not fit one device
+
+
+@dataclass
+class Candidate:
+    """One placer's attempt: a placement and its simulated step, or the error it met."""
+
+    algorithm: str
+    place_seconds: float
+    placement: Placement | None = None
+    sim: SimResult | None = None
+    error: BaechiError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.sim is not None
+
+
+@dataclass
+class PlaceOutcome:
+    prepared: Prepared
+    chosen: Candidate
+    candidates: list[Candidate]
+    timings: dict[str, float]
     notes: list[str]
-    sha256: str
+
+    # Shortcuts used by the CLI and the report.
+    @property
+    def path(self) -> str:
+        return self.prepared.path
+
+    @property
+    def graph(self) -> OpGraph:
+        return self.prepared.graph
+
+    @property
+    def devices(self) -> DeviceSpec:
+        return self.prepared.devices
+
+    @property
+    def algorithm(self) -> str:
+        return self.chosen.algorithm
+
+    @property
+    def placement(self) -> Placement:
+        assert self.chosen.placement is not None
+        return self.chosen.placement
+
+    @property
+    def sim(self) -> SimResult:
+        assert self.chosen.sim is not None
+        return self.chosen.sim
+
+    @property
+    def lower_bound_us(self) -> float:
+        return self.prepared.lower_bound_us
+
+    @property
+    def single_device(self) -> SimResult | None:
+        return self.prepared.single_device
 
 
 def detect_format(path: str) -> str:
-    """'graphdef' for .pb/.pbtxt (and anything else that parses as one)."""
+    """'workload' for .json, 'graphdef' for .pb/.pbtxt (and anything else that parses as one)."""
     ext = os.path.splitext(path)[1].lower()
     if ext == ".onnx":
         raise InputError("ONNX input is not supported yet; export a TensorFlow GraphDef (.pb)", path=path)
     if ext == ".json":
-        raise InputError(
-            "workload JSON input is not supported yet; give a TensorFlow GraphDef (.pb)", path=path
-        )
+        return "workload"
     return "graphdef"
 
 
 def load_model(path: str, batch_size: int | None) -> tuple[OpGraph, str]:
     """Read ``path`` into an OpGraph; returns the graph and its format name."""
     fmt = detect_format(path)
-    from baechi_cli.io.graphdef import read_graphdef
-
     try:
+        if fmt == "workload":
+            from baechi_cli.io.workload_json import read_workload_json
+
+            return read_workload_json(path), fmt
+        from baechi_cli.io.graphdef import read_graphdef
+
         return read_graphdef(path, batch_size=batch_size), fmt
     except InputError as err:
         raise err.with_path(path) from None
@@ -101,26 +168,11 @@ def run_pass(name: str, fn: Callable[[OpGraph], OpGraph], graph: OpGraph) -> tup
     return out, record
 
 
-def place_model(
-    path: str,
-    devices: DeviceSpec,
-    options: PlaceOptions,
-    *,
-    output: str | None = None,
-    report_path: str | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> PlaceOutcome:
-    """Run the whole pipeline on ``path``; write ``output`` and ``report_path`` when given."""
-    step = progress or (lambda stage: None)
-    if options.algo not in PLACER_NAMES:
-        raise InputError(f"unknown algorithm '{options.algo}' (choose from {', '.join(PLACER_NAMES)})")
+def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callable[[str], None]) -> Prepared:
+    """load -> cost -> passes, plus the bounds every placement is compared with."""
     if options.comm is not None:
         devices = devices.with_comm_mode(options.comm)
-    for target in (output, report_path):
-        if target is not None:
-            _check_writable(target)
     timings: dict[str, float] = {}
-    t_start = time.perf_counter()
 
     step("load")
     t0 = time.perf_counter()
@@ -128,68 +180,136 @@ def place_model(
         raise InputError("no such file", path=path)
     graph, fmt = load_model(path, options.batch_size)
     sha256 = _sha256(path)
-    if output is not None and fmt != "graphdef":
-        raise InputError(f"-o writes a placed GraphDef, but the input is {fmt}", path=path)
     timings["load"] = time.perf_counter() - t0
 
     step("profile")
     t0 = time.perf_counter()
-    from baechi_cli.costs.analytic import estimate_costs
+    cost_report = None
+    if fmt != "workload":  # a workload file carries its own measured costs
+        from baechi_cli.costs.analytic import estimate_costs
 
-    graph, cost_report = estimate_costs(graph, devices)
+        graph, cost_report = estimate_costs(graph, devices)
     timings["profile"] = time.perf_counter() - t0
 
     step("passes")
     t0 = time.perf_counter()
-    from baechi_cli.passes.colocation import colocate
-
     passes: list[PassRecord] = []
-    try:
-        graph, record = run_pass("colocation", colocate, graph)
-    except InputError as err:
-        raise err.with_path(path) from None
-    passes.append(record)
+    if fmt == "graphdef":  # TensorFlow's colocation rules; workload groups come with the file
+        from baechi_cli.passes.colocation import colocate
+
+        try:
+            graph, record = run_pass("colocation", colocate, graph)
+        except InputError as err:
+            raise err.with_path(path) from None
+        passes.append(record)
     timings["passes"] = time.perf_counter() - t0
 
-    step("place")
+    t0 = time.perf_counter()
+    bound = lower_bound(graph, devices)
+    single = simulate(graph, devices, [largest_device(devices)] * graph.num_ops)
+    timings["simulate"] = time.perf_counter() - t0
+    return Prepared(
+        path,
+        fmt,
+        sha256,
+        graph,
+        devices,
+        passes,
+        timings,
+        cost_report,
+        bound,
+        single if single.feasible else None,
+    )
+
+
+def run_candidate(prepared: Prepared, algo: str, options: PlaceOptions) -> Candidate:
+    """Run one placer and judge its placement with the simulator.
+
+    Infeasible placements and solver failures become the candidate's error;
+    a placer whose own prediction disagrees with the simulator is a bug.
+    """
+    graph, devices = prepared.graph, prepared.devices
+    if algo == "single":
+        t0 = time.perf_counter()
+        placement = get_placer("single")(graph, devices, {})
+        seconds = time.perf_counter() - t0
+        if prepared.single_device is None:
+            d = placement.device_of[0] if placement.device_of else 0
+            return Candidate(
+                algo,
+                seconds,
+                error=InfeasibleError(
+                    f"the model does not fit one device: {devices.devices[d].name} has "
+                    f"{devices.devices[d].memory_bytes} bytes",
+                    path=prepared.path,
+                ),
+            )
+        return Candidate(algo, seconds, placement, prepared.single_device)
     t0 = time.perf_counter()
     try:
-        placement = get_placer(options.algo)(graph, devices, {})
-    except InfeasibleError as err:
-        raise err.with_path(path) from None
-    timings["place"] = time.perf_counter() - t0
-
-    step("simulate")
-    t0 = time.perf_counter()
+        placement = get_placer(algo)(graph, devices, options.placer_options())
+    except (InfeasibleError, SolverError) as err:
+        return Candidate(algo, time.perf_counter() - t0, error=err.with_path(prepared.path))
+    seconds = time.perf_counter() - t0
     sim = simulate(graph, devices, placement.device_of, sequence=placement.sequence)
-    if placement.predicted is not None and not same_timeline(placement.predicted, sim):
-        raise RuntimeError(f"{options.algo} predicted a timeline the simulator does not reproduce")
-    if not sim.feasible:
-        d = sim.over_memory()[0]
-        raise InfeasibleError(
-            f"{ALGORITHM_TITLES[options.algo]} placement needs {sim.peak_bytes[d]} bytes at peak on "
-            f"{devices.devices[d].name}, which has {devices.devices[d].memory_bytes}",
-            path=path,
+    if placement.schedule is not None and not same_timeline(placement.predicted, sim):
+        raise RuntimeError(f"{algo} predicted a timeline the simulator does not reproduce")
+    if not sim.feasible:  # the ledger bounds the peak, so this is a placer bug
+        raise RuntimeError(f"{algo} exceeded device memory")
+    return Candidate(algo, seconds, placement, sim)
+
+
+def choose(candidates: list[Candidate]) -> Candidate:
+    """The feasible candidate with the best step time (earlier in the list on ties)."""
+    feasible = [c for c in candidates if c.ok]
+    if not feasible:
+        # An infeasible model says so (a placer's message says what it needs;
+        # "does not fit one device" says less); otherwise the first failure speaks.
+        errors = [c.error for c in candidates if c.error is not None and c.algorithm != "single"]
+        errors += [c.error for c in candidates if c.error is not None and c.algorithm == "single"]
+        raise next((e for e in errors if isinstance(e, InfeasibleError)), errors[0])
+    return min(feasible, key=lambda c: c.sim.step_time_us)
+
+
+def place_model(
+    path: str,
+    devices: DeviceSpec,
+    options: PlaceOptions,
+    *,
+    output: str | None = None,
+    report_path: str | None = None,
+    trace_path: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> PlaceOutcome:
+    """Run the whole pipeline on ``path``; write the outputs that were asked for."""
+    step = progress or (lambda stage: None)
+    if options.algo not in ALGO_CHOICES:
+        raise InputError(f"unknown algorithm '{options.algo}' (choose from {', '.join(ALGO_CHOICES)})")
+    for target in (output, report_path, trace_path):
+        if target is not None:
+            _check_writable(target)
+    t_start = time.perf_counter()
+    if output is not None and detect_format(path) != "graphdef":
+        raise InputError(
+            f"-o writes a placed GraphDef, but the input is {detect_format(path)}; use --report", path=path
         )
-    bound = lower_bound(graph, devices)
-    single = _single_device(graph, devices, sim if options.algo == "single" else None)
-    timings["simulate"] = time.perf_counter() - t0
+    prepared = prepare(path, devices, options, step)
+    timings = dict(prepared.timings)
+
+    step("place")
+    algos = AUTO_CANDIDATES if options.algo == "auto" else (options.algo,)
+    candidates = [run_candidate(prepared, algo, options) for algo in algos]
+    timings["place"] = sum(c.place_seconds for c in candidates)
+    chosen = choose(candidates)
 
     outcome = PlaceOutcome(
-        path=path,
-        input_format=fmt,
-        graph=graph,
-        devices=devices,
-        algorithm=options.algo,
-        placement=placement,
-        sim=sim,
-        lower_bound_us=bound,
-        single_device=single,
-        passes=passes,
-        timings=timings,
-        cost_report=cost_report,
-        notes=placement_notes(graph, devices, options.algo, sim, single),
-        sha256=sha256,
+        prepared,
+        chosen,
+        candidates,
+        timings,
+        placement_notes(
+            prepared.graph, prepared.devices, chosen.algorithm, chosen.sim, prepared.single_device, candidates
+        ),
     )
 
     step("write")
@@ -197,9 +317,15 @@ def place_model(
     if output is not None:
         from baechi_cli.io.graphdef import write_placed_graphdef
 
-        names = devices.names
+        graph, names = prepared.graph, prepared.devices.names
         write_placed_graphdef(
-            path, {graph.names[v]: names[d] for v, d in enumerate(placement.device_of)}, output
+            path, {graph.names[v]: names[d] for v, d in enumerate(chosen.sim.device_of)}, output
+        )
+    if trace_path is not None:
+        from baechi_cli.io.trace import build_trace, write_trace
+
+        write_trace(
+            trace_path, build_trace(prepared.graph, prepared.devices, chosen.sim, title=chosen.algorithm)
         )
     timings["write"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
@@ -210,19 +336,27 @@ def place_model(
     return outcome
 
 
-def _single_device(graph: OpGraph, devices: DeviceSpec, known: SimResult | None) -> SimResult | None:
-    """Everything on the largest device, when it fits there."""
-    if known is None:
-        d = largest_device(devices)
-        known = simulate(graph, devices, [d] * graph.num_ops)
-    return known if known.feasible else None
-
-
 def placement_notes(
-    graph: OpGraph, devices: DeviceSpec, algo: str, sim: SimResult, single: SimResult | None
+    graph: OpGraph,
+    devices: DeviceSpec,
+    algo: str,
+    sim: SimResult,
+    single: SimResult | None,
+    candidates: list[Candidate] | None = None,
 ) -> list[str]:
     """Explain what users would read as a bug: a split slower than one device, an idle device."""
     notes = []
+    if candidates and len(candidates) > 1 and algo == "single":
+        splits = [c for c in candidates if c.ok and c.algorithm != "single"]
+        best = min(splits, key=lambda c: c.sim.step_time_us, default=None)
+        why = "the model fits one device and no split beats it"
+        if best is not None:
+            why += (
+                f" (the best, {ALGORITHM_TITLES[best.algorithm]}, takes {_ms(best.sim.step_time_us)}: "
+                "communication costs more than the parallelism gains)"
+            )
+        idle = ", ".join(d.name for i, d in enumerate(devices.devices) if not sim.order[i])
+        return [f"auto kept one device: {why}; {idle} stay idle."]
     if single is not None and algo != "single" and single.step_time_us < sim.step_time_us:
         notes.append(
             f"the model fits one device, where it runs in {_ms(single.step_time_us)}: "
@@ -279,48 +413,93 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def input_json(prepared: Prepared) -> dict[str, Any]:
+    g = prepared.graph
+    return {
+        "path": prepared.path,
+        "sha256": prepared.sha256,
+        "format": prepared.input_format,
+        "ops": g.num_ops,
+        "edges": g.num_edges,
+    }
+
+
+def devices_json(spec: DeviceSpec) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": d.name,
+            "memory_bytes": d.memory_bytes,
+            "flops": d.flops,
+            "memory_bandwidth_bytes_per_s": d.memory_bandwidth,
+            "launch_overhead_us": d.launch_overhead_us,
+        }
+        for d in spec.devices
+    ]
+
+
+def comm_json(spec: DeviceSpec) -> dict[str, Any]:
+    ic = spec.interconnect
+    return {
+        "mode": ic.mode,
+        "latency_us": ic.latency_us,
+        "bandwidth_bytes_per_us": ic.bandwidth_bytes_per_us,
+        "links": [
+            {
+                "a": spec.devices[a].name,
+                "b": spec.devices[b].name,
+                "latency_us": lat,
+                "bandwidth_bytes_per_us": bw,
+            }
+            for (a, b), (lat, bw) in sorted(ic.links.items())
+        ],
+    }
+
+
+def result_json(prepared: Prepared, sim: SimResult) -> dict[str, Any]:
+    """The ``result`` fields of DESIGN.md for one simulated placement."""
+    return {
+        "step_time_us": sim.step_time_us,
+        "lower_bound_us": prepared.lower_bound_us,
+        "single_device_us": prepared.single_device.step_time_us if prepared.single_device else None,
+        "comm_bytes": sim.comm_bytes,
+        "transfers": len(sim.transfers),
+        "feasible": sim.feasible,
+    }
+
+
+def candidate_json(c: Candidate) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "algorithm": c.algorithm,
+        "step_time_us": c.sim.step_time_us if c.sim else None,
+        "place_seconds": round(c.place_seconds, 6),
+        "feasible": c.ok,
+        "error": str(c.error) if c.error else None,
+    }
+    if c.placement is not None and c.placement.info:
+        out["info"] = c.placement.info
+    return out
+
+
 def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]:
     """The ``baechi.report/v1`` document (see the README for every key)."""
-    g, spec, sim = outcome.graph, outcome.devices, outcome.sim
-    ic = spec.interconnect
+    prepared, sim = outcome.prepared, outcome.sim
+    g, spec = prepared.graph, prepared.devices
     step = sim.step_time_us
-    ops_per_device = [len(seq) for seq in sim.order]
+    cost = prepared.cost_report
     return {
         "schema": REPORT_SCHEMA,
         "tool": {"name": "baechi", "version": __version__},
-        "input": {
-            "path": outcome.path,
-            "sha256": outcome.sha256,
-            "format": outcome.input_format,
-            "ops": g.num_ops,
-            "edges": g.num_edges,
-        },
-        "devices": [
-            {
-                "name": d.name,
-                "memory_bytes": d.memory_bytes,
-                "flops": d.flops,
-                "memory_bandwidth_bytes_per_s": d.memory_bandwidth,
-                "launch_overhead_us": d.launch_overhead_us,
-            }
-            for d in spec.devices
-        ],
-        "comm": {
-            "mode": ic.mode,
-            "latency_us": ic.latency_us,
-            "bandwidth_bytes_per_us": ic.bandwidth_bytes_per_us,
-            "links": [
-                {
-                    "a": spec.devices[a].name,
-                    "b": spec.devices[b].name,
-                    "latency_us": lat,
-                    "bandwidth_bytes_per_us": bw,
-                }
-                for (a, b), (lat, bw) in sorted(ic.links.items())
-            ],
-        },
+        "input": input_json(prepared),
+        "devices": devices_json(spec),
+        "comm": comm_json(spec),
         "algorithm": outcome.algorithm,
-        "options": {"algo": options.algo, "batch_size": options.batch_size, "comm": ic.mode},
+        "options": {
+            "algo": options.algo,
+            "batch_size": options.batch_size,
+            "comm": spec.interconnect.mode,
+            "solver_time_limit": options.solver_time_limit,
+            "sct_threshold": options.sct_threshold,
+        },
         "timings_s": {k: round(outcome.timings.get(k, 0.0), 6) for k in (*STAGES, "total")},
         "passes": [
             {
@@ -332,21 +511,14 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
                 "seconds": round(p.seconds, 6),
                 **p.details,
             }
-            for p in outcome.passes
+            for p in prepared.passes
         ],
-        "costs": outcome.cost_report.to_json() if hasattr(outcome.cost_report, "to_json") else {},
-        "result": {
-            "step_time_us": step,
-            "lower_bound_us": outcome.lower_bound_us,
-            "single_device_us": outcome.single_device.step_time_us if outcome.single_device else None,
-            "comm_bytes": sim.comm_bytes,
-            "transfers": len(sim.transfers),
-            "feasible": sim.feasible,
-        },
+        "costs": cost.to_json() if cost is not None else {"source": prepared.input_format},
+        "result": result_json(prepared, sim),
         "per_device": [
             {
                 "name": spec.devices[d].name,
-                "ops": ops_per_device[d],
+                "ops": len(sim.order[d]),
                 "compute_us": sim.compute_us[d],
                 "peak_bytes": sim.peak_bytes[d],
                 "persistent_bytes": sim.persistent_bytes[d],
@@ -355,15 +527,161 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
             }
             for d in range(spec.count)
         ],
-        "candidates": [
-            {
-                "algorithm": outcome.algorithm,
-                "step_time_us": step,
-                "place_seconds": round(outcome.timings.get("place", 0.0), 6),
-                "feasible": sim.feasible,
-                "error": None,
-            }
-        ],
+        "candidates": [candidate_json(c) for c in outcome.candidates],
         "notes": outcome.notes,
         "placement": {g.names[v]: spec.devices[d].name for v, d in enumerate(sim.device_of)},
     }
+
+
+COMPARE_SCHEMA = "baechi.compare/v1"
+# Placement-time regressions smaller than this are timer noise, not regressions.
+PLACE_TIME_NOISE_S = 0.01
+
+
+@dataclass
+class CompareOutcome:
+    prepared: Prepared
+    candidates: list[Candidate]
+    timings: dict[str, float]
+
+
+def parse_algos(text: str) -> list[str]:
+    """``topo,etf,sct`` -> names; an unknown name is an InputError listing the valid ones."""
+    algos = [a.strip() for a in text.split(",") if a.strip()]
+    if not algos:
+        raise InputError(f"--algos is empty (choose from {', '.join(PLACER_NAMES)})")
+    for a in algos:
+        if a not in PLACER_NAMES:
+            raise InputError(f"unknown algorithm '{a}' in --algos (choose from {', '.join(PLACER_NAMES)})")
+    return list(dict.fromkeys(algos))
+
+
+def compare_model(
+    path: str,
+    devices: DeviceSpec,
+    algos: list[str],
+    options: PlaceOptions,
+    *,
+    trace_path: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CompareOutcome:
+    """Run every algorithm of ``algos`` on one prepared model."""
+    step = progress or (lambda stage: None)
+    if trace_path is not None:
+        _check_writable(trace_path)
+    t_start = time.perf_counter()
+    prepared = prepare(path, devices, options, step)
+    timings = dict(prepared.timings)
+    step("place")
+    candidates = [run_candidate(prepared, algo, options) for algo in algos]
+    timings["place"] = sum(c.place_seconds for c in candidates)
+    step("write")
+    if trace_path is not None:
+        from baechi_cli.io.trace import build_trace, merge_traces, write_trace
+
+        traces = [
+            build_trace(prepared.graph, prepared.devices, c.sim, title=c.algorithm)
+            for c in candidates
+            if c.sim is not None
+        ]
+        write_trace(trace_path, merge_traces(traces))
+    timings["total"] = time.perf_counter() - t_start
+    return CompareOutcome(prepared, candidates, timings)
+
+
+def compare_json(outcome: CompareOutcome) -> dict[str, Any]:
+    """``baechi.compare/v1``: one entry per algorithm with the ``result`` fields."""
+    prepared = outcome.prepared
+    results = []
+    for c in outcome.candidates:
+        entry: dict[str, Any] = {"algorithm": c.algorithm, "place_seconds": round(c.place_seconds, 6)}
+        if c.sim is not None:
+            entry.update(result_json(prepared, c.sim))
+            entry["peak_bytes"] = c.sim.peak_bytes
+        else:
+            entry.update(
+                {
+                    "step_time_us": None,
+                    "lower_bound_us": prepared.lower_bound_us,
+                    "single_device_us": (
+                        prepared.single_device.step_time_us if prepared.single_device else None
+                    ),
+                    "comm_bytes": None,
+                    "transfers": None,
+                    "feasible": False,
+                    "peak_bytes": None,
+                }
+            )
+        entry["error"] = str(c.error) if c.error else None
+        if c.placement is not None and c.placement.info:
+            entry["info"] = c.placement.info
+        results.append(entry)
+    return {
+        "schema": COMPARE_SCHEMA,
+        "tool": {"name": "baechi", "version": __version__},
+        "input": input_json(prepared),
+        "devices": devices_json(prepared.devices),
+        "comm": comm_json(prepared.devices),
+        "lower_bound_us": prepared.lower_bound_us,
+        "single_device_us": prepared.single_device.step_time_us if prepared.single_device else None,
+        "results": results,
+    }
+
+
+def load_baseline(path: str) -> dict[str, Any]:
+    """A previous ``baechi compare --json`` output; another schema is an InputError."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise InputError("baseline file not found", path=path) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"baseline is not JSON: {err}", path=path) from None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema != COMPARE_SCHEMA:
+        raise InputError(
+            f"baseline has schema {schema!r}, expected '{COMPARE_SCHEMA}' (make it with baechi compare --json)",
+            path=path,
+        )
+    if not isinstance(doc.get("results"), list):
+        raise InputError("baseline has no 'results' list", path=path)
+    return doc
+
+
+def regressions(current: dict[str, Any], baseline: dict[str, Any], max_regression: float) -> list[str]:
+    """Each algorithm whose step or placement time got worse than the baseline by more than the threshold.
+
+    Algorithms missing on either side are not compared; an algorithm that
+    placed in the baseline and fails now is a regression. Placement-time
+    differences under ``PLACE_TIME_NOISE_S`` are ignored as timer noise.
+    """
+    before = {r.get("algorithm"): r for r in baseline["results"] if isinstance(r, dict)}
+    found = []
+    for r in current["results"]:
+        old = before.get(r["algorithm"])
+        if old is None:
+            continue
+        name = r["algorithm"]
+        old_step, new_step = old.get("step_time_us"), r.get("step_time_us")
+        if old_step is not None and new_step is None:
+            found.append(f"{name}: placed in the baseline, fails now ({r.get('error')})")
+            continue
+        if old_step and new_step is not None and new_step > old_step * (1 + max_regression):
+            found.append(
+                f"{name}: step time {new_step:.1f} us vs {old_step:.1f} us "
+                f"(+{new_step / old_step - 1:.1%} > {max_regression:.1%})"
+            )
+        old_t, new_t = old.get("place_seconds"), r.get("place_seconds")
+        if (
+            isinstance(old_t, (int, float))
+            and new_t is not None
+            and new_t > old_t * (1 + max_regression)
+            and new_t - old_t > PLACE_TIME_NOISE_S
+        ):
+            found.append(
+                f"{name}: placement time {new_t:.3f} s vs {old_t:.3f} s "
+                f"(+{(new_t / old_t - 1) if old_t else float('inf'):.1%} > {max_regression:.1%})"
+            )
+    return found

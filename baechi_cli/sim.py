@@ -340,6 +340,16 @@ class ListSchedule:
         self.transfers: list[Transfer] = []
         self.edge_transfer = [-1] * graph.num_edges
         self._sent: dict[int, int] = {}  # tensor * ndev + device (or -1 - edge) -> transfer index
+        # Without per-link overrides a tensor's transfer time is the same between any two devices.
+        t = self.tensors
+        self._length = (
+            None
+            if self.ic.links
+            else [
+                m if m is not None else self.ic.transfer_time(b, 0, 1)
+                for m, b in zip(t.measured_us, t.nbytes)
+            ]
+        )
 
     def earliest_start(self, v: int, d: int) -> float:
         """When v would start on d if committed now (nothing changes)."""
@@ -348,6 +358,35 @@ class ListSchedule:
     def data_ready(self, v: int, d: int) -> float:
         """When all of v's inputs could be on d if v were committed there now."""
         return self._inputs(v, d, False)
+
+    def data_ready_all(self, v: int) -> list[float]:
+        """``data_ready(v, d)`` for every device d at once (parallel mode: O(indegree + D))."""
+        if self.sequential or self._length is None:
+            return [self._inputs(v, d, False) for d in range(self.ndev)]
+        # In parallel mode a copy arrives at producer end + transfer time whether
+        # it was sent earlier (cached) or would be sent now: ready on d is the
+        # latest of the local inputs' ends and the remote inputs' arrivals.
+        g = self.graph
+        edge_src, edge_tensor, length = g.edge_src, self.tensors.edge_tensor, self._length
+        device_of, end, scheduled = self.device_of, self.end, self.scheduled
+        local = [0.0] * self.ndev
+        best, best_dev, second = 0.0, -1, 0.0  # latest remote arrivals from two different devices
+        for e in g.in_edges[v]:
+            u = edge_src[e]
+            if not scheduled[u]:
+                raise ValueError(f"op {v} is scheduled before its input {u}")
+            du = device_of[u]
+            t = end[u]
+            if t > local[du]:
+                local[du] = t
+            a = t + length[edge_tensor[e]]
+            if a > best:
+                if du != best_dev:
+                    second = best
+                best, best_dev = a, du
+            elif du != best_dev and a > second:
+                second = a
+        return [max(local[d], second if d == best_dev else best) for d in range(self.ndev)]
 
     def commit(self, v: int, d: int) -> float:
         """Schedule v on d; returns its start time. Its predecessors must be committed."""
@@ -388,7 +427,11 @@ class ListSchedule:
                 elif not commit and key in tentative:
                     arrival = tentative[key]
                 else:
-                    length = transfer_length(self.tensors, self.ic, tid, du, d)
+                    length = (
+                        self._length[tid]
+                        if self._length is not None
+                        else transfer_length(self.tensors, self.ic, tid, du, d)
+                    )
                     send = recv = end[u]
                     if self.sequential:
                         if chan is None:  # a question, not a commitment: work on a copy

@@ -46,7 +46,12 @@ def test_json_prints_only_the_report_on_stdout(tmp_path):
     r = run("place", CNN, "--devices", "2x8GB", "--json")
     assert r.exit_code == 0
     report = json.loads(r.stdout)
-    assert report["algorithm"] == "topo" and report["options"]["comm"] == "parallel"
+    assert report["options"]["algo"] == "auto" and report["options"]["comm"] == "parallel"
+    tried = {c["algorithm"]: c for c in report["candidates"]}
+    assert set(tried) == {"single", "topo", "etf", "sct"}
+    best = min((c for c in tried.values() if c["feasible"]), key=lambda c: c["step_time_us"])
+    assert report["algorithm"] == best["algorithm"]
+    assert report["result"]["step_time_us"] == best["step_time_us"] <= report["result"]["single_device_us"]
 
 
 def test_same_input_same_output(tmp_path):
@@ -58,6 +63,8 @@ def test_same_input_same_output(tmp_path):
         report.pop("timings_s")
         for c in report["candidates"]:
             c.pop("place_seconds")
+            for key in ("seconds", "build_seconds"):  # the LP solver's own timings
+                c.get("info", {}).get("solver", {}).pop(key, None)
         for p in report["passes"]:
             p.pop("seconds")
         reports.append(report)

@@ -17,9 +17,9 @@ pytest.importorskip("tensorflow")
 TESTDATA = os.path.join(os.path.dirname(__file__), "..", "testdata")
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp"])
+@pytest.mark.parametrize("name, algo", [("cnn", "topo"), ("cnn", "etf"), ("mlp", "sct")])
 @pytest.mark.parametrize("num_devices", [2, 4])
-def test_placed_graph_trains_as_placed(tmp_path, name, num_devices):
+def test_placed_graph_trains_as_placed(tmp_path, name, algo, num_devices):
     from baechi_cli.verify import verify_placed_graph
 
     placed = tmp_path / "placed.pb"
@@ -30,6 +30,8 @@ def test_placed_graph_trains_as_placed(tmp_path, name, num_devices):
             os.path.join(TESTDATA, f"{name}.pb"),
             "--devices",
             f"{num_devices}x8GB",
+            "--algo",
+            algo,
             "-o",
             str(placed),
             "-q",

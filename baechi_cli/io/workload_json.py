@@ -34,9 +34,11 @@ Times in the file are milliseconds, sizes bytes. Per node:
   graphs' gradients) and ``<Name>Optimizer_<fwd>`` (their optimizer updates,
   ``<fwd>`` being the weight). Other backward nodes (losses, gradient
   accumulators) keep -1.
-* One output port of as many bytes as the node's largest out-edge ``size``
-  (0 for a sink): a node has one output tensor, sent once to each other
-  device that consumes it.
+* One output port of 0 bytes: a node has one output tensor, sent once to each
+  other device that consumes it, but its ``size`` (persistent, resident all
+  step) already holds it, so only the received copies (edge bytes) add
+  memory. Counting the port too would count activations twice and make,
+  e.g., inceptionv3 infeasible on the one device REFERENCE.md assumes.
 
 Per edge: ``(sourceId, port 0) -> destId``, bytes = its ``size`` (default
 0), transfer_us = ``cost`` x 1000 (absent: None, the device spec's comm model
@@ -167,13 +169,12 @@ def _read_graph(path: str) -> OpGraph:
         classes.append(color)
     names = _unique_names(raw_names, ids)
 
-    # Pass 2: the edges, and each node's output size (its largest out-edge).
+    # Pass 2: the edges.
     n = len(nodes)
     edge_src: list[int] = []
     edge_dst: list[int] = []
     edge_bytes: list[int] = []
     edge_us: list[float | None] = []
-    output_bytes = [0] * n
     for k, edge in enumerate(edges):
         try:
             src = op_of_id[edge["sourceId"]]
@@ -190,8 +191,6 @@ def _read_graph(path: str) -> OpGraph:
         edge_dst.append(dst)
         edge_bytes.append(nbytes)
         edge_us.append(us)
-        if nbytes > output_bytes[src]:
-            output_bytes[src] = nbytes
 
     forward = _forward_ops(raw_names, names, backward)
     builder = GraphBuilder()
@@ -199,7 +198,10 @@ def _read_graph(path: str) -> OpGraph:
         builder.add_op(
             names[v],
             op_types[v],
-            [output_bytes[v]],
+            # The node's `size` already holds its output and is resident all step
+            # (REFERENCE.md's mapping), so the port itself adds no memory; edge
+            # bytes still size the copies other devices receive.
+            [0],
             compute_us=compute_us[v],
             persistent_bytes=persistent[v],
             is_backward=backward[v],

@@ -17,7 +17,7 @@ from typing import Any
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
-from baechi_cli.sim import SimResult
+from baechi_cli.sim import ListSchedule, SimResult
 
 
 @dataclass
@@ -28,9 +28,15 @@ class Placement:
     # The placer's list schedule (every op, in commit order), replayed by
     # simulate(..., sequence=...); None: the simulator decides the order.
     sequence: list[int] | None = None
-    # The timeline the placer itself predicts (placers that schedule); the
-    # pipeline checks it against the simulator's replay of ``sequence``.
-    predicted: SimResult | None = None
+    # The placer's own schedule (placers that schedule): ``predicted`` turns it
+    # into a timeline on demand, outside the timed placement.
+    schedule: ListSchedule | None = field(default=None, repr=False)
+
+    @property
+    def predicted(self) -> SimResult | None:
+        """The timeline the placer itself predicts; the pipeline checks it against the simulator."""
+        return None if self.schedule is None else self.schedule.result()
+
     info: dict[str, Any] = field(default_factory=dict)  # placer-specific facts for the report
 
 
@@ -47,6 +53,10 @@ PLACERS: dict[str, tuple[str, str]] = {
     "etf": (
         "baechi_cli.placers.etf",
         "m-ETF: earliest task first with memory filter and co-adjusted colocation",
+    ),
+    "sct": (
+        "baechi_cli.placers.sct",
+        "m-SCT: favorite-child LP (OR-Tools) rounded, then list scheduling that keeps favorites together",
     ),
     "single": ("baechi_cli.placers.single", "everything on one device (the largest)"),
 }

@@ -41,7 +41,8 @@ from baechi_cli.placers import Placement
 from baechi_cli.placers.memory import MemoryLedger, infeasible
 from baechi_cli.sim import ListSchedule
 
-Preference = Callable[[int, int], int]  # (op, device) -> 0 preferred ... larger later
+# (op, device, device_of so far) -> 0 most preferred; compared after the start time.
+Preference = Callable[[int, int, list[int]], int]
 
 
 def list_schedule(
@@ -63,7 +64,7 @@ def list_schedule(
     group, in_edges, out_edges, edge_dst = graph.group, graph.in_edges, graph.out_edges, graph.edge_dst
     sequential = schedule.sequential
     dev_free = schedule.dev_free
-    pref = preference or (lambda v, d: 0)
+    pref = preference or (lambda v, d, device_of: 0)
 
     waiting: list[list[tuple[float, int, int, int]]] = [[] for _ in range(ndev)]
     available: list[list[tuple[int, int, int]]] = [[] for _ in range(ndev)]
@@ -73,11 +74,13 @@ def list_schedule(
 
     def offer(v: int) -> None:
         placed = ledger.device_of[v]  # set for the whole group when its first op is committed
-        for d in range(ndev) if placed < 0 else (placed,):
-            if v in dead[d]:
-                continue
-            ready = schedule.data_ready(v, d)
-            p = pref(v, d)
+        if placed < 0:
+            readies = schedule.data_ready_all(v)
+            targets = [(d, readies[d]) for d in range(ndev) if v not in dead[d]]
+        else:
+            targets = [(placed, schedule.data_ready(v, placed))]
+        for d, ready in targets:
+            p = pref(v, d, device_of)
             if ready <= dev_free[d]:
                 heapq.heappush(available[d], (p, rank[v], v))
             else:
@@ -154,4 +157,4 @@ def list_schedule(
             if missing[w] == 0:
                 offer(w)
                 pending += 1
-    return Placement(list(device_of), sequence=list(schedule.sequence), predicted=schedule.result())
+    return Placement(list(device_of), sequence=list(schedule.sequence), schedule=schedule)

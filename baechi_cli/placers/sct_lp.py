@@ -60,13 +60,16 @@ from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InputError, SolverError
 from baechi_cli.graph import OpGraph
 
-# User-facing name -> pywraplp solver id. HiGHS is asked for as "HIGHS_LP"
-# so OR-Tools hands it a pure LP (its "HIGHS" id is the MIP flavour).
-BACKENDS: dict[str, str] = {
-    "highs": "HIGHS_LP",
-    "glop": "GLOP",
-    "clp": "CLP",
-    "pdlp": "PDLP",
+# User-facing name -> (pywraplp solver id, solver-specific parameters).
+# HiGHS is asked for as "HIGHS_LP" (its "HIGHS" id is the MIP flavour) and
+# silenced: even with OR-Tools' output suppressed it prints a banner to stdout,
+# which would corrupt the CLI's --json output. GLOP runs its dual simplex,
+# several times faster here than its default primal one (bench/lp_backends.md).
+BACKENDS: dict[str, tuple[str, str]] = {
+    "highs": ("HIGHS_LP", "output_flag=false"),
+    "glop": ("GLOP", "use_dual_simplex: true"),
+    "clp": ("CLP", ""),
+    "pdlp": ("PDLP", ""),
 }
 DEFAULT_BACKEND = "highs"  # fastest in bench/lp_backends.md
 DEFAULT_THRESHOLD = 0.5
@@ -166,9 +169,14 @@ def solve_favorite_lp(
     p = graph.compute_us
     src, dst, comm = lp_edges(graph, devices)
     m = len(src)
-    solver = pywraplp.Solver.CreateSolver(BACKENDS[name])
+    solver_id, parameters = BACKENDS[name]
+    solver = pywraplp.Solver.CreateSolver(solver_id)
     if solver is None:
         raise SolverError(f"LP backend '{name}' is not available in this OR-Tools build")
+    if parameters:
+        # The return value is useless: False even when HiGHS applies the
+        # parameters; a rejected one shows up as the solve's status instead.
+        solver.SetSolverSpecificParametersAsString(parameters)
     inf = solver.infinity()
     # Unnamed variables and rows: OR-Tools makes names only if a model is exported.
     s = [solver.NumVar(0.0, inf, "") for _ in range(n)]
@@ -206,19 +214,11 @@ def solve_favorite_lp(
     t2 = time.perf_counter()
 
     if status != pywraplp.Solver.OPTIMAL:
-        raise SolverError(
-            _failure(
-                status,
-                pywraplp.Solver,
-                name,
-                time_limit_s,
-                t2 - t1,
-                n,
-                m,
-                solver.NumVariables(),
-                solver.NumConstraints(),
-            )
+        size = (
+            f"{n} ops, {m} LP edges: {solver.NumVariables()} variables, "
+            f"{solver.NumConstraints()} constraints"
         )
+        raise _failure(status, name, time_limit_s, t2 - t1, size)
     return LPResult(
         num_ops=n,
         src=src,
@@ -236,41 +236,45 @@ def solve_favorite_lp(
     )
 
 
+# Statuses from pywraplp.Solver.Solve(). OR-Tools' HiGHS interface also
+# passes through raw MPSolverResponseStatus codes the enum does not list: 99
+# (MPSOLVER_UNKNOWN_STATUS) when HiGHS stops at the time limit, 85
+# (MPSOLVER_MODEL_INVALID_SOLVER_PARAMETERS) for a parameter it rejects.
+_STATUS_TEXT = {
+    2: "reported the LP infeasible (it never is: a numerical failure)",
+    3: "reported the LP unbounded (it never is: a numerical failure)",
+    4: "failed (abnormal status)",
+    5: "rejected the model as invalid",
+    6: "did not solve the LP",
+    85: "rejected its solver parameters",
+    99: "stopped with an unknown status",
+}
+_FEASIBLE = 1
+
+
 def _failure(
     status: int,
-    codes: type,
     backend: str,
     time_limit_s: float | None,
     seconds: float,
-    num_ops: int,
-    num_edges: int,
-    num_variables: int,
-    num_constraints: int,
-) -> str:
-    """One line saying how the solve failed, with backend, limit and LP size."""
-    size = (
-        f"{num_ops} ops, {num_edges} LP edges ({num_variables} variables, {num_constraints} constraints)"
-    )
-    limit = f"{time_limit_s:g} s" if time_limit_s is not None else "none"
-    # Backends report a time-out differently (NOT_SOLVED, ABNORMAL or
-    # FEASIBLE), so the wall clock tells whether the limit was the cause.
+    size: str,
+) -> SolverError:
+    """The error for a solve that did not end optimal: backend, limit and LP size."""
+    # Backends report a time-out differently (HiGHS 99, GLOP and PDLP
+    # NOT_SOLVED, CLP FEASIBLE), so the wall clock tells whether the limit
+    # was the cause.
     timed_out = time_limit_s is not None and seconds >= 0.95 * time_limit_s
-    if status == codes.FEASIBLE:
+    if status == _FEASIBLE:
         what = "stopped at the time limit with a feasible but not optimal solution"
-    elif timed_out and status in (codes.NOT_SOLVED, codes.ABNORMAL):
+    elif timed_out:
         what = "ran out of time before finding a solution"
     else:
-        what = {
-            codes.INFEASIBLE: "reported the LP infeasible (it never is: a numerical failure)",
-            codes.UNBOUNDED: "reported the LP unbounded (it never is: a numerical failure)",
-            codes.ABNORMAL: "failed (abnormal status)",
-            codes.MODEL_INVALID: "rejected the model as invalid",
-            codes.NOT_SOLVED: "did not solve the LP",
-        }.get(status, f"returned unknown status {status}")
-    hint = "; raise --solver-time-limit" if timed_out or status == codes.FEASIBLE else ""
-    return (
-        f"m-SCT's favorite-child LP: backend '{backend}' {what} after {seconds:.2f} s "
-        f"(time limit {limit}; {size}){hint}"
+        what = _STATUS_TEXT.get(status, "returned an unknown status")
+    limit = f"{time_limit_s:g} s" if time_limit_s is not None else "none"
+    hint = "; raise --solver-time-limit" if timed_out or status == _FEASIBLE else ""
+    return SolverError(
+        f"m-SCT's favorite-child LP: backend '{backend}' {what} (status {status}) after "
+        f"{seconds:.2f} s (time limit {limit}; {size}){hint}"
     )
 
 

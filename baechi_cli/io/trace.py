@@ -1,0 +1,370 @@
+"""Timelines (``--trace``): a simulated step as Chrome trace-event JSON.
+
+``build_trace(graph, devices, sim, title=...)`` turns a :class:`SimResult` into
+the JSON object form of the Trace Event Format, ``{"traceEvents": [...],
+"displayTimeUnit": "ms", "otherData": {...}}``, which Perfetto
+(ui.perfetto.dev) and chrome://tracing open. ``write_trace`` writes it as
+compact JSON, atomically; the same input gives the same bytes.
+
+Times are in microseconds (the format's unit), rounded to whole nanoseconds.
+Both ends of every interval go through the same monotone rounding, so
+intervals that do not overlap in the simulation do not overlap in the trace.
+
+Track layout. Each device is a process (``pid`` = device index + 1, named
+after the device, sorted by index). Its threads have ``tid`` values that are
+unique across the whole trace, because Perfetto identifies threads by ``tid``
+alone. The threads are:
+
+* ``compute``: one ``X`` slice per op that takes time (name = op name, cat =
+  op type, args ``op_type``, ``op_id``, ``duration_us``). They run back to
+  back and never overlap.
+* ``0 µs ops``: the ops that take no time, as ``X`` slices with ``dur`` 0.
+  They have a track of their own because Perfetto nests a 0-length slice
+  inside a slice that starts at the same instant and stacks coincident ones.
+  On the compute track they would capture the flow arrows meant for real
+  ops. Perfetto drops slices nested deeper than 512, so after
+  :data:`MAX_STACK` coincident ones the rest go to ``0 µs ops 2``, ...
+* transfers. In ``sequential`` mode each device has one channel. A transfer is
+  two ``X`` slices on ``channel`` tracks: the send on the sender's, the
+  receive on the receiver's. The simulator never uses one channel twice at
+  once, so each device needs one channel track. In ``parallel`` mode a
+  transfer is one slice on the receiving device. Transfers into a device
+  overlap freely there, so they go onto ``recv 1``, ``recv 2``, ... by greedy
+  interval partitioning (fewest lanes, lowest free lane first). Both modes
+  use this partitioning, so no track ever holds two overlapping slices. A
+  channel that broke the invariant would get a ``channel 2`` rather than a
+  slice that Perfetto drops. Transfer slices are named ``producer:port ->
+  /device:GPU:1`` (a receive says ``<-`` and names the source;
+  ``^producer`` marks a control dependency). Their cat is
+  ``transfer``/``send``/``recv`` and their args are ``bytes``, ``producer``,
+  ``port``, ``src``, ``dst`` and ``transfer_us``.
+* memory: ``C`` events named ``memory`` (args ``{"bytes": ...}``), one per
+  point of the device's memory curve.
+
+Flows. Arrows link each producer op to its transfer, each send to its
+receive, and each transfer to every op it feeds on the receiving device.
+They are legacy flow events: one ``s`` and one ``f`` per id. The ``f`` has
+``bp: "e"`` so that it binds to the enclosing slice. Ids are unique in the
+trace, and both ends carry the same name and cat, because Perfetto matches v1
+flows by (id, cat, name). We do not use the newer ``bind_id`` / ``flow_in`` /
+``flow_out`` fields. They allow one id per slice, and a producer that feeds
+several devices, or a transfer that feeds several ops, needs several arrows
+from one slice.
+
+Perfetto binds a flow event to the innermost slice open on its track at the
+moment it processes that event. It processes events by timestamp; at equal
+timestamps, ``X`` slices come first (longest first), and everything else
+follows in file order. The timestamps are chosen so that this order always
+binds the right slice:
+
+* An ``s`` sits on the source slice's last nanosecond (on a send, its first).
+  An ``f`` sits on the target slice's first nanosecond. So no flow ends
+  before it starts.
+* A slice that takes time is alone on its track over ``[ts, ts + dur)``.
+* Some ties remain: 0-length slices, and a send and its receive that start
+  together. For these, the file keeps each slice's flow events right after
+  the slice. It also keeps the slices in causal order: ops by start time and
+  topological rank, each op followed by its transfers.
+
+Perfetto sorts the file itself, so it stays in that causal order rather than
+time order. chrome://tracing binds flows by timestamp and agrees, with one
+exception: it attaches all flows of coincident 0 µs ops on one device to one
+of those ops.
+
+Building is O((V + E) log V) and, like the output, linear in ops, edges and
+transfers apart from that.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import json
+from typing import Any
+
+from baechi_cli import __version__
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.io.atomic import write_atomic
+from baechi_cli.sim import SimResult
+
+# Coincident 0 µs ops stacked on one track before the next one is opened
+# (Perfetto's slice tracker drops slices nested deeper than 512).
+MAX_STACK = 500
+
+Event = dict[str, Any]
+
+
+def build_trace(graph: OpGraph, devices: DeviceSpec, sim: SimResult, *, title: str = "") -> dict[str, Any]:
+    """The trace of ``sim``, a simulation of ``graph`` on ``devices`` (see the module docstring)."""
+    # A large trace is millions of small acyclic dicts; the cyclic collector would
+    # rescan them again and again as they pile up (nearly half the build time).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(graph, devices, sim, title)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build(graph: OpGraph, devices: DeviceSpec, sim: SimResult, title: str) -> dict[str, Any]:
+    n, ndev = graph.num_ops, devices.count
+    names, types, dev_names = graph.names, graph.op_types, devices.names
+    device_of = sim.device_of
+    sequential = devices.interconnect.mode == "sequential"
+    start = [round(t * 1000) for t in sim.start]  # ns
+    end = [round(t * 1000) for t in sim.end]
+    xfers = sim.transfers
+
+    # Transfer slices: (device, ts ns, end ns, cat), one or two per transfer.
+    slices: list[tuple[tuple[int, int, int, str], ...]] = []
+    for t in xfers:
+        recv = (t.dst_device, round(t.recv_start * 1000), round(t.end * 1000))
+        if sequential:
+            send_end = t.send_start + (t.end - t.recv_start)
+            send = (t.src_device, round(t.send_start * 1000), round(send_end * 1000))
+            slices.append(((*send, "send"), (*recv, "recv")))
+        else:
+            slices.append(((*recv, "transfer"),))
+
+    # --- tracks -------------------------------------------------------------------
+    lane_of, lane_counts = _transfer_lanes(slices, ndev)
+    zero_lane = [-1] * n  # stack track of a 0 µs op; -1: the compute track
+    zero_counts = [0] * ndev
+    coincident: dict[tuple[int, int], int] = {}
+    for v in range(n):
+        if end[v] == start[v]:
+            key = (device_of[v], start[v])
+            k = coincident.get(key, 0)
+            coincident[key] = k + 1
+            zero_lane[v] = k // MAX_STACK
+            zero_counts[device_of[v]] = max(zero_counts[device_of[v]], zero_lane[v] + 1)
+
+    meta: list[Event] = []
+    compute_tid: list[int] = []
+    zero_tids: list[list[int]] = []
+    xfer_tids: list[list[int]] = []
+    tid = ndev + 1  # no tid equals a pid: Perfetto takes tid == pid for a main thread
+    for d in range(ndev):
+        threads = ["compute"]
+        threads += [f"0 µs ops {i + 1}" if i else "0 µs ops" for i in range(zero_counts[d])]
+        if sequential:
+            threads += [f"channel {i + 1}" if i else "channel" for i in range(lane_counts[d])]
+        else:
+            threads += [f"recv {i + 1}" for i in range(lane_counts[d])]
+        tids = list(range(tid, tid + len(threads)))
+        tid += len(threads)
+        compute_tid.append(tids[0])
+        zero_tids.append(tids[1 : 1 + zero_counts[d]])
+        xfer_tids.append(tids[1 + zero_counts[d] :])
+        pid = d + 1
+        # Every event names its tid: one without defaults to tid = pid (see above).
+        meta.append(_meta("process_name", pid, tids[0], {"name": dev_names[d]}))
+        meta.append(_meta("process_sort_index", pid, tids[0], {"sort_index": d}))
+        for i, (thread, t_id) in enumerate(zip(threads, tids)):
+            meta.append(_meta("thread_name", pid, t_id, {"name": thread}))
+            meta.append(_meta("thread_sort_index", pid, t_id, {"sort_index": i}))
+
+    feeds = _feeds(graph, sim)
+    out_xfers: list[list[int]] = [[] for _ in range(n)]
+    for x, t in enumerate(xfers):
+        out_xfers[t.src_op].append(x)
+    rank = [0] * n
+    for i, v in enumerate(graph.topo_order()):
+        rank[v] = i
+
+    # --- events in causal order, each slice followed by its flow events -----------
+    events: list[Event] = []
+    emit = events.append
+    arrows_in: list[list[tuple[int, str]]] = [[] for _ in range(n)]  # (flow id, name) into an op
+    first_in = [0] * len(xfers)  # flow id of the arrow from each transfer's producer
+    next_id = 1
+
+    def flow(ph: str, fid: int, name: str, ts: int, pid: int, t_id: int) -> None:
+        ev: Event = {
+            "name": name,
+            "cat": "flow",
+            "ph": ph,
+            "id": fid,
+            "ts": ts / 1000,
+            "pid": pid,
+            "tid": t_id,
+        }
+        if ph == "f":
+            ev["bp"] = "e"
+        emit(ev)
+
+    for u in sorted(range(n), key=lambda v: (start[v], rank[v])):
+        d = device_of[u]
+        pid, t_id = d + 1, compute_tid[d] if zero_lane[u] < 0 else zero_tids[d][zero_lane[u]]
+        ts, stop = start[u], end[u]
+        emit(
+            {
+                "name": names[u],
+                "cat": types[u],
+                "ph": "X",
+                "ts": ts / 1000,
+                "dur": (stop - ts) / 1000,
+                "pid": pid,
+                "tid": t_id,
+                "args": {"op_type": types[u], "op_id": u, "duration_us": sim.end[u] - sim.start[u]},
+            }
+        )
+        for fid, label in arrows_in[u]:
+            flow("f", fid, label, ts, pid, t_id)
+        for x in out_xfers[u]:
+            first_in[x] = next_id
+            flow("s", next_id, _label(names, u, xfers[x].port), _last(ts, stop), pid, t_id)
+            next_id += 1
+        # This op's transfers follow it, ahead of every op they feed.
+        for x in out_xfers[u]:
+            t = xfers[x]
+            label = _label(names, u, t.port)
+            src, dst = dev_names[t.src_device], dev_names[t.dst_device]
+            incoming = first_in[x]
+            for (dd, xts, xstop, cat), lane in zip(slices[x], lane_of[x]):
+                xpid, xtid = dd + 1, xfer_tids[dd][lane]
+                emit(
+                    {
+                        "name": f"{label} <- {src}" if cat == "recv" else f"{label} -> {dst}",
+                        "cat": cat,
+                        "ph": "X",
+                        "ts": xts / 1000,
+                        "dur": (xstop - xts) / 1000,
+                        "pid": xpid,
+                        "tid": xtid,
+                        "args": {
+                            "bytes": t.nbytes,
+                            "producer": names[u],
+                            "port": t.port,
+                            "src": src,
+                            "dst": dst,
+                            "transfer_us": t.end - t.recv_start,
+                        },
+                    }
+                )
+                flow("f", incoming, label, xts, xpid, xtid)
+                if cat == "send":
+                    # The receive may start before the send ends: leave from the send's start.
+                    incoming = next_id
+                    flow("s", next_id, label, xts, xpid, xtid)
+                    next_id += 1
+                    continue
+                for v in feeds[x]:
+                    arrows_in[v].append((next_id, label))
+                    flow("s", next_id, label, _last(xts, xstop), xpid, xtid)
+                    next_id += 1
+
+    for d in range(ndev):
+        pid, t_id = d + 1, compute_tid[d]
+        for time, level in sim.memory_curve[d]:
+            emit(
+                {
+                    "name": "memory",
+                    "ph": "C",
+                    "ts": round(time * 1000) / 1000,
+                    "pid": pid,
+                    "tid": t_id,
+                    "args": {"bytes": level},
+                }
+            )
+
+    return {
+        "traceEvents": meta + events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "title": title,
+            "generator": f"baechi {__version__}",
+            "comm_mode": devices.interconnect.mode,
+            "step_time_us": sim.step_time_us,
+            "ops": n,
+            "transfers": len(xfers),
+        },
+    }
+
+
+def write_trace(path: str, trace: dict[str, Any]) -> None:
+    """Write ``trace`` as compact JSON (no trailing newline: Perfetto rejects data after the object)."""
+    text = json.dumps(trace, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    write_atomic(path, text.encode("utf-8"))
+
+
+def _label(names: list[str], op: int, port: int) -> str:
+    return f"^{names[op]}" if port == CONTROL_PORT else f"{names[op]}:{port}"
+
+
+def _last(ts: int, stop: int) -> int:
+    """The latest nanosecond that still lies inside the slice [ts, stop)."""
+    return stop - 1 if stop > ts else ts
+
+
+def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> Event:
+    return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+def _feeds(graph: OpGraph, sim: SimResult) -> list[list[int]]:
+    """The ops each transfer delivers to, grouped the way ``sim`` groups edges into transfers."""
+    device_of = sim.device_of
+    by_key: dict[tuple[int, int, int], list[int]] = {}
+    for x, t in enumerate(sim.transfers):
+        by_key.setdefault((t.src_op, t.port, t.dst_device), []).append(x)
+    consumers: dict[tuple[int, int, int], list[int]] = {}
+    for u, port, v in zip(graph.edge_src, graph.edge_port, graph.edge_dst):
+        if device_of[u] != device_of[v]:
+            consumers.setdefault((u, port, device_of[v]), []).append(v)
+    feeds: list[list[int]] = [[] for _ in sim.transfers]
+    for key, group in by_key.items():
+        ops = consumers.get(key, [])
+        if len(group) == 1:
+            feeds[group[0]] = sorted(set(ops))
+        else:  # simulated without caching: one transfer per edge, in edge order
+            for x, v in zip(group, ops):
+                feeds[x] = [v]
+    return feeds
+
+
+def _transfer_lanes(
+    slices: list[tuple[tuple[int, int, int, str], ...]], ndev: int
+) -> tuple[list[list[int]], list[int]]:
+    """Lane of every transfer slice on its device, and the number of lanes per device."""
+    intervals: list[list[tuple[int, int]]] = [[] for _ in range(ndev)]
+    owners: list[list[tuple[int, int]]] = [[] for _ in range(ndev)]  # (transfer, slice)
+    for x, parts in enumerate(slices):
+        for k, (d, ts, stop, _) in enumerate(parts):
+            # In half-nanoseconds, a 0-length slice widened to half a nanosecond:
+            # then "overlap" is what one track cannot show (a 0-length slice where
+            # another starts or sits), while slices that merely touch may share.
+            intervals[d].append((2 * ts, 2 * stop if stop > ts else 2 * ts + 1))
+            owners[d].append((x, k))
+    lane_of = [[0] * len(parts) for parts in slices]
+    counts = [0] * ndev
+    for d in range(ndev):
+        lanes = _partition(intervals[d])
+        counts[d] = max(lanes, default=-1) + 1
+        for (x, k), lane in zip(owners[d], lanes):
+            lane_of[x][k] = lane
+    return lane_of, counts
+
+
+def _partition(intervals: list[tuple[int, int]]) -> list[int]:
+    """Lane of each half-open interval: greedy by start, lowest free lane first.
+
+    Uses as many lanes as intervals overlap at the worst instant (optimal for
+    interval graphs); deterministic; O(k log k).
+    """
+    lanes = [0] * len(intervals)
+    busy: list[tuple[int, int]] = []  # (end, lane)
+    free: list[int] = []
+    count = 0
+    for i in sorted(range(len(intervals)), key=intervals.__getitem__):
+        lo, hi = intervals[i]
+        while busy and busy[0][0] <= lo:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            lanes[i] = heapq.heappop(free)
+        else:
+            lanes[i] = count
+            count += 1
+        heapq.heappush(busy, (hi, lanes[i]))
+    return lanes

@@ -1,0 +1,61 @@
+"""m-SCT: small communication times (Hanen & Munier 2001) with Baechi's memory filter.
+
+1. Solve the favorite-child LP (:mod:`baechi_cli.placers.sct_lp`) with
+   OR-Tools and round it: edge ``u -> v`` is favorite when ``x_uv`` is below
+   the threshold (``--sct-threshold``, default 0.5: below 1/2 the LP's degree
+   constraints allow at most one favorite child per op and one favorite
+   parent per op, which is what Hanen & Munier's rounding and its
+   approximation bound use).
+2. List-schedule like m-ETF (same engine, same memory filter and co-adjusted
+   colocation), with one rule added: among candidates that can start at the
+   same earliest time, a favorite child on its favorite parent's device goes
+   first, so a favorite child runs on its parent's device whenever that is
+   where it can start first.
+
+A failed or timed-out LP is a :class:`~baechi_cli.errors.SolverError`, never
+a silent fallback to m-ETF. The report gets the solver's backend, status,
+objective (the LP makespan, a relaxation of the schedule) and seconds.
+
+Complexity: the LP solve (see bench/lp_backends.md) plus m-ETF's engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.graph import OpGraph
+from baechi_cli.placers import Placement
+from baechi_cli.placers.listsched import list_schedule
+from baechi_cli.placers.sct_lp import DEFAULT_THRESHOLD, favorite_children, solve_favorite_lp
+
+
+def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Placement:
+    """Place ``graph`` with m-SCT. Options: ``solver_time_limit`` (s), ``sct_threshold``."""
+    threshold = options.get("sct_threshold", DEFAULT_THRESHOLD)
+    lp = solve_favorite_lp(graph, devices, time_limit_s=options.get("solver_time_limit"))
+    favorite = favorite_children(lp, threshold)
+    favorite_parent = [-1] * graph.num_ops
+    for u, child in enumerate(favorite):
+        if child >= 0:
+            favorite_parent[child] = u
+
+    def preference(v: int, d: int, device_of: list[int]) -> int:
+        parent = favorite_parent[v]
+        return 0 if parent >= 0 and device_of[parent] == d else 1
+
+    placement = list_schedule(graph, devices, "m-SCT", preference)
+    placement.info = {
+        "solver": {
+            "backend": lp.backend,
+            "status": lp.status,
+            "objective_us": lp.objective_us,
+            "seconds": round(lp.seconds, 6),
+            "build_seconds": round(lp.build_seconds, 6),
+            "variables": lp.num_variables,
+            "constraints": lp.num_constraints,
+        },
+        "threshold": threshold,
+        "favorite_edges": sum(1 for c in favorite if c >= 0),
+    }
+    return placement

@@ -1,0 +1,182 @@
+"""Time m-SCT's favorite-child LP on each OR-Tools backend; writes bench/lp_backends.md.
+
+Every case (backend, synthetic layered DAG size) runs in its own process,
+under the LP's own time limit (``--limit``, default 120 s) and a hard kill a
+minute later, so a backend that ignores its limit cannot stall the table. A
+backend that times out at one size is not tried at larger ones. All backends
+solve the same LP (``sct_lp.solve_favorite_lp``), so their objectives must
+agree; the table shows them to check.
+
+Usage: ``python bench/lp_backends.py [--limit S] [--out PATH]``;
+``--one BACKEND OPS WIDTH LIMIT`` runs a single case and prints its JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+
+from synthetic import layered_dag  # noqa: E402
+
+from baechi_cli.devices import parse_devices  # noqa: E402
+from baechi_cli.errors import SolverError  # noqa: E402
+from baechi_cli.placers import sct_lp  # noqa: E402
+
+# Variants measured besides sct_lp.BACKENDS, to justify the parameters chosen there.
+EXTRA = {
+    "glop-primal": ("GLOP", ""),  # GLOP's default (primal simplex)
+    "highs-ipm": ("HIGHS_LP", "output_flag=false\nsolver=ipm"),  # interior point + crossover
+}
+BACKENDS = ["highs", "glop", "glop-primal", "clp", "highs-ipm", "pdlp"]
+SIZES = [(1000, 16), (5000, 16), (20000, 16)]
+# Larger or wider graphs, HiGHS only: how build and solve times grow.
+HIGHS_EXTRA_SIZES = [(20000, 64), (100000, 16)]
+
+
+def run_one(backend: str, num_ops: int, width: int, limit: float) -> dict:
+    sct_lp.BACKENDS.update(EXTRA)
+    graph = layered_dag(num_ops, width=width)
+    row = {"backend": backend, "ops": num_ops, "width": width, "edges": graph.num_edges}
+    t0 = time.perf_counter()
+    try:
+        res = sct_lp.solve_favorite_lp(
+            graph, parse_devices("4x8GB"), time_limit_s=limit, backend=backend
+        )
+    except SolverError as err:
+        return row | {"error": str(err), "seconds": time.perf_counter() - t0}
+    fav = sct_lp.favorite_children(res)
+    return row | {
+        "lp_edges": len(res.src),
+        "variables": res.num_variables,
+        "constraints": res.num_constraints,
+        "build_s": res.build_seconds,
+        "solve_s": res.seconds,
+        "objective_us": res.objective_us,
+        "favorites": sum(v >= 0 for v in fav),
+    }
+
+
+def run_case(backend: str, num_ops: int, width: int, limit: float) -> dict:
+    cmd = [sys.executable, __file__, "--one", backend, str(num_ops), str(width), str(limit)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit + 60)
+    except subprocess.TimeoutExpired:
+        return {"backend": backend, "ops": num_ops, "width": width, "error": "killed: ignored its time limit"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"backend": backend, "ops": num_ops, "width": width, "error": f"crashed: {tail}"}
+    return json.loads(lines[-1])  # the last line: a backend may print before it
+
+
+def cell(row: dict) -> str:
+    if "error" in row:
+        if "ran out of time" in row["error"] or "time limit" in row["error"]:
+            return "timed out"
+        return "failed"
+    return f"{row['build_s']:.2f} + {row['solve_s']:.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--one", nargs=4, metavar=("BACKEND", "OPS", "WIDTH", "LIMIT"))
+    ap.add_argument("--limit", type=float, default=120.0)
+    ap.add_argument("--out", default=os.path.join(HERE, "lp_backends.md"))
+    args = ap.parse_args()
+    if args.one:
+        backend, ops, width, limit = args.one
+        print(json.dumps(run_one(backend, int(ops), int(width), float(limit))))
+        return
+
+    rows: list[dict] = []
+    for backend in BACKENDS:
+        gave_up = False
+        for ops, width in SIZES:
+            if gave_up:
+                rows.append({"backend": backend, "ops": ops, "width": width, "error": "skipped"})
+                continue
+            row = run_case(backend, ops, width, args.limit)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(row)
+            gave_up = "error" in row
+    for ops, width in HIGHS_EXTRA_SIZES:
+        row = run_case("highs", ops, width, args.limit)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
+
+    def find(backend: str, ops: int, width: int) -> dict:
+        return next(r for r in rows if (r["backend"], r["ops"], r["width"]) == (backend, ops, width))
+
+    lines = [
+        "# Favorite-child LP backends (m-SCT)",
+        "",
+        f"Made by `python bench/lp_backends.py` on {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, OR-Tools {_ortools_version()}. One run per case; "
+        f"LP time limit {args.limit:g} s. Synthetic layered DAGs (`bench/synthetic.py`, seed 0), "
+        "4x8GB devices (Baechi's PCIe comm model).",
+        "",
+        "Cells: build + solve seconds. \"timed out\": hit the time limit; \"skipped\": timed out "
+        "at a smaller size.",
+        "",
+        "| backend | solver id, parameters | " + " | ".join(f"{o // 1000}k ops" for o, _ in SIZES) + " |",
+        "|---|---|" + "---|" * len(SIZES),
+    ]
+    for backend in BACKENDS:
+        sid, params = sct_lp.BACKENDS.get(backend) or EXTRA[backend]
+        cells = " | ".join(cell(find(backend, o, w)) for o, w in SIZES)
+        lines.append(f"| {backend} | `{sid}` {params.replace(chr(10), ', ') or '(defaults)'} | {cells} |")
+    lines += [
+        "",
+        "## LP sizes and objectives (all backends that finished must agree)",
+        "",
+        "| ops | width | graph edges | LP edges | variables | constraints | objective (µs), per backend |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for ops, width in SIZES + HIGHS_EXTRA_SIZES:
+        done = [r for r in rows if (r["ops"], r["width"]) == (ops, width) and "error" not in r]
+        if not done:
+            any_row = next(r for r in rows if (r["ops"], r["width"]) == (ops, width))
+            lines.append(f"| {ops} | {width} | {any_row.get('edges', '')} | | | | none finished |")
+            continue
+        r0 = done[0]
+        objs = ", ".join(f"{r['backend']} {r['objective_us']:.3f}" for r in done)
+        lines.append(
+            f"| {ops} | {width} | {r0['edges']} | {r0['lp_edges']} | {r0['variables']} | "
+            f"{r0['constraints']} | {objs} |"
+        )
+    lines += [
+        "",
+        "## HiGHS on larger or wider graphs",
+        "",
+        "| ops | width | build (s) | solve (s) | favorite edges |",
+        "|---|---|---|---|---|",
+    ]
+    for ops, width in [(o, w) for o, w in SIZES] + HIGHS_EXTRA_SIZES:
+        r = find("highs", ops, width)
+        if "error" in r:
+            lines.append(f"| {ops} | {width} | | {cell(r)} | |")
+        else:
+            lines.append(f"| {ops} | {width} | {r['build_s']:.2f} | {r['solve_s']:.2f} | {r['favorites']} |")
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+def _ortools_version() -> str:
+    import ortools
+
+    return ortools.__version__
+
+
+if __name__ == "__main__":
+    main()
