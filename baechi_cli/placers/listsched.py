@@ -1,8 +1,9 @@
 """The list-scheduling engine behind m-ETF and m-SCT.
 
 Repeatedly commits the (ready op, device) pair with the earliest possible
-start — ties broken by a placer-given preference, then the op's topological
-index, then the device index — where an op is ready once all its
+start — ties broken by the op's topological index, then a placer-given
+preference among that op's devices, then the device index — where an op is
+ready once all its
 predecessors are committed, and a device is a candidate for it when:
 
 * the op's colocation group is already on that device, or the group is
@@ -17,8 +18,8 @@ own list-schedule semantics (device channels and cached copies in
 ``simulate(..., sequence=placement.sequence)`` computes.
 
 Data structures: per device, ``waiting`` is a heap of candidates keyed by
-(data-ready time, preference, rank), and ``available`` a heap keyed by
-(preference, rank) of candidates whose inputs are there by the time the
+(data-ready time, rank, preference), and ``available`` a heap keyed by
+(rank, preference) of candidates whose inputs are there by the time the
 device is free. A device's best candidate is the top of ``available`` (it
 starts when the device is free) or else the top of ``waiting``. Keys only
 grow (devices and channels only get busier), so a stale key is a lower bound:
@@ -41,7 +42,7 @@ from baechi_cli.placers import Placement
 from baechi_cli.placers.memory import MemoryLedger, infeasible
 from baechi_cli.sim import ListSchedule
 
-# (op, device, device_of so far) -> 0 most preferred; compared after the start time.
+# (op, device, device_of so far) -> 0 most preferred; breaks ties between one op's devices.
 Preference = Callable[[int, int, list[int]], int]
 
 
@@ -82,9 +83,9 @@ def list_schedule(
         for d, ready in targets:
             p = pref(v, d, device_of)
             if ready <= dev_free[d]:
-                heapq.heappush(available[d], (p, rank[v], v))
+                heapq.heappush(available[d], (rank[v], p, v))
             else:
-                heapq.heappush(waiting[d], (ready, p, rank[v], v))
+                heapq.heappush(waiting[d], (ready, rank[v], p, v))
 
     def valid(v: int, d: int) -> bool:
         if schedule.scheduled[v] or v in dead[d]:
@@ -93,19 +94,19 @@ def list_schedule(
         return placed < 0 or placed == d
 
     def best(d: int) -> tuple[float, int, int, int] | None:
-        """(start, preference, rank, op) of device d's best candidate, keys refreshed."""
+        """(start, rank, preference, op) of device d's best candidate, keys refreshed."""
         w, a, free = waiting[d], available[d], dev_free[d]
         while w and w[0][0] <= free:
-            _, p, r, v = heapq.heappop(w)
+            _, r, p, v = heapq.heappop(w)
             if not valid(v, d):
                 continue
             ready = schedule.data_ready(v, d) if sequential else 0.0
             if ready <= free:
-                heapq.heappush(a, (p, r, v))
+                heapq.heappush(a, (r, p, v))
             else:
-                heapq.heappush(w, (ready, p, r, v))
+                heapq.heappush(w, (ready, r, p, v))
         while a:
-            p, r, v = a[0]
+            r, p, v = a[0]
             if not valid(v, d):
                 heapq.heappop(a)
                 continue
@@ -113,20 +114,20 @@ def list_schedule(
                 ready = schedule.data_ready(v, d)
                 if ready > free:
                     heapq.heappop(a)
-                    heapq.heappush(w, (ready, p, r, v))
+                    heapq.heappush(w, (ready, r, p, v))
                     continue
-            return (free, p, r, v)
+            return (free, r, p, v)
         while w:
-            t, p, r, v = w[0]
+            t, r, p, v = w[0]
             if not valid(v, d):
                 heapq.heappop(w)
                 continue
             if sequential:
                 ready = schedule.data_ready(v, d)
                 if ready > t:
-                    heapq.heapreplace(w, (ready, p, r, v))
+                    heapq.heapreplace(w, (ready, r, p, v))
                     continue
-            return (t, p, r, v)
+            return (t, r, p, v)
         return None
 
     for v in order:

@@ -156,87 +156,110 @@ def solve_favorite_lp(
     abnormal, or stopped by the time limit (even with a feasible solution in
     hand: a non-optimal LP would make the rounding arbitrary).
     """
-    from ortools.linear_solver import pywraplp
+    _check_time_limit(time_limit_s)
+    return FavoriteLP(graph, devices, backend).solve(time_limit_s)
 
-    name = (backend or DEFAULT_BACKEND).lower()
-    if name not in BACKENDS:
-        raise InputError(f"unknown LP backend '{backend}' (use one of: {', '.join(BACKENDS)})")
+
+def _check_time_limit(time_limit_s: float | None) -> None:
     if time_limit_s is not None and not (time_limit_s > 0 and math.isfinite(time_limit_s)):
         raise InputError(f"the solver time limit must be a positive number of seconds, got {time_limit_s}")
 
-    t0 = time.perf_counter()
-    n = graph.num_ops
-    p = graph.compute_us
-    src, dst, comm = lp_edges(graph, devices)
-    m = len(src)
-    solver_id, parameters = BACKENDS[name]
-    solver = pywraplp.Solver.CreateSolver(solver_id)
-    if solver is None:
-        raise SolverError(f"LP backend '{name}' is not available in this OR-Tools build")
-    if parameters:
-        # The return value is useless: False even when HiGHS applies the
-        # parameters; a rejected one shows up as the solve's status instead.
-        solver.SetSolverSpecificParametersAsString(parameters)
-    inf = solver.infinity()
-    # Unnamed variables and rows: OR-Tools makes names only if a model is exported.
-    s = [solver.NumVar(0.0, inf, "") for _ in range(n)]
-    w = solver.NumVar(0.0, inf, "")
-    x = [solver.NumVar(0.0, 1.0, "") for _ in range(m)]
-    out_x: list[list[int]] = [[] for _ in range(n)]
-    in_x: list[list[int]] = [[] for _ in range(n)]
-    for e in range(m):
-        u, v = src[e], dst[e]
-        out_x[u].append(e)
-        in_x[v].append(e)
-        row = solver.Constraint(-inf, -p[u])  # s_u - s_v + c_e x_e <= -p_u
-        row.SetCoefficient(s[u], 1.0)
-        row.SetCoefficient(s[v], -1.0)
-        if comm[e]:
-            row.SetCoefficient(x[e], comm[e])
-    for v in range(n):
-        for incident in (out_x[v], in_x[v]):
-            if len(incident) >= 2:
-                row = solver.Constraint(len(incident) - 1.0, inf)
-                for e in incident:
-                    row.SetCoefficient(x[e], 1.0)
-        if not out_x[v]:  # only sinks bound w: any other op ends before its successors start
-            row = solver.Constraint(-inf, -p[v])  # s_v - w <= -p_v
-            row.SetCoefficient(s[v], 1.0)
-            row.SetCoefficient(w, -1.0)
-    objective = solver.Objective()
-    objective.SetCoefficient(w, 1.0)
-    objective.SetMinimization()
-    if time_limit_s is not None:
-        # Milliseconds, at least 1: OR-Tools would read 0 as "stop at once".
-        solver.SetTimeLimit(max(1, round(time_limit_s * 1000)))
-    t1 = time.perf_counter()
-    status = solver.Solve()
-    t2 = time.perf_counter()
 
-    if status != pywraplp.Solver.OPTIMAL:
-        size = (
-            f"{n} ops, {m} LP edges: {solver.NumVariables()} variables, "
-            f"{solver.NumConstraints()} constraints"
+class FavoriteLP:
+    """The LP built in an OR-Tools solver; :meth:`solve` solves it (once).
+
+    Building and solving are separate so benchmarks can time them apart.
+    """
+
+    def __init__(self, graph: OpGraph, devices: DeviceSpec, backend: str | None = None) -> None:
+        from ortools.linear_solver import pywraplp
+
+        name = (backend or DEFAULT_BACKEND).lower()
+        if name not in BACKENDS:
+            raise InputError(f"unknown LP backend '{backend}' (use one of: {', '.join(BACKENDS)})")
+        t0 = time.perf_counter()
+        n = graph.num_ops
+        p = graph.compute_us
+        src, dst, comm = lp_edges(graph, devices)
+        m = len(src)
+        solver_id, parameters = BACKENDS[name]
+        solver = pywraplp.Solver.CreateSolver(solver_id)
+        if solver is None:
+            raise SolverError(f"LP backend '{name}' is not available in this OR-Tools build")
+        if parameters:
+            # The return value is useless: False even when HiGHS applies the
+            # parameters; a rejected one shows up as the solve's status instead.
+            solver.SetSolverSpecificParametersAsString(parameters)
+        inf = solver.infinity()
+        # Unnamed variables and rows: OR-Tools makes names only if a model is exported.
+        s = [solver.NumVar(0.0, inf, "") for _ in range(n)]
+        w = solver.NumVar(0.0, inf, "")
+        x = [solver.NumVar(0.0, 1.0, "") for _ in range(m)]
+        out_x: list[list[int]] = [[] for _ in range(n)]
+        in_x: list[list[int]] = [[] for _ in range(n)]
+        for e in range(m):
+            u, v = src[e], dst[e]
+            out_x[u].append(e)
+            in_x[v].append(e)
+            row = solver.Constraint(-inf, -p[u])  # s_u - s_v + c_e x_e <= -p_u
+            row.SetCoefficient(s[u], 1.0)
+            row.SetCoefficient(s[v], -1.0)
+            if comm[e]:
+                row.SetCoefficient(x[e], comm[e])
+        for v in range(n):
+            for incident in (out_x[v], in_x[v]):
+                if len(incident) >= 2:
+                    row = solver.Constraint(len(incident) - 1.0, inf)
+                    for e in incident:
+                        row.SetCoefficient(x[e], 1.0)
+            if not out_x[v]:  # only sinks bound w: any other op ends before its successors start
+                row = solver.Constraint(-inf, -p[v])  # s_v - w <= -p_v
+                row.SetCoefficient(s[v], 1.0)
+                row.SetCoefficient(w, -1.0)
+        objective = solver.Objective()
+        objective.SetCoefficient(w, 1.0)
+        objective.SetMinimization()
+        self.backend = name
+        self.num_ops = n
+        self.src, self.dst, self.comm_us = src, dst, comm
+        self._solver, self._s, self._x = solver, s, x
+        self.build_seconds = time.perf_counter() - t0
+
+    def solve(self, time_limit_s: float | None = None) -> LPResult:
+        """Solve to optimality or raise :class:`SolverError` (see :func:`solve_favorite_lp`)."""
+        _check_time_limit(time_limit_s)
+        solver = self._solver
+        if time_limit_s is not None:
+            # Milliseconds, at least 1 so that a tiny limit never rounds to 0.
+            solver.SetTimeLimit(max(1, round(time_limit_s * 1000)))
+        t0 = time.perf_counter()
+        status = solver.Solve()
+        seconds = time.perf_counter() - t0
+        if status != _OPTIMAL:
+            size = (
+                f"{self.num_ops} ops, {len(self.src)} LP edges: {solver.NumVariables()} variables, "
+                f"{solver.NumConstraints()} constraints"
+            )
+            raise _failure(status, self.backend, time_limit_s, seconds, size)
+        return LPResult(
+            num_ops=self.num_ops,
+            src=self.src,
+            dst=self.dst,
+            comm_us=self.comm_us,
+            x=[var.solution_value() for var in self._x],
+            start_us=[var.solution_value() for var in self._s],
+            objective_us=solver.Objective().Value(),
+            status="OPTIMAL",
+            backend=self.backend,
+            seconds=seconds,
+            build_seconds=self.build_seconds,
+            num_variables=solver.NumVariables(),
+            num_constraints=solver.NumConstraints(),
         )
-        raise _failure(status, name, time_limit_s, t2 - t1, size)
-    return LPResult(
-        num_ops=n,
-        src=src,
-        dst=dst,
-        comm_us=comm,
-        x=[var.solution_value() for var in x],
-        start_us=[var.solution_value() for var in s],
-        objective_us=objective.Value(),
-        status="OPTIMAL",
-        backend=name,
-        seconds=t2 - t1,
-        build_seconds=t1 - t0,
-        num_variables=solver.NumVariables(),
-        num_constraints=solver.NumConstraints(),
-    )
 
 
-# Statuses from pywraplp.Solver.Solve(). OR-Tools' HiGHS interface also
+# Statuses from pywraplp.Solver.Solve() (its enum's values, kept here so that
+# importing this module does not import OR-Tools). OR-Tools' HiGHS interface also
 # passes through raw MPSolverResponseStatus codes the enum does not list: 99
 # (MPSOLVER_UNKNOWN_STATUS) when HiGHS stops at the time limit, 85
 # (MPSOLVER_MODEL_INVALID_SOLVER_PARAMETERS) for a parameter it rejects.
@@ -249,7 +272,7 @@ _STATUS_TEXT = {
     85: "rejected its solver parameters",
     99: "stopped with an unknown status",
 }
-_FEASIBLE = 1
+_OPTIMAL, _FEASIBLE = 0, 1
 
 
 def _failure(
