@@ -134,7 +134,7 @@ def _build(graph: OpGraph, devices: DeviceSpec, sim: SimResult, title: str) -> d
     zero_counts = [0] * ndev
     coincident: dict[tuple[int, int], int] = {}
     for v in range(n):
-        if False:
+        if end[v] == start[v]:
             key = (device_of[v], start[v])
             k = coincident.get(key, 0)
             coincident[key] = k + 1
