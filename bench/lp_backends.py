@@ -126,7 +126,7 @@ def main() -> None:
         f"LP time limit {args.limit:g} s. Synthetic layered DAGs (`bench/synthetic.py`, seed 0), "
         "4x8GB devices (Baechi's PCIe comm model).",
         "",
-        "Cells: build + solve seconds. \"timed out\": hit the time limit; \"skipped\": timed out "
+        'Cells: build + solve seconds. "timed out": hit the time limit; "skipped": timed out '
         "at a smaller size.",
         "",
         "| backend | solver id, parameters | " + " | ".join(f"{o // 1000}k ops" for o, _ in SIZES) + " |",

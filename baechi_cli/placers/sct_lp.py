@@ -30,24 +30,32 @@ The LP is always feasible (all ``x_e = 1`` and ``s`` = earliest start times)
 and bounded (``w >= 0``), so any answer but "optimal" is a solver failure,
 reported as :class:`~baechi_cli.errors.SolverError`: never a silent fallback.
 
-Backend: HiGHS (dual simplex) through ``pywraplp``, chosen by measurement
-(bench/lp_backends.md: at 20k ops HiGHS solves in about a second, GLOP and CLP
-take tens of seconds, PDLP does not converge in minutes).
+Backends (OR-Tools ``pywraplp``): HiGHS's dual simplex by default, chosen by
+measurement (bench/lp_backends.md); GLOP, CLP and PDLP by name.
 
-Complexity: O(V + E log E) to build (sorting each op's successors), with
-V + E' + 1 variables and at most 2V + E' rows for E' LP edges; the solve
-dominates. :func:`favorite_children` is O(E' log E').
+Complexity: O(V + E log E) to build (grouping and sorting each op's out-edges)
+into V + E' + 1 variables and at most 2V + E' rows for E' LP edges; building
+20k ops takes about half a second. The solve dominates: simplex time grows
+roughly quadratically with the LP (HiGHS on layered DAGs of width 16: 0.2 s
+at 1k ops, 3 s at 5k, ~40 s at 20k) and depends strongly on the graph's shape
+(width 64 is ~20x slower at 5k ops), which is why callers pass a time limit.
+:func:`favorite_children` is O(E' log E').
 
-Example:
+Example (the fork of the tests: ``a`` feeds ``l`` over 5 µs and ``r`` over
+8 µs; at most one child can skip its transfer, and the LP splits the
+difference, ``5 x_l = 8 x_r``, leaving ``r`` below 1/2):
+
     >>> from baechi_cli.graph import GraphBuilder
-    >>> from baechi_cli.devices import DeviceSpec, Device, Interconnect
+    >>> from baechi_cli.devices import parse_devices
     >>> b = GraphBuilder()
-    >>> a, l, r = (b.add_op(n, "X", [0], compute_us=10) for n in "alr")
+    >>> a, l, r = (b.add_op(name, "X", [0], compute_us=10) for name in "alr")
     >>> _ = b.add_edge(a, l, transfer_us=5.0)
     >>> _ = b.add_edge(a, r, transfer_us=8.0)
-    >>> res = solve_favorite_lp(b.build(), DeviceSpec((Device("d", 10**9),), Interconnect()))
-    >>> res.objective_us, favorite_children(res)
-    (25.0, [2, -1, -1])
+    >>> res = solve_favorite_lp(b.build(), parse_devices("2x1GB"))
+    >>> [round(x * 13, 6) for x in res.x], round(res.objective_us * 13, 6)
+    ([8.0, 5.0], 300.0)
+    >>> favorite_children(res)
+    [2, -1, -1]
 """
 
 from __future__ import annotations
@@ -74,6 +82,22 @@ BACKENDS: dict[str, tuple[str, str]] = {
 DEFAULT_BACKEND = "highs"  # fastest in bench/lp_backends.md
 DEFAULT_THRESHOLD = 0.5
 
+# Statuses from pywraplp.Solver.Solve() (its enum's values, kept here so that
+# importing this module does not import OR-Tools). OR-Tools' HiGHS interface also
+# passes through raw MPSolverResponseStatus codes the enum does not list: 99
+# (MPSOLVER_UNKNOWN_STATUS) when HiGHS stops at the time limit, 85
+# (MPSOLVER_MODEL_INVALID_SOLVER_PARAMETERS) for a parameter it rejects.
+_STATUS_TEXT = {
+    2: "reported the LP infeasible (it never is: a numerical failure)",
+    3: "reported the LP unbounded (it never is: a numerical failure)",
+    4: "failed (abnormal status)",
+    5: "rejected the model as invalid",
+    6: "did not solve the LP",
+    85: "rejected its solver parameters",
+    99: "stopped with an unknown status",
+}
+_OPTIMAL, _FEASIBLE = 0, 1
+
 
 @dataclass(frozen=True)
 class LPResult:
@@ -89,7 +113,7 @@ class LPResult:
     comm_us: list[float]
     x: list[float]
     start_us: list[float]  # s_v, the LP's start time of each op
-    objective_us: float  # w, the LP's makespan: a lower bound of SCT's schedule
+    objective_us: float  # w, the LP's makespan (Hanen & Munier's relaxed bound)
     status: str  # always "OPTIMAL": anything else raises SolverError
     backend: str
     seconds: float  # wall time of the solve
@@ -256,23 +280,6 @@ class FavoriteLP:
             num_variables=solver.NumVariables(),
             num_constraints=solver.NumConstraints(),
         )
-
-
-# Statuses from pywraplp.Solver.Solve() (its enum's values, kept here so that
-# importing this module does not import OR-Tools). OR-Tools' HiGHS interface also
-# passes through raw MPSolverResponseStatus codes the enum does not list: 99
-# (MPSOLVER_UNKNOWN_STATUS) when HiGHS stops at the time limit, 85
-# (MPSOLVER_MODEL_INVALID_SOLVER_PARAMETERS) for a parameter it rejects.
-_STATUS_TEXT = {
-    2: "reported the LP infeasible (it never is: a numerical failure)",
-    3: "reported the LP unbounded (it never is: a numerical failure)",
-    4: "failed (abnormal status)",
-    5: "rejected the model as invalid",
-    6: "did not solve the LP",
-    85: "rejected its solver parameters",
-    99: "stopped with an unknown status",
-}
-_OPTIMAL, _FEASIBLE = 0, 1
 
 
 def _failure(
