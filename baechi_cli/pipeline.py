@@ -383,10 +383,15 @@ def placement_notes(
             f"one colocation group holds {share:.0%} of the compute and cannot be split, "
             "so the rest fits on fewer devices"
         )
+    elif algo == "topo":
+        why = (
+            "m-TOPO fills devices in topological order up to an equal share of compute, "
+            "and the earlier devices took all of it"
+        )
     else:
         why = (
-            f"{ALGORITHM_TITLES.get(algo, algo)} fills devices in topological order up to an equal "
-            "share of compute, and the earlier devices took all of it"
+            f"{ALGORITHM_TITLES.get(algo, algo)} never found an op that could start earlier there, "
+            "once the transfer of its inputs is counted, than on a device that already held them"
         )
     return [*notes, f"{which} {verb} no ops: {why}."]
 

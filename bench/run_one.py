@@ -118,7 +118,11 @@ def main() -> None:
     try:
         out = measure(args.source, args.devices, args.comm, args.algo, args.repeat)
     except Exception as err:  # a crash is a result to report, not a reason to stop the benchmark
-        out = {"error": f"{type(err).__name__}: {err}", "error_kind": "crash", "peak_rss_bytes": peak_rss_bytes()}
+        out = {
+            "error": f"{type(err).__name__}: {err}",
+            "error_kind": "crash",
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
     print(json.dumps(out))
 
 
