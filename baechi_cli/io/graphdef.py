@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from baechi_cli.errors import InputError
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
-from baechi_cli.io.atomic import write_atomic
+from baechi_cli.io.files import read_input, write_atomic
 
 if TYPE_CHECKING:
     from baechi_cli.proto_gen.tf_graph_pb2 import AttrValue, GraphDef, NodeDef, OpDef, TensorShapeProto
@@ -152,17 +152,7 @@ def _parse_file(path: str) -> GraphDef:
 
     from baechi_cli.proto_gen.tf_graph_pb2 import GraphDef
 
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise InputError("no such file", path=path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a GraphDef file", path=path) from None
-    except OSError as err:
-        raise InputError(f"cannot read: {err.strerror}", path=path) from None
-    if not data:
-        raise InputError("the file is empty", path=path)
+    data = read_input(path, "GraphDef")
 
     def parse_binary() -> GraphDef:
         try:

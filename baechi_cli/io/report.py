@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from baechi_cli.io.atomic import write_atomic
+from baechi_cli.io.files import write_atomic
 
 REPORT_SCHEMA = "baechi.report/v1"
 

@@ -86,7 +86,7 @@ from typing import Any
 from baechi_cli import __version__
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import CONTROL_PORT, OpGraph
-from baechi_cli.io.atomic import write_atomic
+from baechi_cli.io.files import write_atomic
 from baechi_cli.sim import SimResult
 
 # Coincident 0 µs ops stacked on one track before the next one is opened

@@ -68,6 +68,7 @@ from typing import Any
 
 from baechi_cli.errors import InputError
 from baechi_cli.graph import GraphBuilder, OpGraph
+from baechi_cli.io.files import read_input
 
 DEFAULT_OP_TYPE = "workload"
 _US_PER_MS = 1000.0
@@ -244,17 +245,7 @@ def read_workload_meta(path: str) -> WorkloadMeta:
 
 def _load_document(path: str) -> dict[str, Any]:
     """Read and parse ``path``; the top level must be a JSON object."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise InputError("no such file", path=path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a workload JSON file", path=path) from None
-    except OSError as err:
-        raise InputError(f"cannot read: {err.strerror}", path=path) from None
-    if not data.strip():
-        raise InputError("the file is empty", path=path)
+    data = read_input(path, "workload JSON")
     try:
         doc = json.loads(data)
     except json.JSONDecodeError as err:

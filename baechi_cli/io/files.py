@@ -1,4 +1,4 @@
-"""Write files whole or not at all: a temporary file beside the target, then a rename."""
+"""Reading inputs with one-line errors, and writing outputs whole or not at all."""
 
 from __future__ import annotations
 
@@ -36,3 +36,22 @@ def write_atomic(path: str, data: bytes) -> None:
         if isinstance(err, OSError):
             raise InputError(f"cannot write output: {err.strerror}", path=path) from None
         raise
+
+
+def read_input(path: str, kind: str) -> bytes:
+    """The bytes of input file ``path``; ``kind`` names what it should be in errors.
+
+    Raises InputError for a missing, unreadable, directory or empty file.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise InputError("no such file", path=path) from None
+    except IsADirectoryError:
+        raise InputError(f"is a directory, not a {kind} file", path=path) from None
+    except OSError as err:
+        raise InputError(f"cannot read: {err.strerror}", path=path) from None
+    if not data.strip():
+        raise InputError("the file is empty", path=path)
+    return data
