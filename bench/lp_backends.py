@@ -84,7 +84,7 @@ def cell(row: dict) -> str:
             return "skipped"
         if "ran out of time" in row["error"] or "time limit with" in row["error"]:
             return f"{row['build_s']:.2f} + timed out"
-        return "failed"
+        return "failed (see below)"
     return f"{row['build_s']:.2f} + {row['solve_s']:.2f}"
 
 
@@ -136,6 +136,16 @@ def main() -> None:
         sid, params = sct_lp.BACKENDS.get(backend) or EXTRA[backend]
         cells = " | ".join(cell(find(backend, o, w)) for o, w in SIZES)
         lines.append(f"| {backend} | `{sid}` {params.replace(chr(10), ', ') or '(defaults)'} | {cells} |")
+    fastest = []
+    for ops, width in SIZES:
+        done = [r for r in rows if (r["ops"], r["width"]) == (ops, width) and "error" not in r]
+        best = min(done, key=lambda r: r["build_s"] + r["solve_s"], default=None)
+        fastest.append(best["backend"] if best else "none")
+    lines.append("| **fastest** | | " + " | ".join(f"**{b}**" for b in fastest) + " |")
+    failures = [r for r in rows if "error" in r and r["error"] != "skipped" and cell(r).startswith("failed")]
+    if failures:
+        lines += ["", "Failures:", ""]
+        lines += [f"- {r['backend']}, {r['ops']} ops, width {r['width']}: {r['error']}" for r in failures]
     lines += [
         "",
         "## LP sizes and objectives (all backends that finished must agree)",

@@ -113,3 +113,17 @@ def test_topo_never_exceeds_memory_and_keeps_groups(case):
     for v in range(g.num_ops):
         assert p.device_of[v] == p.device_of[g.group[v]]
     assert simulate(g, spec, p.device_of).feasible
+
+
+@pytest.mark.parametrize("algo", ["etf", "topo"])
+def test_placers_do_not_strand_a_big_group(algo):
+    # Four 20-byte ops that m-ETF would spread over both devices (they run in
+    # parallel), then one 90-byte op: spread 40/40, nothing has room for it.
+    b = GraphBuilder()
+    for i in range(4):
+        b.add_op(f"small{i}", "X", [0], compute_us=10, persistent_bytes=20)
+    b.add_op("big", "X", [0], compute_us=10, persistent_bytes=90)
+    g = b.build()
+    spec = parse_devices("2x100B")
+    p = get_placer(algo)(g, spec, {})
+    assert simulate(g, spec, p.device_of).feasible

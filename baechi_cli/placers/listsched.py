@@ -130,6 +130,8 @@ def list_schedule(
             return (t, r, p, v)
         return None
 
+    look_ahead = True  # refuse placements that would strand a big colocation group
+    stranded: list[tuple[int, int]] = []  # (op, device) refused only by the look-ahead
     for v in order:
         if missing[v] == 0:
             offer(v)
@@ -141,13 +143,27 @@ def list_schedule(
             if top is not None and (choice is None or top < choice[0]):
                 choice = (top, d)
         if choice is None:
-            raise infeasible(graph, devices, algorithm)
+            if not stranded:
+                raise infeasible(graph, devices, algorithm)
+            # Only the look-ahead stood in the way: place greedily from here on.
+            look_ahead = False
+            for v, d in stranded:
+                dead[d].discard(v)
+            for v in sorted({v for v, _ in stranded}):
+                if missing[v] == 0 and not schedule.scheduled[v]:
+                    offer(v)
+            stranded.clear()
+            continue
         (_, _, _, v), d = choice
         if ledger.device_of[v] < 0:  # first op of its group: place the whole group
             ops = groups[group[v]]
             extra = ledger.extra(ops, d)
             if not ledger.fits(extra):
                 dead[d].update(ops)  # the ledger only grows: it never fits later
+                continue
+            if look_ahead and not ledger.leaves_room(ops, d, extra):
+                dead[d].update(ops)
+                stranded.extend((x, d) for x in ops)
                 continue
             ledger.commit(ops, d, extra)
         schedule.commit(v, d)

@@ -48,6 +48,16 @@ class MemoryLedger:
         self.used = [0] * devices.count
         self.device_of = [-1] * graph.num_ops
         self._copies: set[tuple[int, int, int]] = set()  # (producer, port, device) counted
+        # Groups big enough to strand: a placer that fills devices greedily can
+        # leave no device with room for one of them although the total fits.
+        # (group id, bytes), largest first; see leaves_room().
+        threshold = min(self.capacity) // 100
+        sizes: dict[int, int] = {}
+        for v, g in enumerate(graph.group):
+            sizes[g] = sizes.get(g, 0) + self.own[v]
+        self._big = sorted(((g, b) for g, b in sizes.items() if b >= threshold), key=lambda x: (-x[1], x[0]))
+        self._big_bytes = dict(self._big)
+        self._big_unplaced = sum(b for _, b in self._big)
 
     def extra(self, ops: Sequence[int], d: int) -> dict[int, int]:
         """Bytes each device would gain if ``ops`` (all unplaced) went to device ``d``."""
@@ -80,9 +90,35 @@ class MemoryLedger:
     def fits(self, extra: dict[int, int]) -> bool:
         return all(self.used[x] + b <= self.capacity[x] for x, b in extra.items())
 
+    def leaves_room(self, ops: Sequence[int], d: int, extra: dict[int, int]) -> bool:
+        """Whether, with ``ops`` on ``d``, the big unplaced groups still pack (first fit decreasing).
+
+        A look-ahead against stranding a large colocation group: it runs only
+        while the big groups are a sizeable share of the free memory, and costs
+        O(big groups x devices) then.
+        """
+        free = [c - u - extra.get(x, 0) for x, (c, u) in enumerate(zip(self.capacity, self.used))]
+        placing = self.graph.group[ops[0]]
+        pending = self._big_unplaced - self._big_bytes.get(placing, 0)
+        if pending * 2 <= sum(free):
+            return True
+        for g, nbytes in self._big:
+            if g == placing or self.device_of[g] >= 0:
+                continue
+            for x in range(len(free)):
+                if free[x] >= nbytes:
+                    free[x] -= nbytes
+                    break
+            else:
+                return False
+        return True
+
     def commit(self, ops: Sequence[int], d: int, extra: dict[int, int]) -> None:
         """Place ``ops`` on ``d``; ``extra`` must be ``self.extra(ops, d)``."""
         g = self.graph
+        placing = g.group[ops[0]]
+        if self.device_of[placing] < 0:
+            self._big_unplaced -= self._big_bytes.get(placing, 0)
         for x, b in extra.items():
             self.used[x] += b
         for v in ops:

@@ -5,7 +5,9 @@ takes whole colocation groups until the next group would push its compute
 past an equal share (total compute / device count), then the next device
 starts. A group that does not fit the current device's memory goes to the
 next device with room (wrapping around), so m-TOPO fails only when no device
-can take the group.
+can take the group; a device where the group would leave no room for a big
+unplaced group (:meth:`MemoryLedger.leaves_room`) is passed over when another
+one will do.
 
 Complexity: O((V + E) log V) for the order plus O(V + E) ledger work per
 device tried.
@@ -46,13 +48,24 @@ def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Place
         compute = sum(dur[x] for x in ops)
         if current < ndev - 1 and load[current] > 0 and load[current] + compute > share:
             current += 1
-        for step in range(ndev):
-            d = (current + step) % ndev
-            extra = ledger.extra(ops, d)
-            if ledger.fits(extra):
-                break
-        else:
+        d, extra = _first_with_room(ledger, ops, [(current + step) % ndev for step in range(ndev)])
+        if d < 0:
             raise infeasible(graph, devices, "m-TOPO")
         ledger.commit(ops, d, extra)
         load[d] += compute
     return Placement(ledger.device_of, info={"compute_share_us": share})
+
+
+def _first_with_room(
+    ledger: MemoryLedger, ops: list[int], candidates: list[int]
+) -> tuple[int, dict[int, int]]:
+    """The first device where ``ops`` fit without stranding a big group, else the first where they fit."""
+    fallback: tuple[int, dict[int, int]] = (-1, {})
+    for d in candidates:
+        extra = ledger.extra(ops, d)
+        if ledger.fits(extra):
+            if ledger.leaves_room(ops, d, extra):
+                return d, extra
+            if fallback[0] < 0:
+                fallback = (d, extra)
+    return fallback
