@@ -69,8 +69,13 @@ def test_ledger_counts_one_copy_per_tensor_and_device():
     led = MemoryLedger(b.build(), parse_devices("2x1KB"))
     led.commit([c1], 1, led.extra([c1], 1))
     led.commit([c2], 1, led.extra([c2], 1))
-    # placing a on device 0 adds its output there and one copy on device 1
-    assert led.extra([a], 0) == {0: 100, 1: 100}
+    # the consumers reserved one copy of a's output on device 1, before a was placed
+    assert led.used == [0, 100]
+    # a on device 0 adds its output there; on device 1 the reserved copy comes back
+    assert led.extra([a], 0) == {0: 100}
+    assert led.extra([a], 1) == {1: 0}
+    led.commit([a], 1, led.extra([a], 1))
+    assert led.used == [0, 100]
 
 
 @st.composite

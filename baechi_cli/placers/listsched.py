@@ -144,7 +144,8 @@ def list_schedule(
                 choice = (top, d)
         if choice is None:
             if not stranded:
-                raise infeasible(graph, devices, algorithm)
+                stuck = [v for v in range(n) if missing[v] == 0 and not schedule.scheduled[v]]
+                raise infeasible(graph, devices, algorithm, ledger, stuck)
             # Only the look-ahead stood in the way: place greedily from here on.
             look_ahead = False
             for v, d in stranded:

@@ -4,9 +4,10 @@ The simulator frees tensors when their last consumer ends; a placer deciding
 op by op cannot know those times yet. The ledger therefore counts an upper
 bound of the simulator's peak: every op's persistent, temporary and output
 bytes for the whole step, plus one received copy of every tensor a device
-consumes from another device. A placement that fits the ledger fits the
-simulator, which is how every placer keeps its promise never to exceed
-device memory.
+consumes from another device — reserved as soon as the consumer is placed,
+and given back if the producer then lands on the same device. A placement
+that fits the ledger fits the simulator, which is how every placer keeps its
+promise never to exceed device memory.
 
 Example:
     >>> from baechi_cli.graph import GraphBuilder
@@ -19,6 +20,8 @@ Example:
     >>> ledger.commit([a], 0, ledger.extra([a], 0))
     >>> ledger.extra([c], 1)   # c's output, plus a copy of a's output on device 1
     {1: 110}
+    >>> ledger.extra([c], 0)   # beside a, no copy
+    {0: 10}
 """
 
 from __future__ import annotations
@@ -47,7 +50,10 @@ class MemoryLedger:
         self.capacity = [d.memory_bytes for d in devices.devices]
         self.used = [0] * devices.count
         self.device_of = [-1] * graph.num_ops
-        self._copies: set[tuple[int, int, int]] = set()  # (producer, port, device) counted
+        # Copies counted on a device: tensor id * device count + device.
+        self._reserved: set[int] = set()
+        self._edge_tensor = graph.tensors.edge_tensor
+        self._tensor_bytes = graph.tensors.nbytes
         # Groups big enough to strand: a placer that fills devices greedily can
         # leave no device with room for one of them although the total fits.
         # (group id, bytes), largest first; see leaves_room().
@@ -60,31 +66,35 @@ class MemoryLedger:
         self._big_unplaced = sum(b for _, b in self._big)
 
     def extra(self, ops: Sequence[int], d: int) -> dict[int, int]:
-        """Bytes each device would gain if ``ops`` (all unplaced) went to device ``d``."""
+        """Bytes each device would gain (or get back, negative) if ``ops`` went to ``d``.
+
+        Copies are reserved when the consumer is placed, before its producer
+        is (then as if the producer landed elsewhere), and given back when the
+        producer lands on the consumer's device: so a device never ends up
+        owing a copy it has no room for because of a later placement.
+        """
         g = self.graph
-        device_of = self.device_of
+        device_of, reserved = self.device_of, self._reserved
+        edge_tensor, tensor_bytes = self._edge_tensor, self._tensor_bytes
         members = set(ops)
         add = {d: sum(self.own[v] for v in ops)}
-        new: set[tuple[int, int, int]] = set()
+        new: set[int] = set()
+        ndev = len(self.capacity)
         for v in ops:
             for e in g.in_edges[v]:
-                u, port = g.edge_src[e], g.edge_port[e]
-                du = device_of[u]
-                if port == CONTROL_PORT or u in members or du < 0 or du == d:
+                u = g.edge_src[e]
+                if g.edge_port[e] == CONTROL_PORT or u in members or device_of[u] == d:
                     continue
-                key = (u, port, d)
-                if key not in self._copies and key not in new:
+                key = edge_tensor[e] * ndev + d
+                if key not in reserved and key not in new:
                     new.add(key)
-                    add[d] += g.edge_bytes[e]
+                    add[d] += tensor_bytes[edge_tensor[e]]
             for e in g.out_edges[v]:
-                w, port = g.edge_dst[e], g.edge_port[e]
-                dw = device_of[w]
-                if port == CONTROL_PORT or w in members or dw < 0 or dw == d:
-                    continue
-                key = (v, port, dw)
-                if key not in self._copies and key not in new:
-                    new.add(key)
-                    add[dw] = add.get(dw, 0) + g.edge_bytes[e]
+                w = g.edge_dst[e]
+                key = edge_tensor[e] * ndev + d
+                if device_of[w] == d and w not in members and key in reserved and key not in new:
+                    new.add(key)  # w reserved a copy of this tensor on d: no longer needed
+                    add[d] -= tensor_bytes[edge_tensor[e]]
         return add
 
     def fits(self, extra: dict[int, int]) -> bool:
@@ -123,24 +133,32 @@ class MemoryLedger:
             self.used[x] += b
         for v in ops:
             self.device_of[v] = d
+        ndev = len(self.capacity)
+        edge_tensor = self._edge_tensor
         for v in ops:
             for e in g.in_edges[v]:
                 u = g.edge_src[e]
-                if g.edge_port[e] != CONTROL_PORT and self.device_of[u] >= 0 and self.device_of[u] != d:
-                    self._copies.add((u, g.edge_port[e], d))
+                if g.edge_port[e] != CONTROL_PORT and self.device_of[u] != d:
+                    self._reserved.add(edge_tensor[e] * ndev + d)
             for e in g.out_edges[v]:
-                w = g.edge_dst[e]
-                dw = self.device_of[w]
-                if g.edge_port[e] != CONTROL_PORT and dw >= 0 and dw != d:
-                    self._copies.add((v, g.edge_port[e], dw))
+                if self.device_of[g.edge_dst[e]] == d:
+                    self._reserved.discard(edge_tensor[e] * ndev + d)
 
 
-def infeasible(graph: OpGraph, devices: DeviceSpec, algorithm: str) -> InfeasibleError:
+def infeasible(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    algorithm: str,
+    ledger: MemoryLedger | None = None,
+    stuck: Sequence[int] = (),
+) -> InfeasibleError:
     """The error a placer raises when its ledger cannot fit the graph.
 
     States the hard minimum (the largest colocation group's persistent bytes
-    on one device; all persistent bytes in total) when even that does not fit,
-    else what the ledger's conservative count needs.
+    on one device; all persistent bytes in total) when even that does not fit.
+    Else, given the placer's ``ledger`` and the ops it could not place
+    (``stuck``), says which group found no room and how much each device had
+    left; without them, what the ledger's conservative count needs.
     """
     own = own_bytes(graph)
     groups = graph.group_members()
@@ -161,6 +179,18 @@ def infeasible(graph: OpGraph, devices: DeviceSpec, algorithm: str) -> Infeasibl
             f"the model does not fit: it needs at least {_fmt(one)} on one device "
             f"(colocation group of '{graph.names[worst]}') / {_fmt(all_)} in total "
             f"for weights alone; {gives}"
+        )
+    if ledger is not None and stuck:
+        group = groups[graph.group[stuck[0]]]
+        heaviest = max(group, key=lambda v: (own[v], -v))
+        free = ", ".join(_fmt(c - u).split(" (")[0] for c, u in zip(ledger.capacity, ledger.used))
+        placed = sum(1 for d in ledger.device_of if d >= 0)
+        return InfeasibleError(
+            f"{algorithm} could not fit the model: with {placed} of {graph.num_ops} ops placed, no device "
+            f"has room for the colocation group of '{graph.names[heaviest]}' "
+            f"({_fmt(sum(own[v] for v in group))}, plus copies of its inputs); free per device: {free}. "
+            f"Counting every tensor live for the whole step and a copy of every tensor a device "
+            f"receives, the model needs {_fmt(sum(own))} in total; {gives}"
         )
     one, all_, worst = need(own)
     return InfeasibleError(

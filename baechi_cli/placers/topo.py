@@ -50,7 +50,7 @@ def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Place
             current += 1
         d, extra = _first_with_room(ledger, ops, [(current + step) % ndev for step in range(ndev)])
         if d < 0:
-            raise infeasible(graph, devices, "m-TOPO")
+            raise infeasible(graph, devices, "m-TOPO", ledger, ops)
         ledger.commit(ops, d, extra)
         load[d] += compute
     return Placement(ledger.device_of, info={"compute_share_us": share})
