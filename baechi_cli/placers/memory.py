@@ -180,6 +180,15 @@ def infeasible(
             f"(colocation group of '{graph.names[worst]}') / {_fmt(all_)} in total "
             f"for weights alone; {gives}"
         )
+    pair = _worst_pair(graph)
+    if pair is not None and pair[0] > largest_device:
+        together, apart, e = pair[1], pair[2], pair[3]
+        u, v = graph.edge_src[e], graph.edge_dst[e]
+        return InfeasibleError(
+            f"the model does not fit: '{graph.names[v]}' reads a {_fmt(graph.edge_bytes[e]).split(' (')[0]} "
+            f"tensor from '{graph.names[u]}'; on one device their colocation groups hold "
+            f"{_fmt(together)}, apart the received copy makes {_fmt(apart)} on the reader's device; {gives}"
+        )
     if ledger is not None and stuck:
         group = groups[graph.group[stuck[0]]]
         heaviest = max(group, key=lambda v: (own[v], -v))
@@ -198,6 +207,29 @@ def infeasible(
         f"it needs at least {_fmt(one)} on one device (colocation group of '{graph.names[worst]}') "
         f"/ {_fmt(all_)} in total; {gives}"
     )
+
+
+def _worst_pair(graph: OpGraph) -> tuple[int, int, int, int] | None:
+    """The producer/consumer pair whose groups need the most on one device, whatever the placement.
+
+    Together, a device holds both groups' persistent bytes; apart, the
+    consumer's device holds its group and a copy of the tensor. The smaller of
+    the two is a hard minimum. Returns (minimum, together, apart, edge).
+    """
+    persistent: dict[int, int] = {}
+    for v, g in enumerate(graph.group):
+        persistent[g] = persistent.get(g, 0) + graph.persistent_bytes[v]
+    best = None
+    for e in range(graph.num_edges):
+        gu, gv = graph.group[graph.edge_src[e]], graph.group[graph.edge_dst[e]]
+        if gu == gv or graph.edge_port[e] == CONTROL_PORT:
+            continue
+        together = persistent[gu] + persistent[gv]
+        apart = persistent[gv] + graph.edge_bytes[e]
+        need = min(together, apart)
+        if best is None or need > best[0]:
+            best = (need, together, apart, e)
+    return best
 
 
 def _fmt(nbytes: int) -> str:
