@@ -130,3 +130,18 @@ def test_bad_workloads(tmp_path, doc, fragment):
     r = invoke("compare", str(path), "--devices", "2x1GB", "--json")
     assert r.exit_code == 2 and r.stdout == ""
     assert fragment in r.stderr and str(path) in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_json_stdout_is_pure_json_even_from_the_lp_solver():
+    # HiGHS prints a banner from C++ straight to file descriptor 1 unless told
+    # not to; click's runner would not see it, a real pipe does.
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "baechi_cli", "compare", GNMT, "--algos", "sct", "--devices", DEVICES, "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert json.loads(out)["results"][0]["algorithm"] == "sct"
