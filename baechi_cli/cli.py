@@ -245,6 +245,41 @@ def compare(
         _fail(err)
 
 
+@main.command()
+@click.argument("placed", type=click.Path(dir_okay=False))
+@click.argument("sidecar", type=click.Path(dir_okay=False))
+@click.option(
+    "--devices", "-d", "num_devices", type=click.IntRange(min=1), required=True, help="Devices to emulate."
+)
+@click.option(
+    "--steps", type=click.IntRange(min=1), default=1, show_default=True, help="Training steps to run."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def verify(placed: str, sidecar: str, num_devices: int, steps: int, as_json: bool) -> None:
+    """Check in TensorFlow that PLACED trains exactly as placed (needs the tf extra).
+
+    SIDECAR is the JSON naming the graph's inputs, loss, train and init ops
+    (testdata/*.json). TensorFlow runs in a subprocess with NUM logical CPU
+    devices standing in for /device:GPU:0..N-1, strict placement, the devices
+    re-applied after import; every op's actual device is compared with the
+    request and the loss with the unplaced graph's. Exit 1 when the check fails.
+    """
+    try:
+        from baechi_cli.verify import render, verify_placed_graph
+
+        result = verify_placed_graph(placed, sidecar, num_devices, steps=steps)
+        if as_json:
+            import json
+
+            click.echo(json.dumps(result.to_json(), indent=2))
+        else:
+            click.echo(render(result))
+        if not result.ok:
+            sys.exit(EXIT_REGRESSION)
+    except (BaechiError, Exception) as err:  # noqa: BLE001 - every error becomes one line
+        _fail(err)
+
+
 def _parse_percent(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05."""
     from baechi_cli.errors import InputError

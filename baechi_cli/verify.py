@@ -380,7 +380,7 @@ def check(placed_path: str, sidecar_path: str, num_devices: int, steps: int = 1)
     return result
 
 
-def _render(result: VerifyResult) -> str:
+def render(result: VerifyResult) -> str:
     lines = [
         f"{'OK' if result.ok else 'FAILED'}: {result.ops_checked}/{result.ops_total} ops checked"
         + (f", {result.ops_unconstrained} without a device" if result.ops_unconstrained else "")
@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaechiError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(json.dumps(result.to_json()) if args.json else _render(result))
+    print(json.dumps(result.to_json()) if args.json else render(result))
     return EXIT_OK if result.ok else EXIT_VERIFY_FAILED
 
 

@@ -139,7 +139,18 @@ def test_json_stdout_is_pure_json_even_from_the_lp_solver():
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "baechi_cli", "compare", GNMT, "--algos", "sct", "--devices", DEVICES, "--json"],
+        [
+            sys.executable,
+            "-m",
+            "baechi_cli",
+            "compare",
+            GNMT,
+            "--algos",
+            "sct",
+            "--devices",
+            DEVICES,
+            "--json",
+        ],
         capture_output=True,
         text=True,
         check=True,

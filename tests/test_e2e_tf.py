@@ -44,3 +44,23 @@ def test_placed_graph_trains_as_placed(tmp_path, name, algo, num_devices):
     assert result.losses_equal, (result.loss_placed, result.loss_reference)
     assert len([d for d, n in result.devices_used.items() if n > 0]) > 1
     assert result.ok
+
+
+def test_verify_command_reports_a_silent_re_placement(tmp_path):
+    # Move one ReadVariableOp away from its variable: TensorFlow silently runs
+    # it on the variable's device, and `baechi verify` must say so (exit 1).
+    from baechi_cli.proto_gen import tf_graph_pb2 as pb
+
+    g = pb.GraphDef()
+    g.ParseFromString(open(os.path.join(TESTDATA, "cnn.pb"), "rb").read())
+    moved = None
+    for node in g.node:
+        node.device = "/device:GPU:0"
+    for node in g.node:
+        if node.op == "ReadVariableOp" and "Conv2D" in node.name and moved is None:
+            node.device, moved = "/device:GPU:1", node.name
+    placed = tmp_path / "bad.pb"
+    placed.write_bytes(g.SerializeToString())
+    r = CliRunner().invoke(main, ["verify", str(placed), os.path.join(TESTDATA, "cnn.json"), "-d", "2"])
+    assert r.exit_code == 1, r.output
+    assert moved in r.output
