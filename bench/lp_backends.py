@@ -124,7 +124,8 @@ def main() -> None:
         f"Made by `python bench/lp_backends.py` on {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, OR-Tools {_ortools_version()}. One run per case; "
         f"LP time limit {args.limit:g} s. Synthetic layered DAGs (`bench/synthetic.py`, seed 0), "
-        "4x8GB devices (Baechi's PCIe comm model).",
+        "4x8GB devices (Baechi's PCIe comm model). The machine is shared with other work, so "
+        "differences under ~20% are noise.",
         "",
         'Cells: build + solve seconds. "timed out": hit the time limit; "skipped": timed out '
         "at a smaller size.",

@@ -61,6 +61,7 @@ difference, ``5 x_l = 8 x_r``, leaving ``r`` below 1/2):
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 
@@ -189,6 +190,18 @@ def _check_time_limit(time_limit_s: float | None) -> None:
         raise InputError(f"the solver time limit must be a positive number of seconds, got {time_limit_s}")
 
 
+def _highs_safe() -> bool:
+    """False when TensorFlow was imported before OR-Tools in this process.
+
+    Observed with TensorFlow 2.21 and OR-Tools 9.15: HiGHS then dies with
+    SIGSEGV inside Solve(), and so does parsing solver parameters; the other
+    import order works, and so does GLOP with its default parameters.
+    `baechi` never imports TensorFlow when placing, so this only matters to
+    programs that use both.
+    """
+    return "ortools.linear_solver.pywraplp" in sys.modules or "tensorflow" not in sys.modules
+
+
 class FavoriteLP:
     """The LP built in an OR-Tools solver; :meth:`solve` solves it (once).
 
@@ -196,11 +209,17 @@ class FavoriteLP:
     """
 
     def __init__(self, graph: OpGraph, devices: DeviceSpec, backend: str | None = None) -> None:
+        highs_safe = _highs_safe()
         from ortools.linear_solver import pywraplp
 
-        name = (backend or DEFAULT_BACKEND).lower()
+        name = (backend or (DEFAULT_BACKEND if highs_safe else "glop")).lower()
         if name not in BACKENDS:
             raise InputError(f"unknown LP backend '{backend}' (use one of: {', '.join(BACKENDS)})")
+        if name == "highs" and not highs_safe:
+            raise SolverError(
+                "LP backend 'highs' crashes in a process that imported TensorFlow before OR-Tools; "
+                "import ortools.linear_solver.pywraplp first, or use backend 'glop'"
+            )
         t0 = time.perf_counter()
         n = graph.num_ops
         p = graph.compute_us
@@ -210,7 +229,7 @@ class FavoriteLP:
         solver = pywraplp.Solver.CreateSolver(solver_id)
         if solver is None:
             raise SolverError(f"LP backend '{name}' is not available in this OR-Tools build")
-        if parameters:
+        if parameters and highs_safe:  # (after TensorFlow, parsing them crashes too)
             # The return value is useless: False even when HiGHS applies the
             # parameters; a rejected one shows up as the solve's status instead.
             solver.SetSolverSpecificParametersAsString(parameters)
