@@ -199,7 +199,13 @@ def _highs_safe() -> bool:
     `baechi` never imports TensorFlow when placing, so this only matters to
     programs that use both.
     """
-    return "ortools.linear_solver.pywraplp" in sys.modules or "tensorflow" not in sys.modules
+    global _HIGHS_SAFE
+    if _HIGHS_SAFE is None:  # decided once, before this module first imports OR-Tools
+        _HIGHS_SAFE = "ortools.linear_solver.pywraplp" in sys.modules or "tensorflow" not in sys.modules
+    return _HIGHS_SAFE
+
+
+_HIGHS_SAFE: bool | None = None
 
 
 class FavoriteLP:
