@@ -643,7 +643,9 @@ def robustness_targets(records: list[dict[str, Any]], cli: dict[str, Any]) -> li
             "; ".join(f"{TITLES[r['algo']]} {r['comm']}: {r.get('error_kind') or 'placed'}" for r in at_four)
             + (f" ({short_error(at_four[0])})" if at_four and at_four[0].get("error") else ""),
             "m-ETF/m-SCT crashed; fusion 225.6 ms (a model without copies)",
-            all(r.get("error_kind") == "InfeasibleError" and "reads a" in r.get("error", "") for r in at_four),
+            all(
+                r.get("error_kind") == "InfeasibleError" and "reads a" in r.get("error", "") for r in at_four
+            ),
         )
     )
     tiny = [

@@ -13,7 +13,7 @@ from baechi_cli.graph import CONTROL_PORT, GraphBuilder
 from baechi_cli.placers import get_placer
 from baechi_cli.sim import same_timeline, simulate
 
-SCHEDULING_PLACERS = ["etf"]
+SCHEDULING_PLACERS = ["etf", "sct"]
 
 
 @st.composite

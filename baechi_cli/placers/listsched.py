@@ -51,8 +51,15 @@ def list_schedule(
     devices: DeviceSpec,
     algorithm: str,
     preference: Preference | None = None,
+    preference_first: bool = False,
 ) -> Placement:
-    """Place and order every op; raises InfeasibleError when an op fits no device."""
+    """Place and order every op; raises InfeasibleError when an op fits no device.
+
+    ``preference`` breaks ties between one op's devices; with
+    ``preference_first`` it also ranks ops: among candidates that can start
+    at the same time, preferred (op, device) pairs go before lower
+    topological indices.
+    """
     n, ndev = graph.num_ops, devices.count
     order = graph.topo_order()
     rank = [0] * n
@@ -82,10 +89,11 @@ def list_schedule(
             targets = [(placed, schedule.data_ready(v, placed))]
         for d, ready in targets:
             p = pref(v, d, device_of)
+            k1, k2 = (p, rank[v]) if preference_first else (rank[v], p)
             if ready <= dev_free[d]:
-                heapq.heappush(available[d], (rank[v], p, v))
+                heapq.heappush(available[d], (k1, k2, v))
             else:
-                heapq.heappush(waiting[d], (ready, rank[v], p, v))
+                heapq.heappush(waiting[d], (ready, k1, k2, v))
 
     def valid(v: int, d: int) -> bool:
         if schedule.scheduled[v] or v in dead[d]:
@@ -94,19 +102,19 @@ def list_schedule(
         return placed < 0 or placed == d
 
     def best(d: int) -> tuple[float, int, int, int] | None:
-        """(start, rank, preference, op) of device d's best candidate, keys refreshed."""
+        """(start, key1, key2, op) of device d's best candidate, keys refreshed."""
         w, a, free = waiting[d], available[d], dev_free[d]
         while w and w[0][0] <= free:
-            _, r, p, v = heapq.heappop(w)
+            _, k1, k2, v = heapq.heappop(w)
             if not valid(v, d):
                 continue
             ready = schedule.data_ready(v, d) if sequential else 0.0
             if ready <= free:
-                heapq.heappush(a, (r, p, v))
+                heapq.heappush(a, (k1, k2, v))
             else:
-                heapq.heappush(w, (ready, r, p, v))
+                heapq.heappush(w, (ready, k1, k2, v))
         while a:
-            r, p, v = a[0]
+            k1, k2, v = a[0]
             if not valid(v, d):
                 heapq.heappop(a)
                 continue
@@ -114,20 +122,20 @@ def list_schedule(
                 ready = schedule.data_ready(v, d)
                 if ready > free:
                     heapq.heappop(a)
-                    heapq.heappush(w, (ready, r, p, v))
+                    heapq.heappush(w, (ready, k1, k2, v))
                     continue
-            return (free, r, p, v)
+            return (free, k1, k2, v)
         while w:
-            t, r, p, v = w[0]
+            t, k1, k2, v = w[0]
             if not valid(v, d):
                 heapq.heappop(w)
                 continue
             if sequential:
                 ready = schedule.data_ready(v, d)
                 if ready > t:
-                    heapq.heapreplace(w, (ready, r, p, v))
+                    heapq.heapreplace(w, (ready, k1, k2, v))
                     continue
-            return (t, r, p, v)
+            return (t, k1, k2, v)
         return None
 
     look_ahead = True  # refuse placements that would strand a big colocation group
