@@ -107,9 +107,11 @@ class MemoryLedger:
         while the big groups are a sizeable share of the free memory, and costs
         O(big groups x devices) then.
         """
-        free = [c - u - extra.get(x, 0) for x, (c, u) in enumerate(zip(self.capacity, self.used))]
         placing = self.graph.group[ops[0]]
         pending = self._big_unplaced - self._big_bytes.get(placing, 0)
+        if pending == 0:
+            return True
+        free = [c - u - extra.get(x, 0) for x, (c, u) in enumerate(zip(self.capacity, self.used))]
         if pending * 2 <= sum(free):
             return True
         for g, nbytes in self._big:
