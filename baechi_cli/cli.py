@@ -390,7 +390,8 @@ def _render_summary(outcome: Any, written: list[str]) -> None:
     )
     if len(outcome.candidates) > 1:
         tried = ", ".join(
-            f"{ALGORITHM_TITLES[c.algorithm]} {_fmt_us(c.sim.step_time_us) if c.ok else 'failed'}"
+            f"{ALGORITHM_TITLES[c.algorithm]} "
+            + (_fmt_us(c.sim.step_time_us) if c.ok else "skipped" if "skipped" in str(c.error) else "failed")
             for c in outcome.candidates
         )
         console.print(f"auto tried: {tried}")

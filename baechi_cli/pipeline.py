@@ -29,6 +29,10 @@ STAGES = ("load", "profile", "passes", "place", "simulate", "write")
 ALGORITHM_TITLES = {"topo": "m-TOPO", "etf": "m-ETF", "sct": "m-SCT", "single": "single device"}
 # What --algo auto tries, in order of preference when step times tie.
 AUTO_CANDIDATES = ("single", "etf", "sct", "topo")
+# Above this many ops auto leaves m-SCT out: its LP alone takes seconds at 5k
+# ops and tens of seconds at 20k (bench/lp_backends.md), against a promise of
+# placement in about a second. `--algo sct` and `compare` still run it.
+AUTO_SCT_MAX_OPS = 5000
 ALGO_CHOICES = ("auto", *PLACER_NAMES)
 
 
@@ -298,7 +302,16 @@ def place_model(
 
     step("place")
     algos = AUTO_CANDIDATES if options.algo == "auto" else (options.algo,)
-    candidates = [run_candidate(prepared, algo, options) for algo in algos]
+    candidates = []
+    for algo in algos:
+        if options.algo == "auto" and algo == "sct" and prepared.graph.num_ops > AUTO_SCT_MAX_OPS:
+            skipped = SolverError(
+                f"skipped by auto: m-SCT's LP over {prepared.graph.num_ops} ops would take "
+                f"tens of seconds (auto runs it up to {AUTO_SCT_MAX_OPS} ops); use --algo sct"
+            )
+            candidates.append(Candidate(algo, 0.0, error=skipped))
+            continue
+        candidates.append(run_candidate(prepared, algo, options))
     timings["place"] = sum(c.place_seconds for c in candidates)
     chosen = choose(candidates)
 

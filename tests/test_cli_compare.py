@@ -156,3 +156,17 @@ def test_json_stdout_is_pure_json_even_from_the_lp_solver():
         check=True,
     ).stdout
     assert json.loads(out)["results"][0]["algorithm"] == "sct"
+
+
+def test_auto_leaves_sct_out_of_big_graphs(tmp_path, monkeypatch):
+    import baechi_cli.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "AUTO_SCT_MAX_OPS", 100)  # GNMT has 192 ops
+    rep = tmp_path / "r.json"
+    r = invoke("place", GNMT, "--devices", DEVICES, "--report", str(rep), "-q")
+    assert r.exit_code == 0, r.output
+    sct = next(c for c in json.loads(rep.read_text())["candidates"] if c["algorithm"] == "sct")
+    assert not sct["feasible"] and "skipped by auto" in sct["error"]
+    # asked for explicitly, it runs
+    r = invoke("place", GNMT, "--devices", DEVICES, "--algo", "sct", "--json")
+    assert json.loads(r.stdout)["algorithm"] == "sct"
