@@ -200,22 +200,6 @@ class OpGraph:
             groups.setdefault(g, []).append(v)
         return groups
 
-    def expanded_members(self) -> list[list[int]]:
-        """Original op ids behind each node (identity for an unfused graph)."""
-        if self.members is None:
-            return [[v] for v in range(self.num_ops)]
-        return self.members
-
-    def to_networkx(self):  # -> networkx.MultiDiGraph, imported lazily
-        """A networkx view (for cycle finding, condensation, contraction)."""
-        import networkx as nx
-
-        g = nx.MultiDiGraph()
-        g.add_nodes_from(range(self.num_ops))
-        for e in range(self.num_edges):
-            g.add_edge(self.edge_src[e], self.edge_dst[e], key=e)
-        return g
-
 
 class GraphBuilder:
     """Accumulates ops and edges, then :meth:`build` freezes them into an OpGraph."""

@@ -172,6 +172,12 @@ def run_pass(name: str, fn: Callable[[OpGraph], OpGraph], graph: OpGraph) -> tup
     return out, record
 
 
+def bounds(graph: OpGraph, devices: DeviceSpec) -> tuple[float, SimResult | None]:
+    """The lower bound, and the one-device run (None when the model does not fit one device)."""
+    single = simulate(graph, devices, [largest_device(devices)] * graph.num_ops)
+    return lower_bound(graph, devices), single if single.feasible else None
+
+
 def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callable[[str], None]) -> Prepared:
     """load -> cost -> passes, plus the bounds every placement is compared with."""
     if options.comm is not None:
@@ -209,8 +215,7 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
     timings["passes"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    bound = lower_bound(graph, devices)
-    single = simulate(graph, devices, [largest_device(devices)] * graph.num_ops)
+    bound, single = bounds(graph, devices)
     timings["simulate"] = time.perf_counter() - t0
     return Prepared(
         path,
@@ -222,7 +227,7 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         timings,
         cost_report,
         bound,
-        single if single.feasible else None,
+        single,
     )
 
 

@@ -312,7 +312,7 @@ class ListSchedule:
     ended (channels serve transfers in commit order, no back-filling); in
     ``parallel`` mode it leaves when the producer ends.
 
-    :meth:`earliest_start` asks "when could v start on d?" without changing
+    :meth:`data_ready` asks "when could v's inputs be on d?" without changing
     anything: the question m-ETF and m-SCT ask of every candidate device, so
     their predicted timeline is by construction the one ``simulate(...,
     sequence=...)`` replays. Both methods cost O(indegree of v).
@@ -350,10 +350,6 @@ class ListSchedule:
                 for m, b in zip(t.measured_us, t.nbytes)
             ]
         )
-
-    def earliest_start(self, v: int, d: int) -> float:
-        """When v would start on d if committed now (nothing changes)."""
-        return max(self.dev_free[d], self._inputs(v, d, False))
 
     def data_ready(self, v: int, d: int) -> float:
         """When all of v's inputs could be on d if v were committed there now."""

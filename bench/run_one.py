@@ -32,9 +32,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from synthetic import layered_dag  # noqa: E402
 
 from baechi_cli.devices import DeviceSpec, parse_devices  # noqa: E402
-from baechi_cli.pipeline import PlaceOptions, Prepared, prepare, run_candidate  # noqa: E402
-from baechi_cli.placers.single import largest_device  # noqa: E402
-from baechi_cli.sim import lower_bound, simulate  # noqa: E402
+from baechi_cli.pipeline import PlaceOptions, Prepared, bounds, prepare, run_candidate  # noqa: E402
 
 SYNTHETIC = "synthetic:"
 
@@ -49,8 +47,7 @@ def prepare_synthetic(num_ops: int, devices: DeviceSpec) -> Prepared:
     t0 = time.perf_counter()
     graph = layered_dag(num_ops)
     t1 = time.perf_counter()
-    bound = lower_bound(graph, devices)
-    single = simulate(graph, devices, [largest_device(devices)] * graph.num_ops)
+    bound, single = bounds(graph, devices)
     timings = {"load": t1 - t0, "simulate": time.perf_counter() - t1}
     return Prepared(
         f"{SYNTHETIC}{num_ops}",
@@ -62,7 +59,7 @@ def prepare_synthetic(num_ops: int, devices: DeviceSpec) -> Prepared:
         timings,
         None,
         bound,
-        single if single.feasible else None,
+        single,
     )
 
 
