@@ -101,6 +101,24 @@ class OpGraph:
         """A copy with some columns replaced (columns are shared, not copied)."""
         return dataclasses.replace(self, **changes)
 
+    def without_edges(self, drop: set[int]) -> OpGraph:
+        """A copy without the edges whose ids are in ``drop`` (edges are renumbered). O(V + E)."""
+        keep = [e for e in range(self.num_edges) if e not in drop]
+        out_edges: list[list[int]] = [[] for _ in range(self.num_ops)]
+        in_edges: list[list[int]] = [[] for _ in range(self.num_ops)]
+        for new, e in enumerate(keep):
+            out_edges[self.edge_src[e]].append(new)
+            in_edges[self.edge_dst[e]].append(new)
+        return self.replace(
+            edge_src=[self.edge_src[e] for e in keep],
+            edge_port=[self.edge_port[e] for e in keep],
+            edge_dst=[self.edge_dst[e] for e in keep],
+            edge_bytes=[self.edge_bytes[e] for e in keep],
+            edge_transfer_us=[self.edge_transfer_us[e] for e in keep],
+            out_edges=out_edges,
+            in_edges=in_edges,
+        )
+
     def durations(self, kind: str | None = None) -> list[float]:
         """Per-op compute time in µs on devices of ``kind`` (reference kind if absent)."""
         if kind is not None and kind in self.compute_us_by_kind:

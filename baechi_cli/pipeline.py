@@ -43,9 +43,28 @@ class PlaceOptions:
     comm: str | None = None  # overrides the device spec's interconnect mode
     solver_time_limit: float | None = 60.0  # seconds, for m-SCT's LP
     sct_threshold: float = 0.5
+    coplace: bool = True
+    fusion: bool = True
+    forward_only: bool | None = None  # None: on exactly when every device holds the whole model
 
     def placer_options(self) -> dict[str, Any]:
         return {"solver_time_limit": self.solver_time_limit, "sct_threshold": self.sct_threshold}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "algo": self.algo,
+            "batch_size": self.batch_size,
+            "solver_time_limit": self.solver_time_limit,
+            "sct_threshold": self.sct_threshold,
+            "coplace": self.coplace,
+            "fusion": self.fusion,
+            "forward_only": "auto" if self.forward_only is None else self.forward_only,
+        }
+
+
+# Co-placement grows groups up to this fraction of the smallest device's
+# memory: big enough to swallow chains, small enough that groups still pack.
+COPLACE_MAX_GROUP_SHARE = 1 / 8
 
 
 @dataclass
@@ -73,6 +92,12 @@ class Prepared:
     cost_report: Any
     lower_bound_us: float
     single_device: SimResult | None  # None when the model does not fit one device
+    # What the placers see: ``graph`` after forward-only placement and fusion
+    # (``members`` maps its nodes back onto ``graph``'s ops), or ``graph`` itself.
+    placement_graph: OpGraph
+    # True when placement_graph only contracts graph (no edge dropped), so a
+    # placer's node sequence expands into a valid op sequence.
+    expands_sequence: bool = True
 
 
 @dataclass
@@ -160,16 +185,89 @@ def load_model(path: str, batch_size: int | None) -> tuple[OpGraph, str]:
 
 
 def run_pass(name: str, fn: Callable[[OpGraph], OpGraph], graph: OpGraph) -> tuple[OpGraph, PassRecord]:
-    """Apply one pass and record what it did."""
+    """Apply one pass and record what it did (ops, edges and groups before and after)."""
     t0 = time.perf_counter()
     out = fn(graph)
-    record = PassRecord(
-        name, graph.num_ops, out.num_ops, graph.num_edges, out.num_edges, time.perf_counter() - t0
-    )
-    if name == "colocation":
-        sizes = [len(ops) for ops in out.group_members().values()]
-        record.details = {"groups": len(sizes), "largest_group": max(sizes, default=0)}
+    seconds = time.perf_counter() - t0
+    record = PassRecord(name, graph.num_ops, out.num_ops, graph.num_edges, out.num_edges, seconds)
+    record.details = {
+        "enabled": True,
+        "groups_before": _count_groups(graph),
+        "groups_after": _count_groups(out),
+    }
     return out, record
+
+
+def _count_groups(graph: OpGraph) -> int:
+    return len(set(graph.group))
+
+
+def skipped_pass(name: str, graph: OpGraph, reason: str) -> PassRecord:
+    """The record of a pass that did not run, with the reason."""
+    groups = _count_groups(graph)
+    record = PassRecord(name, graph.num_ops, graph.num_ops, graph.num_edges, graph.num_edges, 0.0)
+    record.details = {"enabled": False, "reason": reason, "groups_before": groups, "groups_after": groups}
+    return record
+
+
+def run_passes(
+    graph: OpGraph, devices: DeviceSpec, options: PlaceOptions, fmt: str
+) -> tuple[OpGraph, OpGraph, list[PassRecord]]:
+    """The passes of DESIGN.md in order; returns (op graph, placement graph, records).
+
+    Colocation and control flow (GraphDef only) are constraints TensorFlow
+    imposes, so they always run; forward-only placement, co-placement and
+    fusion are optimizations and can be turned off. The op graph comes back
+    with every group the passes formed; the placement graph is what the
+    placers see (nodes with ``members`` when a pass contracted ops).
+    """
+    from baechi_cli.passes.contract import groups_of
+    from baechi_cli.passes.coplace import coplace
+    from baechi_cli.passes.forward_only import fits_every_device, forward_only
+    from baechi_cli.passes.fusion import fuse
+
+    records: list[PassRecord] = []
+    if fmt == "graphdef":
+        from baechi_cli.passes.colocation import colocate
+        from baechi_cli.passes.control_flow import control_flow
+
+        for name, fn in (("colocation", colocate), ("control_flow", control_flow)):
+            graph, record = run_pass(name, fn, graph)
+            records.append(record)
+    graph.topo_order()  # every later pass needs the order; a cycle fails here, once
+
+    current = graph
+    if not any(graph.is_backward):
+        records.append(skipped_pass("forward_only", graph, "the graph has no backward ops"))
+    elif options.forward_only is False:
+        records.append(skipped_pass("forward_only", graph, "--no-forward-only"))
+    elif options.forward_only is None and not fits_every_device(graph, devices):
+        records.append(
+            skipped_pass(
+                "forward_only", graph, "some device cannot hold the whole model (the paper's condition)"
+            )
+        )
+    else:
+        current, record = run_pass("forward_only", forward_only, current)
+        record.details["reason"] = (
+            "--forward-only" if options.forward_only else "every device can hold the whole model"
+        )
+        records.append(record)
+    if options.coplace:
+        cap = int(min(d.memory_bytes for d in devices.devices) * COPLACE_MAX_GROUP_SHARE)
+        current, record = run_pass("coplace", lambda g: coplace(g, max_group_bytes=cap), current)
+        record.details["max_group_bytes"] = cap
+        records.append(record)
+    else:
+        records.append(skipped_pass("coplace", current, "--no-coplace"))
+    if options.fusion:
+        current, record = run_pass("fusion", fuse, current)
+        records.append(record)
+    else:
+        records.append(skipped_pass("fusion", current, "--no-fusion"))
+    if current.members is None:  # not contracted: only groups changed
+        return current, current, records
+    return graph.replace(group=groups_of(current, graph)), current, records
 
 
 def bounds(graph: OpGraph, devices: DeviceSpec) -> tuple[float, SimResult | None]:
@@ -203,15 +301,10 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
 
     step("passes")
     t0 = time.perf_counter()
-    passes: list[PassRecord] = []
-    if fmt == "graphdef":  # TensorFlow's colocation rules; workload groups come with the file
-        from baechi_cli.passes.colocation import colocate
-
-        try:
-            graph, record = run_pass("colocation", colocate, graph)
-        except InputError as err:
-            raise err.with_path(path) from None
-        passes.append(record)
+    try:
+        graph, placement_graph, passes = run_passes(graph, devices, options, fmt)
+    except InputError as err:
+        raise err.with_path(path) from None
     timings["passes"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -228,6 +321,8 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         cost_report,
         bound,
         single,
+        placement_graph,
+        expands_sequence=not any(p.name == "forward_only" and p.details["enabled"] for p in passes),
     )
 
 
@@ -254,18 +349,46 @@ def run_candidate(prepared: Prepared, algo: str, options: PlaceOptions) -> Candi
                 ),
             )
         return Candidate(algo, seconds, placement, prepared.single_device)
+    pgraph = prepared.placement_graph
     t0 = time.perf_counter()
     try:
-        placement = get_placer(algo)(graph, devices, options.placer_options())
+        placement = get_placer(algo)(pgraph, devices, options.placer_options())
     except (InfeasibleError, SolverError) as err:
         return Candidate(algo, time.perf_counter() - t0, error=err.with_path(prepared.path))
+    if pgraph is not graph:
+        placement = expand(placement, pgraph, graph, prepared.expands_sequence)
     seconds = time.perf_counter() - t0
     sim = simulate(graph, devices, placement.device_of, sequence=placement.sequence)
-    if placement.schedule is not None and not same_timeline(placement.predicted, sim):
-        raise RuntimeError(f"{algo} predicted a timeline the simulator does not reproduce")
+    if placement.schedule is not None:
+        planned = sim
+        if pgraph is not graph:
+            schedule = placement.schedule
+            planned = simulate(pgraph, devices, schedule.device_of, sequence=schedule.sequence)
+        if not same_timeline(placement.predicted, planned):
+            raise RuntimeError(f"{algo} predicted a timeline the simulator does not reproduce")
     if not sim.feasible:  # the ledger bounds the peak, so this is a placer bug
         raise RuntimeError(f"{algo} exceeded device memory")
     return Candidate(algo, seconds, placement, sim)
+
+
+def expand(placement: Placement, pgraph: OpGraph, graph: OpGraph, with_sequence: bool) -> Placement:
+    """A placement of ``pgraph``'s nodes as a placement of ``graph``'s ops.
+
+    The node sequence expands too when ``with_sequence`` (a pure contraction);
+    otherwise the simulator orders the ops. The placer's own schedule stays,
+    for checking its prediction on ``pgraph``.
+    """
+    from baechi_cli.passes.contract import placement_of, sequence_of
+
+    sequence = None
+    if with_sequence and placement.sequence is not None:
+        sequence = sequence_of(pgraph, placement.sequence, graph)
+    return Placement(
+        placement_of(pgraph, placement.device_of, graph.num_ops),
+        sequence,
+        schedule=placement.schedule,
+        info=placement.info,
+    )
 
 
 def choose(candidates: list[Candidate]) -> Candidate:
@@ -309,9 +432,9 @@ def place_model(
     algos = AUTO_CANDIDATES if options.algo == "auto" else (options.algo,)
     candidates = []
     for algo in algos:
-        if options.algo == "auto" and algo == "sct" and prepared.graph.num_ops > AUTO_SCT_MAX_OPS:
+        if options.algo == "auto" and algo == "sct" and prepared.placement_graph.num_ops > AUTO_SCT_MAX_OPS:
             skipped = SolverError(
-                f"skipped by auto: m-SCT's LP over {prepared.graph.num_ops} ops would take "
+                f"skipped by auto: m-SCT's LP over {prepared.placement_graph.num_ops} ops would take "
                 f"tens of seconds (auto runs it up to {AUTO_SCT_MAX_OPS} ops); use --algo sct"
             )
             candidates.append(Candidate(algo, 0.0, error=skipped))
@@ -516,13 +639,7 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
         "devices": devices_json(spec),
         "comm": comm_json(spec),
         "algorithm": outcome.algorithm,
-        "options": {
-            "algo": options.algo,
-            "batch_size": options.batch_size,
-            "comm": spec.interconnect.mode,
-            "solver_time_limit": options.solver_time_limit,
-            "sct_threshold": options.sct_threshold,
-        },
+        "options": {**options.to_json(), "comm": spec.interconnect.mode},
         "timings_s": {k: round(outcome.timings.get(k, 0.0), 6) for k in (*STAGES, "total")},
         "passes": [
             {

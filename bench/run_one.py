@@ -60,6 +60,7 @@ def prepare_synthetic(num_ops: int, devices: DeviceSpec) -> Prepared:
         None,
         bound,
         single,
+        graph,
     )
 
 

@@ -161,7 +161,7 @@ def test_json_stdout_is_pure_json_even_from_the_lp_solver():
 def test_auto_leaves_sct_out_of_big_graphs(tmp_path, monkeypatch):
     import baechi_cli.pipeline as pipeline
 
-    monkeypatch.setattr(pipeline, "AUTO_SCT_MAX_OPS", 100)  # GNMT has 192 ops
+    monkeypatch.setattr(pipeline, "AUTO_SCT_MAX_OPS", 10)  # GNMT places as 82 nodes after the passes
     rep = tmp_path / "r.json"
     r = invoke("place", GNMT, "--devices", DEVICES, "--report", str(rep), "-q")
     assert r.exit_code == 0, r.output

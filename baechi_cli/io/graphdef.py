@@ -41,9 +41,11 @@ binary otherwise, the other format tried when the first fails.
   knows; the colocation pass then uses the producers' output types).
 * ``colocate_with[v]``: the names in the ``_class`` attr's ``loc:@name``
   entries.
+* ``is_backward`` / ``forward_op``: see :func:`mark_backward` (gradient
+  name scopes, then ``_class``).
 * TF1 while loops close cycles through NextIteration -> Merge back edges;
-  those edges are kept (the control-flow pass handles them) and every other
-  cycle is rejected.
+  the reader keeps every edge: the control-flow pass removes those back
+  edges and rejects every other cycle.
 
 Every problem with the input raises :class:`~baechi_cli.errors.InputError`
 naming the file, the op when there is one, and the problem.
@@ -59,6 +61,7 @@ import gc
 import json
 import math
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from baechi_cli.errors import InputError
@@ -117,8 +120,8 @@ DTYPE_SIZES: dict[str, int] = {n: s for _, n, s in _BASE_DTYPES} | {f"{n}_ref": 
 
 _TEXT_EXTENSIONS = (".pbtxt", ".txt")
 _CONTROL_BYTES = bytes(b for b in range(0x20) if b not in b"\t\n\r") + b"\x7f"
-# Every TF1 while-loop cycle passes through one of these (NextIteration -> Merge).
-_BACK_EDGE_OPS = frozenset({"NextIteration", "RefNextIteration"})
+# The root name scope tf.gradients gives the ops it builds: "gradients", "gradients_1", ...
+_GRADIENT_SCOPE_RE = re.compile(r"gradients(?:_\d+)?")
 
 
 # ----------------------------------------------------------------- reading
@@ -483,9 +486,7 @@ def _build(graph_def: GraphDef, batch_size: int | None) -> OpGraph:
                 )
             builder.add_edge(src, dst, port)
 
-    graph = builder.build()
-    _check_acyclic(graph)
-    return graph
+    return mark_backward(builder.build())
 
 
 def _node_inputs(node: NodeDef, index: dict[str, int]) -> list[tuple[int, int]]:
@@ -585,26 +586,55 @@ def _infer_shapes(graph_def: GraphDef, first_op: str) -> dict[str, list[tuple[in
     }
 
 
-def _check_acyclic(graph: OpGraph) -> None:
-    """Raise InputError on a cycle that is not a TF1 while loop's back edge."""
-    back = {v for v, t in enumerate(graph.op_types) if t in _BACK_EDGE_OPS}
-    if back:
-        keep = [e for e in range(graph.num_edges) if graph.edge_src[e] not in back]
-        out_edges: list[list[int]] = [[] for _ in range(graph.num_ops)]
-        in_edges: list[list[int]] = [[] for _ in range(graph.num_ops)]
-        for new, e in enumerate(keep):
-            out_edges[graph.edge_src[e]].append(new)
-            in_edges[graph.edge_dst[e]].append(new)
-        graph = graph.replace(
-            edge_src=[graph.edge_src[e] for e in keep],
-            edge_port=[graph.edge_port[e] for e in keep],
-            edge_dst=[graph.edge_dst[e] for e in keep],
-            edge_bytes=[graph.edge_bytes[e] for e in keep],
-            edge_transfer_us=[graph.edge_transfer_us[e] for e in keep],
-            out_edges=out_edges,
-            in_edges=in_edges,
-        )
-    graph.topo_order()
+def mark_backward(graph: OpGraph) -> OpGraph:
+    """Set ``is_backward`` and ``forward_op`` from TensorFlow's gradient naming.
+
+    Rules, in order (documented with their coverage in ``passes/README.md``):
+
+    1. An op whose outermost name scope is ``gradients`` (``gradients_1``, ...)
+       is backward, and so is every op that depends on one (optimizer updates,
+       the train op): the backward phase is what the gradients feed.
+    2. A backward op's forward op is named by its first ``<name>_grad`` scope:
+       ``gradients/conv1/Conv2D_grad/Conv2DBackpropInput`` belongs to
+       ``conv1/Conv2D`` (also inside while loops:
+       ``gradients/rnn/while/mul_grad/Mul`` belongs to ``rnn/while/mul``).
+    3. Otherwise the first op its ``_class`` attr names that is a forward op
+       (``colocate_gradients_with_ops`` puts the forward op there).
+
+    Backward ops matching neither rule (gradient aggregation, shapes, the
+    optimizer's updates) keep ``forward_op = -1``. O(V + E).
+    """
+    n = graph.num_ops
+    backward = [bool(_GRADIENT_SCOPE_RE.fullmatch(name.split("/", 1)[0])) for name in graph.names]
+    queue = [v for v in range(n) if backward[v]]
+    while queue:
+        v = queue.pop()
+        for e in graph.out_edges[v]:
+            w = graph.edge_dst[e]
+            if not backward[w]:
+                backward[w] = True
+                queue.append(w)
+    if not any(backward):
+        return graph
+    index = graph.index()
+    forward = [-1] * n
+    for v in range(n):
+        if not backward[v]:
+            continue
+        parts = graph.names[v].split("/")
+        if _GRADIENT_SCOPE_RE.fullmatch(parts[0]):
+            for i in range(1, len(parts) - 1):
+                if parts[i].endswith("_grad"):
+                    u = index.get("/".join([*parts[1:i], parts[i][: -len("_grad")]]), -1)
+                    if u >= 0 and not backward[u]:
+                        forward[v] = u
+                    break
+        if forward[v] < 0:
+            forward[v] = next(
+                (u for u in (index.get(c, -1) for c in graph.colocate_with[v]) if u >= 0 and not backward[u]),
+                -1,
+            )
+    return graph.replace(is_backward=backward, forward_op=forward)
 
 
 # ----------------------------------------------------------------- writing

@@ -17,6 +17,11 @@ ops behind the user's back. The declared input types come from the reader
 (``attrs["_input_types"]``); for op types it does not know, the producer's
 output type stands in.
 
+:func:`colocation_pairs` yields the individual constraints, one
+``(op, other, kind)`` per ``_class`` entry or handle input, so that
+``baechi verify`` checks a placed graph against exactly the rules this pass
+groups by; :func:`describe_pair` words one for a message.
+
 Complexity: O(V + E) with near-constant union-find steps.
 
 Example:
@@ -32,10 +37,17 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from baechi_cli.errors import InputError
 from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.passes.unionfind import UnionFind
 
 EXEMPT_OP_TYPES = frozenset({"IdentityN", "PartitionedCall", "StatefulPartitionedCall"})
+
+#: The ``kind`` of a pair that comes from a ``_class: loc:@name`` entry; any
+#: other kind is the dtype of a handle input ("resource", "float32_ref", ...).
+CLASS_ATTR = "_class"
 
 
 def is_handle_type(dtype: str) -> bool:
@@ -43,27 +55,18 @@ def is_handle_type(dtype: str) -> bool:
     return dtype == "resource" or dtype.endswith("_ref")
 
 
-def colocate(graph: OpGraph) -> OpGraph:
-    """Return ``graph`` with ``group`` merged over TensorFlow's colocation rules."""
-    n = graph.num_ops
-    parent = list(graph.group)
+def colocation_pairs(graph: OpGraph) -> Iterator[tuple[int, int, str]]:
+    """Yield ``(op, other, kind)`` for every pair TensorFlow puts on one device.
 
-    def find(v: int) -> int:
-        while parent[v] != v:
-            parent[v] = parent[parent[v]]
-            v = parent[v]
-        return v
-
-    def union(a: int, b: int) -> None:
-        ra, rb = find(a), find(b)
-        if ra != rb:  # the smaller id stays the root, so group ids are deterministic
-            if ra < rb:
-                parent[rb] = ra
-            else:
-                parent[ra] = rb
-
+    ``kind`` is :data:`CLASS_ATTR` when ``op``'s ``_class`` attr names
+    ``other``, else the dtype of ``op``'s data input that ``other`` produces
+    (a resource or reference type). Pairs come in op-id order; a pair may
+    repeat (an input used twice). Raises :class:`InputError` when a
+    ``_class`` entry names an op the graph lacks. O(V + E).
+    """
     index: dict[str, int] | None = None
-    for v in range(n):
+    op_types, in_edges, edge_port, edge_src = graph.op_types, graph.in_edges, graph.edge_port, graph.edge_src
+    for v in range(graph.num_ops):
         for name in graph.colocate_with[v]:
             if index is None:
                 index = graph.index()
@@ -73,21 +76,48 @@ def colocate(graph: OpGraph) -> OpGraph:
                     f"its _class attr colocates it with '{name}', which is not in the graph",
                     op=graph.names[v],
                 )
-            union(v, target)
-        if graph.op_types[v] in EXEMPT_OP_TYPES:
+            yield v, target, CLASS_ATTR
+        if op_types[v] in EXEMPT_OP_TYPES:
             continue
         declared = graph.attrs[v].get("_input_types")
         k = 0
-        for e in graph.in_edges[v]:
-            port = graph.edge_port[e]
+        for e in in_edges[v]:
+            port = edge_port[e]
             if port == CONTROL_PORT:
                 continue
-            u = graph.edge_src[e]
+            u = edge_src[e]
             if declared is not None and k < len(declared):
                 dtype = declared[k]
             else:
                 dtype = graph.output_dtypes[u][port] if port < len(graph.output_dtypes[u]) else ""
             if is_handle_type(dtype):
-                union(v, u)
+                yield v, u, dtype
             k += 1
-    return graph.replace(group=[find(v) for v in range(n)])
+
+
+def describe_pair(graph: OpGraph, op: int, other: int, kind: str) -> str:
+    """Why ``op`` must run on ``other``'s device, as a phrase about ``op``.
+
+    >>> from baechi_cli.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> w = b.add_op("w", "VarHandleOp", [0], output_dtypes=["resource"])
+    >>> r = b.add_op("w/read", "ReadVariableOp", [4], colocate_with=["w"])
+    >>> g = b.build()
+    >>> describe_pair(g, r, w, "resource"), describe_pair(g, r, w, CLASS_ATTR)
+    ("reads resource 'w'", "is colocated with 'w' by its _class attr")
+    """
+    name = graph.names[other]
+    if kind == CLASS_ATTR:
+        return f"is colocated with '{name}' by its _class attr"
+    if kind == "resource":
+        verb = "reads" if graph.op_types[op] == "ReadVariableOp" else "uses"
+        return f"{verb} resource '{name}'"
+    return f"uses reference '{name}' ({kind})"
+
+
+def colocate(graph: OpGraph) -> OpGraph:
+    """Return ``graph`` with ``group`` merged over TensorFlow's colocation rules."""
+    uf = UnionFind(graph.group)
+    for v, u, _ in colocation_pairs(graph):
+        uf.union(v, u)
+    return graph.replace(group=uf.roots())

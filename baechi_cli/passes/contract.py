@@ -1,0 +1,160 @@
+"""Contract ops into nodes: the graph surgery behind fusion and forward-only placement.
+
+:func:`contract` maps every op ``v`` to a node ``node_of[v]`` (dense ids
+``0..m-1``) and builds the graph of nodes. A node
+
+* runs its members one after another: compute is their sum (per device kind
+  too), temporary bytes their maximum (a device runs one op at a time);
+* holds all its members' tensors: its output ports are its members' ports
+  back to back, so a placer's memory ledger still counts every tensor;
+* keeps its members' persistent bytes, plus one received copy of every
+  outside tensor that its members consume over an edge the contraction drops
+  (``keep_edge``), so the ledger stays an upper bound of the real peak when
+  the placement is expanded back onto the ops;
+* remembers its members as ops of the *original* graph (``members``), also
+  when the input was itself contracted, so passes compose.
+
+Edges between nodes carry the same tensors as before; edges inside a node
+vanish and duplicates (one tensor to several members of a node) merge. The
+caller must keep the node graph acyclic (fusion checks before contracting;
+forward-only keeps a subgraph) and the members of a node in one colocation
+group. :func:`placement_of` and :func:`sequence_of` expand a node placement
+back onto the original ops.
+
+Complexity: O(V + E) plus sorting each node's members.
+
+Example:
+    >>> from baechi_cli.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> x = b.add_op("x", "MatMul", [100], compute_us=5.0)
+    >>> y = b.add_op("y", "Relu", [100], compute_us=1.0)
+    >>> z = b.add_op("z", "Softmax", [100], compute_us=2.0)
+    >>> _ = b.add_edge(x, y); _ = b.add_edge(y, z)
+    >>> g = b.build().replace(group=[0, 0, 2])
+    >>> c = contract(g, [0, 0, 1])
+    >>> c.names, c.compute_us, c.output_bytes, c.members
+    (['x', 'z'], [6.0, 2.0], [[100, 100], [100]], [[0, 1], [2]])
+    >>> c.edge_src, c.edge_port, c.edge_dst
+    ([0], [1], [1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.passes.unionfind import UnionFind
+
+
+def contract(
+    graph: OpGraph, node_of: Sequence[int], *, keep_edge: Callable[[int], bool] | None = None
+) -> OpGraph:
+    """The graph of nodes ``node_of`` (module docstring); ``keep_edge(e)`` False drops edge ``e``."""
+    n = graph.num_ops
+    m = max(node_of, default=-1) + 1
+    members: list[list[int]] = [[] for _ in range(m)]
+    for v in range(n):
+        members[node_of[v]].append(v)
+    port_base = [0] * n
+    for ops in members:
+        base = 0
+        for v in ops:
+            port_base[v] = base
+            base += len(graph.output_bytes[v])
+
+    # Received copies the dropped edges would have cost: one per (tensor, node).
+    tensors = graph.tensors
+    extra = [0] * m
+    counted: set[tuple[int, int]] = set()
+    kept: list[int] = []
+    for e in range(graph.num_edges):
+        src, dst = node_of[graph.edge_src[e]], node_of[graph.edge_dst[e]]
+        if src == dst:
+            continue
+        if keep_edge is None or keep_edge(e):
+            kept.append(e)
+        elif graph.edge_port[e] != CONTROL_PORT:
+            key = (tensors.edge_tensor[e], dst)
+            if key not in counted:
+                counted.add(key)
+                extra[dst] += tensors.nbytes[tensors.edge_tensor[e]]
+
+    first_node_of_group: dict[int, int] = {}
+    for node, ops in enumerate(members):
+        first_node_of_group.setdefault(graph.group[ops[0]], node)
+    kinds = graph.compute_us_by_kind
+    b = GraphBuilder()
+    for node, ops in enumerate(members):
+        head = ops[0]
+        b.add_op(
+            graph.names[head],
+            graph.op_types[head] if len(ops) == 1 else "Fused",
+            [nbytes for v in ops for nbytes in graph.output_bytes[v]],
+            compute_us=sum(graph.compute_us[v] for v in ops),
+            persistent_bytes=sum(graph.persistent_bytes[v] for v in ops) + extra[node],
+            temporary_bytes=max(graph.temporary_bytes[v] for v in ops),
+            is_backward=all(graph.is_backward[v] for v in ops),
+            output_shapes=[s for v in ops for s in graph.output_shapes[v]],
+            output_dtypes=[t for v in ops for t in graph.output_dtypes[v]],
+        )
+    seen: set[tuple[int, int, int]] = set()
+    for e in kept:
+        u, port = graph.edge_src[e], graph.edge_port[e]
+        src, dst = node_of[u], node_of[graph.edge_dst[e]]
+        new_port = CONTROL_PORT if port == CONTROL_PORT else port_base[u] + port
+        key = (src, new_port, dst)
+        if key not in seen:
+            seen.add(key)
+            b.add_edge(src, dst, new_port, nbytes=graph.edge_bytes[e], transfer_us=graph.edge_transfer_us[e])
+    out = b.build()
+    original = graph.members
+    return out.replace(
+        group=[first_node_of_group[graph.group[ops[0]]] for ops in members],
+        compute_us_by_kind={k: [sum(times[v] for v in ops) for ops in members] for k, times in kinds.items()},
+        members=[
+            sorted(x for v in ops for x in original[v]) if original is not None else ops for ops in members
+        ],
+    )
+
+
+def node_index(graph: OpGraph, num_original_ops: int) -> list[int]:
+    """For a contracted ``graph``: the node of every original op (identity when not contracted)."""
+    if graph.members is None:
+        return list(range(num_original_ops))
+    node_of = [-1] * num_original_ops
+    for node, ops in enumerate(graph.members):
+        for v in ops:
+            node_of[v] = node
+    return node_of
+
+
+def placement_of(graph: OpGraph, device_of_node: Sequence[int], num_original_ops: int) -> list[int]:
+    """Expand a placement of ``graph``'s nodes onto the original ops."""
+    return [device_of_node[node] for node in node_index(graph, num_original_ops)]
+
+
+def sequence_of(graph: OpGraph, sequence: Sequence[int], original: OpGraph) -> list[int]:
+    """Expand a node list schedule onto the original ops: members in topological order.
+
+    Valid (every op after its producers) when ``graph`` is a pure contraction
+    of ``original`` — no dropped edges — because the node sequence is then
+    topological in the node graph.
+    """
+    if graph.members is None:
+        return list(sequence)
+    rank = [0] * original.num_ops
+    for i, v in enumerate(original.topo_order()):
+        rank[v] = i
+    return [v for node in sequence for v in sorted(graph.members[node], key=rank.__getitem__)]
+
+
+def groups_of(graph: OpGraph, original: OpGraph) -> list[int]:
+    """The original ops' colocation groups implied by a contracted graph's node groups."""
+    if graph.members is None:
+        return list(graph.group)
+    uf = UnionFind(original.group)
+    for node, ops in enumerate(graph.members):
+        anchor = graph.members[graph.group[node]][0]
+        for v in ops:
+            uf.union(anchor, v)
+    return uf.roots()
