@@ -41,8 +41,9 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.graph import CONTROL_PORT, OpGraph
 from baechi_cli.passes.unionfind import UnionFind
 
 
@@ -63,57 +64,88 @@ def contract(
             base += len(graph.output_bytes[v])
 
     # Received copies the dropped edges would have cost: one per (tensor, node).
-    tensors = graph.tensors
     extra = [0] * m
-    counted: set[tuple[int, int]] = set()
     kept: list[int] = []
-    for e in range(graph.num_edges):
-        src, dst = node_of[graph.edge_src[e]], node_of[graph.edge_dst[e]]
-        if src == dst:
-            continue
-        if keep_edge is None or keep_edge(e):
-            kept.append(e)
-        elif graph.edge_port[e] != CONTROL_PORT:
-            key = (tensors.edge_tensor[e], dst)
-            if key not in counted:
-                counted.add(key)
-                extra[dst] += tensors.nbytes[tensors.edge_tensor[e]]
+    edge_src, edge_dst, edge_port = graph.edge_src, graph.edge_dst, graph.edge_port
+    if keep_edge is None:
+        kept = [e for e in range(graph.num_edges) if node_of[edge_src[e]] != node_of[edge_dst[e]]]
+    else:
+        tensors = graph.tensors
+        counted: set[tuple[int, int]] = set()
+        for e in range(graph.num_edges):
+            src, dst = node_of[edge_src[e]], node_of[edge_dst[e]]
+            if src == dst:
+                continue
+            if keep_edge(e):
+                kept.append(e)
+            elif edge_port[e] != CONTROL_PORT:
+                key = (tensors.edge_tensor[e], dst)
+                if key not in counted:
+                    counted.add(key)
+                    extra[dst] += tensors.nbytes[tensors.edge_tensor[e]]
 
     first_node_of_group: dict[int, int] = {}
     for node, ops in enumerate(members):
         first_node_of_group.setdefault(graph.group[ops[0]], node)
-    kinds = graph.compute_us_by_kind
-    b = GraphBuilder()
-    for node, ops in enumerate(members):
-        head = ops[0]
-        b.add_op(
-            graph.names[head],
-            graph.op_types[head] if len(ops) == 1 else "Fused",
-            [nbytes for v in ops for nbytes in graph.output_bytes[v]],
-            compute_us=sum(graph.compute_us[v] for v in ops),
-            persistent_bytes=sum(graph.persistent_bytes[v] for v in ops) + extra[node],
-            temporary_bytes=max(graph.temporary_bytes[v] for v in ops),
-            is_backward=all(graph.is_backward[v] for v in ops),
-            output_shapes=[s for v in ops for s in graph.output_shapes[v]],
-            output_dtypes=[t for v in ops for t in graph.output_dtypes[v]],
-        )
+    heads = [ops[0] for ops in members]
+
+    def per_node(column: list, combine: Callable[[list], Any]) -> list:
+        return [column[ops[0]] if len(ops) == 1 else combine([column[v] for v in ops]) for ops in members]
+
+    def concat(lists: list) -> list:
+        return [x for sub in lists for x in sub]
+
+    def all_true(flags: list) -> bool:
+        return all(flags)
+
+    persistent = per_node(graph.persistent_bytes, sum)
     seen: set[tuple[int, int, int]] = set()
+    new_src: list[int] = []
+    new_port: list[int] = []
+    new_dst: list[int] = []
+    new_bytes: list[int] = []
+    new_transfer: list[float | None] = []
+    out_edges: list[list[int]] = [[] for _ in range(m)]
+    in_edges: list[list[int]] = [[] for _ in range(m)]
     for e in kept:
-        u, port = graph.edge_src[e], graph.edge_port[e]
-        src, dst = node_of[u], node_of[graph.edge_dst[e]]
-        new_port = CONTROL_PORT if port == CONTROL_PORT else port_base[u] + port
-        key = (src, new_port, dst)
-        if key not in seen:
-            seen.add(key)
-            b.add_edge(src, dst, new_port, nbytes=graph.edge_bytes[e], transfer_us=graph.edge_transfer_us[e])
-    out = b.build()
+        u, port = edge_src[e], edge_port[e]
+        src, dst = node_of[u], node_of[edge_dst[e]]
+        p = CONTROL_PORT if port == CONTROL_PORT else port_base[u] + port
+        key = (src, p, dst)
+        if key in seen:
+            continue
+        seen.add(key)
+        out_edges[src].append(len(new_src))
+        in_edges[dst].append(len(new_src))
+        new_src.append(src)
+        new_port.append(p)
+        new_dst.append(dst)
+        new_bytes.append(graph.edge_bytes[e])
+        new_transfer.append(graph.edge_transfer_us[e])
     original = graph.members
-    return out.replace(
-        group=[first_node_of_group[graph.group[ops[0]]] for ops in members],
-        compute_us_by_kind={k: [sum(times[v] for v in ops) for ops in members] for k, times in kinds.items()},
-        members=[
-            sorted(x for v in ops for x in original[v]) if original is not None else ops for ops in members
-        ],
+    return OpGraph(
+        names=[graph.names[v] for v in heads],
+        op_types=[graph.op_types[ops[0]] if len(ops) == 1 else "Fused" for ops in members],
+        output_bytes=per_node(graph.output_bytes, concat),
+        compute_us=per_node(graph.compute_us, sum),
+        persistent_bytes=[b + x for b, x in zip(persistent, extra)] if any(extra) else persistent,
+        temporary_bytes=per_node(graph.temporary_bytes, max),
+        group=[first_node_of_group[graph.group[v]] for v in heads],
+        is_backward=per_node(graph.is_backward, all_true),
+        forward_op=[-1] * m,
+        output_shapes=per_node(graph.output_shapes, concat),
+        output_dtypes=per_node(graph.output_dtypes, concat),
+        attrs=[{} for _ in range(m)],
+        colocate_with=[() for _ in range(m)],
+        edge_src=new_src,
+        edge_port=new_port,
+        edge_dst=new_dst,
+        edge_bytes=new_bytes,
+        edge_transfer_us=new_transfer,
+        out_edges=out_edges,
+        in_edges=in_edges,
+        compute_us_by_kind={k: per_node(times, sum) for k, times in graph.compute_us_by_kind.items()},
+        members=members if original is None else [sorted(concat([original[v] for v in ops])) for ops in members],
     )
 
 

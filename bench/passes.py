@@ -1,0 +1,285 @@
+"""Benchmark of the graph passes: what they save in placement time and cost in step time.
+
+`make bench` runs this after bench/run.py. It writes bench/passes.md (tables,
+committed) and bench/passes.json (raw numbers).
+
+For every real TensorFlow training graph (testdata/generate.py; generated
+into testdata/cache/ when not committed), the committed small graphs and the
+committed workloads, on 4 devices (8 GB each for TensorFlow graphs, the
+file's ``maxSizePerFPGA`` for workloads), parallel communication:
+
+* ops before and after the passes, and nodes the placers see;
+* for m-TOPO, m-ETF and m-SCT: placement seconds and predicted step time
+  with the default passes and with every optional pass off
+  (``--no-forward-only --no-coplace --no-fusion``);
+* m-SCT end to end as a user runs it: ``baechi place --algo sct -o`` in a
+  fresh process; the report's ``timings_s.total`` (read, profile, passes,
+  place, simulate, write) and the process's wall time.
+
+Targets (issue "Real training graphs and the paper's graph optimizations"):
+at least 95% fewer nodes on Inception-V3 and GNMT; m-SCT end to end under
+2 s for Inception-V3 and 5 s for the statically unrolled GNMT; step time
+with the passes no worse than without. Reported, not enforced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from baechi_cli.devices import parse_devices  # noqa: E402
+from baechi_cli.io.workload_json import read_workload_meta  # noqa: E402
+from baechi_cli.pipeline import PlaceOptions, prepare, run_candidate  # noqa: E402
+
+ALGOS = ("topo", "etf", "sct")
+DEVICES = 4
+TF_MEMORY = "8GB"
+# No optional pass: the graph the placers saw before the passes existed.
+NO_PASSES = {"forward_only": False, "coplace": False, "fusion": False}
+SCT_TIME_LIMIT_S = 120.0
+REDUCTION_TARGETS = {"inception_v3": 0.95, "gnmt_static": 0.95, "gnmt_dynamic": 0.95}
+END_TO_END_TARGETS_S = {"inception_v3": 2.0, "gnmt_static": 5.0}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def sources() -> list[tuple[str, str, str]]:
+    """(name, path, one device's memory) for every graph of the benchmark."""
+    from realgraphs import REAL_GRAPHS, real_graph
+
+    out = [(name, str(real_graph(name)), TF_MEMORY) for name in REAL_GRAPHS]
+    out += [(name, os.path.join(ROOT, "testdata", f"{name}.pb"), TF_MEMORY) for name in ("mlp", "cnn")]
+    workloads = os.path.join(ROOT, "testdata", "workloads")
+    for file in sorted(os.listdir(workloads)):
+        if file.endswith(".json"):
+            path = os.path.join(workloads, file)
+            out.append((file[:-5], path, f"{read_workload_meta(path).max_size_per_fpga}B"))
+    return out
+
+
+def measure(path: str, memory: str, flags: dict[str, bool]) -> dict[str, Any]:
+    """Prepare once with ``flags``, then place with each algorithm."""
+    options = PlaceOptions(solver_time_limit=SCT_TIME_LIMIT_S, **flags)
+    devices = parse_devices(f"{DEVICES}x{memory}")
+    t0 = time.perf_counter()
+    prepared = prepare(path, devices, options, lambda stage: None)
+    out: dict[str, Any] = {
+        "prepare_seconds": time.perf_counter() - t0,
+        "passes_seconds": prepared.timings["passes"],
+        "ops": prepared.graph.num_ops,
+        "nodes": prepared.placement_graph.num_ops,
+        "passes": [
+            {"name": p.name, "ops_after": p.ops_after, "enabled": p.details.get("enabled")}
+            for p in prepared.passes
+        ],
+        "single_device_us": prepared.single_device.step_time_us if prepared.single_device else None,
+        "algos": {},
+    }
+    for algo in ALGOS:
+        c = run_candidate(prepared, algo, options)
+        out["algos"][algo] = {
+            "place_seconds": c.place_seconds,
+            "step_time_us": c.sim.step_time_us if c.sim else None,
+            "error": str(c.error) if c.error else None,
+        }
+    return out
+
+
+def end_to_end(path: str, memory: str) -> dict[str, Any]:
+    """``baechi place --algo sct -o`` in a fresh process, as a user runs it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "placed.pb" if not path.endswith(".json") else "unused")
+        report = os.path.join(tmp, "report.json")
+        argv = [sys.executable, "-m", "baechi_cli", "place", path, "-d", f"{DEVICES}x{memory}"]
+        argv += ["--algo", "sct", "--report", report, "-q"]
+        if not path.endswith(".json"):
+            argv += ["-o", out]
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            return {"error": proc.stderr.strip().splitlines()[-1], "wall_seconds": wall}
+        with open(report, encoding="utf-8") as f:
+            doc = json.load(f)
+        return {
+            "total_seconds": doc["timings_s"]["total"],
+            "timings_s": doc["timings_s"],
+            "wall_seconds": wall,
+        }
+
+
+def coverage(path: str) -> dict[str, Any]:
+    """How the forward/backward matching rules of io/graphdef.mark_backward cover a TensorFlow graph."""
+    from collections import Counter
+
+    from baechi_cli.io.graphdef import read_graphdef
+
+    g = read_graphdef(path)
+    backward = [v for v in range(g.num_ops) if g.is_backward[v]]
+    by_scope = by_class = 0
+    unmatched: Counter[str] = Counter()
+    for v in backward:
+        f = g.forward_op[v]
+        if f < 0:
+            unmatched[g.op_types[v]] += 1
+        elif f"{g.names[f]}_grad/" in g.names[v]:
+            by_scope += 1
+        else:
+            by_class += 1
+    return {
+        "ops": g.num_ops,
+        "backward": len(backward),
+        "by_scope": by_scope,
+        "by_class": by_class,
+        "unmatched": len(backward) - by_scope - by_class,
+        "unmatched_types": dict(unmatched.most_common(5)),
+    }
+
+
+def fmt_ms(us: float | None) -> str:
+    return "-" if us is None else f"{us / 1000:.1f}"
+
+
+def fmt_s(s: float | None) -> str:
+    return "-" if s is None else f"{s:.3f}"
+
+
+def cell(run: dict[str, Any]) -> str:
+    return fmt_ms(run["step_time_us"]) if run["step_time_us"] is not None else "error"
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "# Graph passes: node reduction, placement time, step time",
+        "",
+        "Generated by `make bench` (bench/passes.py); raw numbers in bench/passes.json.",
+        f"{DEVICES} devices ({TF_MEMORY} each for TensorFlow graphs, `maxSizePerFPGA` for workloads), "
+        "parallel communication. *with* = default options; *without* = "
+        "`--no-forward-only --no-coplace --no-fusion` (colocation and control flow always run).",
+        "",
+        "## Nodes",
+        "",
+        "| graph | ops | nodes with passes | reduction | passes (ops after each) | passes s |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
+    for r in results:
+        w = r["with"]
+        chain = ", ".join(f"{p['name']} {p['ops_after']}" for p in w["passes"] if p["enabled"])
+        lines.append(
+            f"| {r['graph']} | {w['ops']} | {w['nodes']} | {1 - w['nodes'] / w['ops']:.1%} | {chain} "
+            f"| {fmt_s(w['passes_seconds'])} |"
+        )
+    lines += [
+        "",
+        "## Placement seconds and predicted step time (ms), with / without the passes",
+        "",
+        "| graph | single device | "
+        + " | ".join(f"{a} place s | {a} step" for a in ALGOS)
+        + " | best with | best without |",
+        "|---|---:|" + "---:|---:|" * len(ALGOS) + "---:|---:|",
+    ]
+    for r in results:
+        w, wo = r["with"], r["without"]
+        cells = []
+        for a in ALGOS:
+            cells.append(
+                f"{fmt_s(w['algos'][a]['place_seconds'])} / {fmt_s(wo['algos'][a]['place_seconds'])}"
+            )
+            cells.append(f"{cell(w['algos'][a])} / {cell(wo['algos'][a])}")
+        lines.append(
+            f"| {r['graph']} | {fmt_ms(w['single_device_us'])} | "
+            + " | ".join(cells)
+            + f" | {fmt_ms(best(w))} | {fmt_ms(best(wo))} |"
+        )
+    lines += [
+        "",
+        "## Forward/backward matching (TensorFlow graphs)",
+        "",
+        "Rules in baechi_cli/io/graphdef.py `mark_backward`: backward = the `gradients*` scope and all it "
+        "feeds; a backward op's forward op comes from its `<op>_grad` scope, else from its `_class`.",
+        "",
+        "| graph | ops | backward | by `_grad` scope | by `_class` | unmatched | unmatched op types |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        c = r.get("coverage")
+        if c:
+            types = ", ".join(f"{t} {n}" for t, n in c["unmatched_types"].items())
+            lines.append(
+                f"| {r['graph']} | {c['ops']} | {c['backward']} | {c['by_scope']} | {c['by_class']} "
+                f"| {c['unmatched']} | {types} |"
+            )
+    lines += ["", "## Targets", "", "| target | measured | result |", "|---|---|---|"]
+    by_name = {r["graph"]: r for r in results}
+    for name, want in REDUCTION_TARGETS.items():
+        if name in by_name:
+            w = by_name[name]["with"]
+            got = 1 - w["nodes"] / w["ops"]
+            lines.append(
+                f"| {name}: node reduction >= {want:.0%} | {got:.1%} ({w['ops']} -> {w['nodes']}) "
+                f"| {'PASS' if got >= want else 'MISS'} |"
+            )
+    for name, limit in END_TO_END_TARGETS_S.items():
+        if name in by_name:
+            e2e = by_name[name]["end_to_end"]
+            if "error" in e2e:
+                lines.append(f"| {name}: m-SCT end to end < {limit:g} s | {e2e['error']} | MISS |")
+                continue
+            got = e2e["total_seconds"]
+            lines.append(
+                f"| {name}: m-SCT end to end < {limit:g} s | {got:.2f} s (process wall {e2e['wall_seconds']:.2f} s) "
+                f"| {'PASS' if got < limit else 'MISS'} |"
+            )
+    for r in results:
+        w, wo = best(r["with"]), best(r["without"])
+        if w is None or wo is None:
+            continue
+        ok = w <= wo * 1.0005
+        lines.append(
+            f"| {r['graph']}: best step with passes <= without | {fmt_ms(w)} vs {fmt_ms(wo)} ms "
+            f"| {'PASS' if ok else 'MISS'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def best(run: dict[str, Any]) -> float | None:
+    """The best step time over the algorithms and one device: what ``--algo auto`` would keep."""
+    steps = [a["step_time_us"] for a in run["algos"].values() if a["step_time_us"] is not None]
+    if run["single_device_us"] is not None:
+        steps.append(run["single_device_us"])
+    return min(steps, default=None)
+
+
+def main() -> None:
+    results = []
+    for name, path, memory in sources():
+        log(f"{name}: with passes")
+        entry: dict[str, Any] = {"graph": name, "path": os.path.relpath(path, ROOT), "memory": memory}
+        if path.endswith(".pb"):
+            entry["coverage"] = coverage(path)
+        entry["with"] = measure(path, memory, {})
+        log(f"{name}: without")
+        entry["without"] = measure(path, memory, NO_PASSES)
+        log(f"{name}: end to end")
+        entry["end_to_end"] = end_to_end(path, memory)
+        results.append(entry)
+    with open(os.path.join(HERE, "passes.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(HERE, "passes.md"), "w", encoding="utf-8") as f:
+        f.write(render(results))
+
+
+if __name__ == "__main__":
+    main()
