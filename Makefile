@@ -25,11 +25,12 @@ lint:
 proto:  ## regenerate baechi_cli/proto_gen from proto/ (committed; see proto/README.md)
 	$(BIN)/python proto/build.py
 
-testdata:  ## regenerate the committed TensorFlow test graphs (needs the tf extra)
+testdata:  ## regenerate all TensorFlow test graphs: committed ones in testdata/, large ones in testdata/cache/ (needs the tf extra)
 	$(BIN)/python testdata/generate.py
 
 bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/passes.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -99,6 +99,24 @@ def _common_options(fn: Callable) -> Callable:
             help="m-SCT rounding: an edge whose LP value is below this makes a favorite child.",
         ),
         click.option(
+            "--forward-only/--no-forward-only",
+            default=None,
+            help="Place forward ops only; backward ops follow them. Default: on when every device "
+            "can hold the whole model.",
+        ),
+        click.option(
+            "--coplace/--no-coplace",
+            default=True,
+            show_default=True,
+            help="Co-placement: single-consumer chains and forward/backward pairs share a device.",
+        ),
+        click.option(
+            "--fusion/--no-fusion",
+            default=True,
+            show_default=True,
+            help="Fuse connected ops of one group into one node before placing.",
+        ),
+        click.option(
             "--trace",
             "trace_path",
             type=click.Path(dir_okay=False),
@@ -136,6 +154,9 @@ def place(
     comm: str | None,
     solver_time_limit: float,
     sct_threshold: float,
+    forward_only: bool | None,
+    coplace: bool,
+    fusion: bool,
     trace_path: str | None,
     as_json: bool,
     quiet: bool,
@@ -151,7 +172,9 @@ def place(
         from baechi_cli.pipeline import PlaceOptions, build_report, place_model
 
         devices = parse_devices(device_spec)
-        options = PlaceOptions(algo, batch_size, comm, solver_time_limit, sct_threshold)
+        options = PlaceOptions(
+            algo, batch_size, comm, solver_time_limit, sct_threshold, coplace, fusion, forward_only
+        )
         with _Progress(enabled=not quiet) as progress:
             outcome = place_model(
                 model,
@@ -203,6 +226,9 @@ def compare(
     comm: str | None,
     solver_time_limit: float,
     sct_threshold: float,
+    forward_only: bool | None,
+    coplace: bool,
+    fusion: bool,
     trace_path: str | None,
     as_json: bool,
     quiet: bool,
@@ -221,7 +247,9 @@ def compare(
         threshold = _parse_percent(max_regression)
         previous = load_baseline(baseline) if baseline else None
         devices = parse_devices(device_spec)
-        options = PlaceOptions("auto", batch_size, comm, solver_time_limit, sct_threshold)
+        options = PlaceOptions(
+            "auto", batch_size, comm, solver_time_limit, sct_threshold, coplace, fusion, forward_only
+        )
         with _Progress(enabled=not quiet) as progress:
             outcome = compare_model(
                 model, devices, names, options, trace_path=trace_path, progress=progress.stage
@@ -247,34 +275,79 @@ def compare(
 
 @main.command()
 @click.argument("placed", type=click.Path(dir_okay=False))
-@click.argument("sidecar", type=click.Path(dir_okay=False))
+@click.argument("legacy_sidecar", metavar="[SIDECAR]", required=False, type=click.Path(dir_okay=False))
 @click.option(
-    "--devices", "-d", "num_devices", type=click.IntRange(min=1), required=True, help="Devices to emulate."
+    "--original",
+    type=click.Path(dir_okay=False),
+    metavar="MODEL",
+    help="The unplaced GraphDef: PLACED must equal it, device fields aside; --run takes the reference "
+    "loss from it.",
+)
+@click.option("--run", is_flag=True, help="Also train PLACED in TensorFlow (needs the tf extra).")
+@click.option(
+    "--sidecar",
+    type=click.Path(dir_okay=False),
+    help="With --run: inputs, loss, train and init ops (default: <stem>.json beside MODEL, else PLACED).",
 )
 @click.option(
-    "--steps", type=click.IntRange(min=1), default=1, show_default=True, help="Training steps to run."
+    "--devices",
+    "-d",
+    "num_devices",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="With --run: devices to emulate (default: as many as PLACED uses).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def verify(placed: str, sidecar: str, num_devices: int, steps: int, as_json: bool) -> None:
-    """Check in TensorFlow that PLACED trains exactly as placed (needs the tf extra).
+@click.option(
+    "--steps", type=click.IntRange(min=1), metavar="K", help="With --run: training steps to run [default: 1]."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (baechi.verify/v1).")
+def verify(
+    placed: str,
+    legacy_sidecar: str | None,
+    original: str | None,
+    run: bool,
+    sidecar: str | None,
+    num_devices: int | None,
+    steps: int | None,
+    as_json: bool,
+) -> None:
+    """Check that PLACED is a correct placement: exit 0 when it is, 1 when not.
 
-    SIDECAR is the JSON naming the graph's inputs, loss, train and init ops
-    (testdata/*.json). TensorFlow runs in a subprocess with NUM logical CPU
-    devices standing in for /device:GPU:0..N-1, strict placement, the devices
-    re-applied after import; every op's actual device is compared with the
-    request and the loss with the unplaced graph's. Exit 1 when the check fails.
+    \b
+    Without TensorFlow: with --original, PLACED equals MODEL device fields
+    aside; every op has a device; every colocation constraint holds (_class
+    pairs, resource/ref consumers and their producers, TF1 while-loop frames).
+    With --run: TensorFlow trains PLACED on N logical CPU devices standing in
+    for /device:GPU:0..N-1 (strict placement, devices re-applied after
+    import), compares each op's actual device with the request and the loss
+    with MODEL's (else the unplaced PLACED's).
+
+    \b
+    Example:
+      baechi verify placed.pb --original testdata/cnn.pb --run
+
+    A second argument SIDECAR is the older spelling of --run --sidecar SIDECAR.
     """
     try:
-        from baechi_cli.verify import render, verify_placed_graph
+        from baechi_cli.errors import InputError
+        from baechi_cli.verify import render_report, verify_graph
 
-        result = verify_placed_graph(placed, sidecar, num_devices, steps=steps)
+        if legacy_sidecar is not None:
+            if sidecar is not None:
+                raise InputError("give the sidecar either as SIDECAR or as --sidecar, not both")
+            sidecar, run = legacy_sidecar, True
+        if not run and (sidecar is not None or num_devices is not None or steps is not None):
+            raise InputError("--sidecar, --devices and --steps apply only with --run")
+        report = verify_graph(
+            placed, original=original, run=run, sidecar=sidecar, num_devices=num_devices, steps=steps or 1
+        )
         if as_json:
             import json
 
-            click.echo(json.dumps(result.to_json(), indent=2))
+            click.echo(json.dumps(report.to_json(), indent=2))
         else:
-            click.echo(render(result))
-        if not result.ok:
+            render_report(_console(), report)
+        if not report.ok:
             sys.exit(EXIT_REGRESSION)
     except (BaechiError, Exception) as err:  # noqa: BLE001 - every error becomes one line
         _fail(err)
@@ -367,6 +440,21 @@ def _header(console: Any, prepared: Any) -> None:
         f"[bold]{prepared.path}[/]: {g.num_ops} ops, {g.num_edges} edges -> {spec.count} devices "
         f"({ic.mode} comm, {ic.latency_us:g} µs + {ic.bandwidth_bytes_per_us / 1e3:.2f} GB/s)"
     )
+    pg = prepared.placement_graph
+    ran = [
+        p
+        for p in prepared.passes
+        if p.ops_before != p.ops_after or p.details.get("groups_before") != p.details.get("groups_after")
+    ]
+    if ran:
+        steps = ", ".join(
+            f"{p.name.replace('_', '-')} {p.ops_before}->{p.ops_after} ops"
+            if p.ops_before != p.ops_after
+            else f"{p.name.replace('_', '-')} {p.details['groups_before']}->{p.details['groups_after']} groups"
+            for p in ran
+        )
+        seconds = sum(p.seconds for p in prepared.passes)
+        console.print(f"passes: {steps}; placers see {pg.num_ops} nodes ({seconds:.3f} s)")
 
 
 def _render_summary(outcome: Any, written: list[str]) -> None:

@@ -1,12 +1,33 @@
-"""Check that a placed GraphDef trains in TensorFlow exactly as placed.
+"""Check a placed GraphDef: statically against its original, and by training it in TensorFlow.
 
-Contract
---------
-:func:`verify_placed_graph` runs the check in a fresh Python subprocess
-(``python -m baechi_cli.verify PLACED SIDECAR --devices N --steps K --json``)
-because the number of devices must be fixed before TensorFlow initialises,
-and returns a :class:`VerifyResult`. Importing this module never imports
-TensorFlow; only the subprocess does.
+Two levels, both reached through ``baechi verify`` (see the README):
+
+Static check (:func:`static_check`, never imports TensorFlow)
+-------------------------------------------------------------
+Parses the placed GraphDef (and the original, when given) with the project's
+own schema and reports, as a :class:`StaticResult`:
+
+* with an original: the same node names in the same order, every NodeDef
+  equal to the original's once both device fields are cleared, and every
+  other GraphDef field (``versions``, ``library``, ...) equal. Each
+  difference is one line naming the op and what changed.
+* every node has a device;
+* every colocation constraint holds: each ``_class: loc:@name`` entry, each
+  consumer of a resource or reference input and its producer (the pairs of
+  :func:`baechi_cli.passes.colocation.colocation_pairs`, the same rules the
+  placer groups by), and every op of a TF1 while loop with the loop's
+  outermost ``Enter`` (:func:`baechi_cli.passes.control_flow.loop_frames`)
+  are on one device. Devices are compared after :func:`normalize_device`:
+  ``/device:GPU:1``, ``/GPU:1``, ``/gpu:1`` and
+  ``/job:localhost/replica:0/task:0/device:GPU:1`` are one device.
+
+Run check (:func:`verify_placed_graph`, needs TensorFlow)
+--------------------------------------------------------
+Runs in a fresh Python subprocess (``python -m baechi_cli.verify PLACED
+SIDECAR --devices N [--original MODEL] --steps K --json``) because the
+number of devices must be fixed before TensorFlow initialises, and returns a
+:class:`VerifyResult`. Importing this module never imports TensorFlow; only
+the subprocess does.
 
 The subprocess:
 
@@ -36,8 +57,10 @@ The subprocess:
    ignored. Nodes that never run in these steps (e.g. ``VarIsInitializedOp``,
    fed Placeholders, which become ``_arg`` nodes) are not checked;
    ``ops_checked`` says how many were.
-5. Runs the original graph with every device cleared the same way, with the
-   same feeds, in a fresh ``tf.Graph``, and compares the losses.
+5. Runs the reference graph -- the original file when one is given, else the
+   placed graph -- with every device cleared, the same feeds, in a fresh
+   ``tf.Graph``, and compares the losses. Given known reference losses
+   (``reference_loss``, e.g. cached by a test), it skips this run.
 
 Feeds are synthetic and deterministic: ``numpy.random.RandomState(seed)``
 from the sidecar, one batch per step, floats from a standard normal, integers
@@ -57,15 +80,22 @@ to one line in ``error``. Only bad arguments (missing files, a malformed
 sidecar) raise :class:`~baechi_cli.errors.InputError`, and a missing
 TensorFlow raises :class:`~baechi_cli.errors.MissingDependencyError`.
 
-Sidecar (written by ``testdata/generate.py``)::
+Sidecar (written by ``testdata/generate.py``; ``baechi verify --run`` looks
+for ``<stem>.json`` beside the original, or beside the placed file without
+``--original``)::
 
     {"inputs": [{"name": "x:0", "dtype": "float32", "shape": [64, 784]},
                 {"name": "labels:0", "dtype": "int64", "shape": [64], "range": [0, 10]}],
      "loss": "loss:0", "train_op": "train", "init_op": "init", "seed": 20200101, ...}
 
-Command line: ``python -m baechi_cli.verify PLACED SIDECAR --devices N
-[--steps K] [--json]``; exit status 0 when the check passes, 1 when it
-fails, 2 for bad input, 5 when TensorFlow is missing.
+Both together: :func:`verify_graph` returns a :class:`VerifyReport`
+(``baechi.verify/v1`` as JSON); :func:`render_report` prints it.
+
+Command line of the subprocess: ``python -m baechi_cli.verify PLACED SIDECAR
+--devices N [--original MODEL] [--reference-loss JSON] [--steps K]
+[--json]``; exit status 0 when
+the check passes, 1 when it fails, 2 for bad input, 5 when TensorFlow is
+missing.
 """
 
 from __future__ import annotations
@@ -80,27 +110,391 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baechi_cli.errors import EXIT_OK, BaechiError, InputError, MissingDependencyError
 
+if TYPE_CHECKING:
+    from baechi_cli.graph import OpGraph
+    from baechi_cli.proto_gen.tf_graph_pb2 import GraphDef, NodeDef
+
 EXIT_VERIFY_FAILED = 1
 RELATIVE_TOLERANCE = 1e-6
+REPORT_SCHEMA = "baechi.verify/v1"
+#: How many problems of each kind a result keeps (their counts are exact).
+KEEP = 100
+#: How many problem lines the command prints before "... and N more".
+SHOWN = 10
 _MESSAGE_LIMIT = 400
 
-# "/device:GPU:1", "/GPU:1", "/gpu:1", "/job:localhost/replica:0/task:0/device:GPU:1", "CPU:0".
 _TF_LOG_RE = re.compile(r"^(?:[IWEF]\d{4} |WARNING: All log messages)")
-_DEVICE_RE = re.compile(r"(?:^|/)(?:device:)?(?P<type>[A-Za-z_]+):(?P<index>\d+)$")
+# "/device:GPU:1", "/GPU:1", "/gpu:1", "/job:localhost/replica:0/task:0/device:GPU:1", "CPU:0".
+_DEVICE_RE = re.compile(
+    r"^(?:/job:(?P<job>[^/]+))?(?:/replica:(?P<replica>\d+))?(?:/task:(?P<task>\d+))?"
+    r"/?(?:device:)?(?P<type>[A-Za-z_]+):(?P<index>\d+)$"
+)
+_LOCAL = ("localhost", 0, 0)
+
+
+# --- devices ------------------------------------------------------------------
+
+
+def normalize_device(device: str) -> str:
+    """One spelling per device: ``/device:TYPE:i``, with ``/job:.../replica:.../task:...``
+    in front only when it is not the local ``localhost/0/0``; "" for none.
+
+    Strings that do not name one device (``/job:ps``, ``/device:GPU:*``) come
+    back stripped but otherwise unchanged.
+
+    >>> normalize_device("/gpu:1"), normalize_device("/job:localhost/replica:0/task:0/device:GPU:1")
+    ('/device:GPU:1', '/device:GPU:1')
+    >>> normalize_device("/job:worker/task:1/GPU:0")
+    '/job:worker/replica:0/task:1/device:GPU:0'
+    """
+    device = device.strip()
+    match = _DEVICE_RE.match(device)
+    if match is None:
+        return device
+    where = (match["job"] or "localhost", int(match["replica"] or 0), int(match["task"] or 0))
+    prefix = "" if where == _LOCAL else f"/job:{where[0]}/replica:{where[1]}/task:{where[2]}"
+    return f"{prefix}/device:{match['type'].upper()}:{int(match['index'])}"
+
+
+def device_index(device: str) -> int | None:
+    """The index ``i`` of a local ``GPU:i`` or ``CPU:i`` (the run emulates both as ``CPU:i``)."""
+    match = _DEVICE_RE.match(device.strip())
+    if match is None or match["type"].upper() not in ("GPU", "CPU"):
+        return None
+    where = (match["job"] or "localhost", int(match["replica"] or 0), int(match["task"] or 0))
+    return int(match["index"]) if where == _LOCAL else None
+
+
+def map_device(device: str) -> str:
+    """The CPU device that stands in for ``device``; "" when unconstrained.
+
+    ``/device:GPU:i`` and ``/device:CPU:i`` both become ``/device:CPU:i`` (in
+    any spelling TensorFlow accepts); other strings are returned unchanged so
+    that TensorFlow reports them.
+    """
+    if not device:
+        return ""
+    match = _DEVICE_RE.match(device.strip())
+    if match is None or match["type"].upper() not in ("GPU", "CPU"):
+        return device
+    return f"/device:CPU:{int(match['index'])}"
+
+
+# --- static check -------------------------------------------------------------
+
+#: Kinds of colocation constraint, as counted in ``StaticResult.constraints``.
+CONSTRAINT_KINDS = ("_class", "resource/ref", "loop frame")
+
+
+@dataclass
+class ColocationViolation:
+    """Two ops that must share a device but do not; ``reason`` is a phrase about ``op``."""
+
+    op: str
+    other: str
+    kind: str  # one of CONSTRAINT_KINDS
+    reason: str  # e.g. "reads resource 'dense0/kernel'"
+    device: str  # op's device, normalised (normalize_device)
+    other_device: str
+
+    def message(self) -> str:
+        return f"'{self.op}' {self.reason} but is on {self.device} and it on {self.other_device}"
+
+
+@dataclass
+class StaticResult:
+    """Outcome of :func:`static_check`; ``ok`` is the verdict.
+
+    Lists keep the first :data:`KEEP` entries; the ``*_count`` fields count
+    them all. ``devices`` counts ops by normalised device; ``num_devices`` is
+    one more than the largest ``GPU:i``/``CPU:i`` index used (0 when none).
+    ``constraints`` counts the colocation constraints checked (both ops
+    have a device), by kind.
+    """
+
+    ok: bool
+    placed: str
+    original: str | None = None
+    ops_total: int = 0
+    devices: dict[str, int] = field(default_factory=dict)
+    num_devices: int = 0
+    differences: list[str] = field(default_factory=list)
+    differences_count: int = 0
+    without_device: list[str] = field(default_factory=list)
+    without_device_count: int = 0
+    violations: list[ColocationViolation] = field(default_factory=list)
+    violations_count: int = 0
+    constraints: dict[str, int] = field(default_factory=dict)
+
+    def problems(self) -> list[str]:
+        """One line per problem kept, differences first; see the counts for the rest."""
+        lines = list(self.differences)
+        if self.without_device:
+            shown = ", ".join(f"'{n}'" for n in self.without_device[:5])
+            more = f" and {self.without_device_count - 5} more" if self.without_device_count > 5 else ""
+            lines.append(f"{self.without_device_count} op(s) have no device: {shown}{more}")
+        lines.extend(v.message() for v in self.violations)
+        return lines
+
+    def problems_count(self) -> int:
+        return self.differences_count + (1 if self.without_device_count else 0) + self.violations_count
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for entry, violation in zip(data["violations"], self.violations, strict=True):
+            entry["message"] = violation.message()
+        return data
+
+
+def static_check(placed: str, original: str | None = None) -> StaticResult:
+    """Check ``placed`` without TensorFlow (see the module docstring).
+
+    Raises :class:`InputError` when either file is not a readable GraphDef or
+    the placed graph is malformed (duplicate names, inputs naming no node,
+    ``_class`` naming no node). Differences, missing devices and broken
+    colocation constraints are results (``ok=False``), never exceptions.
+    O(V + E) plus the proto comparison.
+    """
+    from baechi_cli.io.graphdef import _parse_file
+    from baechi_cli.passes.colocation import CLASS_ATTR, colocation_pairs, describe_pair
+    from baechi_cli.passes.control_flow import ROOT_FRAME, loop_frames
+
+    placed_def = _parse_file(placed)
+    original_def = _parse_file(original) if original is not None else None
+    result = StaticResult(ok=False, placed=placed, original=original)
+    devices = [normalize_device(node.device) for node in placed_def.node]
+    try:
+        graph = _structure_graph(placed_def)
+    except InputError as err:
+        raise err.with_path(placed) from None
+    result.ops_total = graph.num_ops
+
+    if original_def is not None:
+        count, first = _compare_graphs(placed_def, original_def)
+        result.differences_count, result.differences = count, first
+
+    for name, device in zip(graph.names, devices, strict=True):
+        if device:
+            result.devices[device] = result.devices.get(device, 0) + 1
+        else:
+            result.without_device_count += 1
+            if len(result.without_device) < KEEP:
+                result.without_device.append(name)
+    result.devices = dict(sorted(result.devices.items()))
+    indices = [i for i in map(device_index, result.devices) if i is not None]
+    result.num_devices = max(indices) + 1 if indices else 0
+
+    constraints = dict.fromkeys(CONSTRAINT_KINDS, 0)
+    seen: set[tuple[int, int]] = set()
+
+    def check(v: int, u: int, kind: str, reason: Any) -> None:
+        if v == u or (v, u) in seen:
+            return
+        seen.add((v, u))
+        if not (devices[v] and devices[u]):
+            return  # an op without a device is reported as such
+        constraints[kind] += 1
+        if devices[v] != devices[u]:
+            result.violations_count += 1
+            if len(result.violations) < KEEP:
+                violation = ColocationViolation(
+                    graph.names[v], graph.names[u], kind, reason(), devices[v], devices[u]
+                )
+                result.violations.append(violation)
+
+    try:
+        for v, u, kind in colocation_pairs(graph):
+            group = "_class" if kind == CLASS_ATTR else "resource/ref"
+            check(v, u, group, lambda v=v, u=u, kind=kind: describe_pair(graph, v, u, kind))
+    except InputError as err:
+        raise err.with_path(placed) from None
+    for v, frame in enumerate(loop_frames(graph)):
+        if frame != ROOT_FRAME:
+            check(v, frame, "loop frame", lambda frame=frame: _loop_reason(graph, frame))
+    result.constraints = constraints
+    result.ok = result.problems_count() == 0
+    return result
+
+
+def _loop_reason(graph: OpGraph, enter: int) -> str:
+    frame = graph.attrs[enter].get("frame_name", "")
+    return f"is in the while loop that '{graph.names[enter]}' enters (frame '{frame}')"
+
+
+def _structure_graph(graph_def: GraphDef) -> OpGraph:
+    """The OpGraph the checks need -- names, op types, attrs, ``_class``, declared
+    types, edges -- without shapes or bytes, so TensorFlow is never needed.
+
+    Built like :func:`baechi_cli.io.graphdef.read_graphdef` builds it (the same
+    op registry and attr decoding), but lenient about types: a node whose types
+    cannot be worked out gets none (its resource inputs then go unchecked).
+    """
+    from baechi_cli.graph import GraphBuilder
+    from baechi_cli.io.graphdef import _Node, _node_inputs, _op_registry, _signature_entry
+
+    nodes = graph_def.node
+    if not nodes:
+        raise InputError("the graph is empty (no nodes)")
+    index: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        if node.name in index:
+            raise InputError("duplicate node name (names must be unique)", op=node.name)
+        index[node.name] = i
+    functions = {f.signature.name: f.signature for f in graph_def.library.function}
+    signatures: dict[str, dict[str, Any]] = {}
+    registry = _op_registry()
+    builder = GraphBuilder()
+    inputs: list[list[tuple[int, int]]] = []
+    for node in nodes:
+        try:
+            info = _Node(node)
+            inputs.append(_node_inputs(node, index))
+        except InputError as err:
+            err.op = err.op or node.name
+            raise
+        out_types: list[str] = []
+        attrs = info.public
+        try:
+            entry = registry.get(node.op)
+            if node.op in functions:  # TF forbids a function named like an op; the library decides
+                if node.op not in signatures:
+                    signatures[node.op] = _signature_entry(functions[node.op])
+                entry = signatures[node.op]
+            if entry is not None:
+                defaults = entry.get("defaults", {})
+                out_types = info.arg_types(entry["outputs"], defaults)
+                attrs["_input_types"] = info.arg_types(entry["inputs"], defaults)
+            else:
+                out_types = info.fallback_output_types()
+        except InputError:
+            pass  # untyped: see the docstring
+        builder.add_op(
+            node.name, node.op, [0] * len(out_types), output_dtypes=out_types, attrs=attrs,
+            colocate_with=info.colocate_with(),
+        )  # fmt: skip
+    for dst, node_inputs in enumerate(inputs):
+        for src, port in node_inputs:
+            builder.add_edge(src, dst, port, nbytes=0)
+    return builder.build()
+
+
+def _compare_graphs(placed: GraphDef, original: GraphDef) -> tuple[int, list[str]]:
+    """(number of differences, the first :data:`KEEP` as lines) between two GraphDefs,
+    NodeDef device fields aside. Clears the device fields of both."""
+    found: list[str] = []
+    count = 0
+
+    def note(line: str) -> None:
+        nonlocal count
+        count += 1
+        if len(found) < KEEP:
+            found.append(line)
+
+    for descriptor in type(placed).DESCRIPTOR.fields:
+        name = descriptor.name
+        if name != "node" and getattr(placed, name) != getattr(original, name):
+            note(_field_difference(placed, original, name))
+
+    placed_names = [node.name for node in placed.node]
+    original_names = [node.name for node in original.node]
+    if placed_names != original_names:
+        placed_set, original_set = set(placed_names), set(original_names)
+        for name in original_names:
+            if name not in placed_set:
+                note(f"op '{name}' of the original is missing")
+        for name in placed_names:
+            if name not in original_set:
+                note(f"op '{name}' is not in the original")
+        if placed_set == original_set:
+            i = next(i for i, (a, b) in enumerate(zip(placed_names, original_names)) if a != b)
+            note(
+                f"the node order changed: node #{i} is '{placed_names[i]}', "
+                f"in the original '{original_names[i]}'"
+            )
+    by_name = {node.name: node for node in original.node}
+    for node in placed.node:
+        other = by_name.get(node.name)
+        if other is None:
+            continue
+        node.device = ""
+        other.device = ""
+        if node != other:
+            note(f"op '{node.name}': {_node_difference(node, other)}")
+    return count, found
+
+
+def _field_difference(placed: GraphDef, original: GraphDef, name: str) -> str:
+    if name == "library":
+        mine = {f.signature.name: f for f in placed.library.function}
+        theirs = {f.signature.name: f for f in original.library.function}
+        for fname in sorted(mine.keys() | theirs.keys()):
+            if fname not in mine:
+                return f"the function library lacks the original's function '{fname}'"
+            if fname not in theirs:
+                return f"the function library has a function the original lacks: '{fname}'"
+            if mine[fname] != theirs[fname]:
+                return f"function '{fname}' of the library differs from the original's"
+        return "the function library (gradients) differs from the original's"
+    return f"GraphDef field '{name}' differs from the original's: {_show(getattr(placed, name))} " + (
+        f"instead of {_show(getattr(original, name))}"
+    )
+
+
+def _node_difference(node: NodeDef, other: NodeDef) -> str:
+    """What differs between two NodeDefs of one name, in a few words."""
+    if node.op != other.op:
+        return f"op type {node.op} instead of {other.op}"
+    if list(node.input) != list(other.input):
+        mine, theirs = list(node.input), list(other.input)
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            if a != b:
+                return f"input #{i} is '{a}' instead of '{b}'"
+        return f"{len(mine)} inputs instead of {len(theirs)}"
+    if node.attr != other.attr:
+        for key in sorted(node.attr.keys() | other.attr.keys()):
+            if key not in node.attr:
+                return f"attr '{key}' is missing"
+            if key not in other.attr:
+                return f"attr '{key}' is not in the original ({_show(node.attr[key])})"
+            if node.attr[key] != other.attr[key]:
+                return f"attr '{key}' is {_show(node.attr[key])} instead of {_show(other.attr[key])}"
+    for descriptor in type(node).DESCRIPTOR.fields:
+        name = descriptor.name
+        if name not in ("name", "op", "input", "attr", "device") and getattr(node, name) != getattr(
+            other, name
+        ):
+            return f"field '{name}' differs"
+    return "differs (in fields unknown to baechi's schema)"
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """A protobuf message or scalar on one short line."""
+    from google.protobuf import message, text_format
+
+    if isinstance(value, message.Message):
+        text = text_format.MessageToString(value, as_one_line=True) or "{}"
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- run check ----------------------------------------------------------------
 
 
 @dataclass
 class VerifyResult:
-    """Outcome of one verification; ``ok`` is the verdict.
+    """Outcome of one TensorFlow run check; ``ok`` is the verdict.
 
     ``misplaced`` holds ``(op, requested, actual)``: the device as written in
     the placed graph and the CPU device TensorFlow ran the op on (requested
     ``/device:GPU:i`` corresponds to ``/device:CPU:i``). ``devices_used``
     counts the graph's ops by the device they actually ran on.
+    ``loss_reference`` comes from the original graph when one was given,
+    else from the placed graph with its devices cleared.
     """
 
     ok: bool
@@ -114,6 +508,10 @@ class VerifyResult:
     ops_checked: int = 0
     ops_unconstrained: int = 0  # ops of the placed graph without a device
     error: str | None = None
+    num_devices: int = 0
+    steps: int = 0
+    sidecar: str | None = None
+    reference: str | None = None  # the file the reference loss came from
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,6 +522,19 @@ class VerifyResult:
         data["misplaced"] = [tuple(m) for m in data.get("misplaced", [])]
         return cls(**data)
 
+    def problems(self) -> list[str]:
+        """One line per problem the run found."""
+        lines = []
+        if self.error:
+            lines.append(f"TensorFlow run: {self.error}")
+        if self.loss_placed and self.loss_reference and not self.losses_equal:
+            lines.append(f"the loss differs: {self.loss_placed} placed, {self.loss_reference} reference")
+        for op, requested, actual in self.misplaced:
+            lines.append(f"'{op}' is placed on {requested} but ran on {actual}")
+        if not lines and not self.ok:
+            lines.append("TensorFlow run failed")
+        return lines
+
 
 def verify_placed_graph(
     placed_path: str,
@@ -131,22 +542,28 @@ def verify_placed_graph(
     num_devices: int,
     *,
     steps: int = 1,
+    original_path: str | None = None,
+    reference_loss: list[float] | None = None,
     timeout_s: float | None = 600.0,
 ) -> VerifyResult:
-    """Verify ``placed_path`` on ``num_devices`` CPU devices in a fresh subprocess.
+    """Run ``placed_path`` on ``num_devices`` CPU devices in a fresh subprocess.
 
-    Returns a failed result (never raises) for anything TensorFlow rejects, a
-    crashed subprocess, or one that runs longer than ``timeout_s`` seconds.
+    The reference loss comes from ``original_path`` when given (its devices
+    cleared), else from the placed graph with its devices cleared; a known
+    ``reference_loss`` (one value per step, e.g. from an earlier result with
+    the same sidecar and steps) skips that run. Returns a
+    failed result (never raises) for anything TensorFlow rejects, a crashed
+    subprocess, or one that runs longer than ``timeout_s`` seconds.
     """
     if num_devices < 1:
         raise InputError(f"--devices must be at least 1, got {num_devices}")
     if steps < 1:
         raise InputError(f"--steps must be at least 1, got {steps}")
-    if not Path(placed_path).is_file():
-        raise InputError("no such file", path=placed_path)
+    for path in (placed_path, original_path):
+        if path is not None and not Path(path).is_file():
+            raise InputError("no such file", path=path)
     load_sidecar(sidecar_path)
-    if importlib.util.find_spec("tensorflow") is None:
-        raise MissingDependencyError("verification needs TensorFlow: pip install 'baechi[tf]'")
+    require_tensorflow()
 
     # The child must import this package even when it is not installed.
     package_root = str(Path(__file__).resolve().parent.parent)
@@ -156,10 +573,22 @@ def verify_placed_graph(
         sys.executable, "-m", "baechi_cli.verify", str(placed_path), str(sidecar_path),
         "--devices", str(num_devices), "--steps", str(steps), "--json",
     ]  # fmt: skip
+    if original_path is not None:
+        cmd += ["--original", str(original_path)]
+    if reference_loss is not None:
+        if len(reference_loss) != steps:
+            raise InputError(f"reference_loss has {len(reference_loss)} values for {steps} steps")
+        cmd += ["--reference-loss", json.dumps([float(x) for x in reference_loss])]
+    context = {
+        "num_devices": num_devices,
+        "steps": steps,
+        "sidecar": str(sidecar_path),
+        "reference": str(original_path or placed_path),
+    }
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
-        return VerifyResult(ok=False, error=f"verification timed out after {timeout_s:g} s")
+        return VerifyResult(ok=False, error=f"verification timed out after {timeout_s:g} s", **context)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     if lines:
         try:
@@ -170,8 +599,18 @@ def verify_placed_graph(
     stderr = [line for line in proc.stderr.splitlines() if line.strip() and not _TF_LOG_RE.match(line)]
     reason = stderr[-1] if stderr else "no output"
     return VerifyResult(
-        ok=False, error=_shorten(f"verification subprocess failed (exit {proc.returncode}): {reason}")
+        ok=False,
+        error=_shorten(f"verification subprocess failed (exit {proc.returncode}): {reason}"),
+        **context,
     )
+
+
+def require_tensorflow() -> None:
+    """Raise MissingDependencyError (exit 5) unless TensorFlow can be imported; never imports it."""
+    if importlib.util.find_spec("tensorflow") is None:
+        raise MissingDependencyError(
+            "verify --run needs TensorFlow: pip install 'baechi[tf]' (the static checks do not)"
+        )
 
 
 def load_sidecar(path: str) -> dict[str, Any]:
@@ -195,19 +634,17 @@ def load_sidecar(path: str) -> dict[str, Any]:
     return data
 
 
-def map_device(device: str) -> str:
-    """The CPU device that stands in for ``device``; "" when unconstrained.
-
-    ``/device:GPU:i`` and ``/device:CPU:i`` both become ``/device:CPU:i`` (in
-    any spelling TensorFlow accepts); other strings are returned unchanged so
-    that TensorFlow reports them.
-    """
-    if not device:
-        return ""
-    match = _DEVICE_RE.search(device)
-    if match is None or match["type"].upper() not in ("GPU", "CPU"):
-        return device
-    return f"/device:CPU:{int(match['index'])}"
+def default_sidecar(placed: str, original: str | None = None) -> str:
+    """``<stem>.json`` beside the original (beside ``placed`` without one); InputError when absent."""
+    model = original if original is not None else placed
+    candidate = Path(model).with_suffix(".json")
+    if not candidate.is_file():
+        raise InputError(
+            f"--run needs a sidecar JSON (inputs, loss, train_op, init_op) and there is no {candidate} "
+            "beside it; pass --sidecar",
+            path=model,
+        )
+    return str(candidate)
 
 
 def shorten_tf_message(message: str) -> str:
@@ -227,7 +664,161 @@ def _shorten(text: str) -> str:
     return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 3] + "..."
 
 
-# --- the subprocess side ---------------------------------------------------
+# --- both ---------------------------------------------------------------------
+
+
+@dataclass
+class VerifyReport:
+    """What ``baechi verify`` found: the static check and, with ``--run``, the run."""
+
+    static: StaticResult
+    run: VerifyResult | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.static.ok and (self.run is None or self.run.ok)
+
+    def problems(self) -> list[str]:
+        return self.static.problems() + (self.run.problems() if self.run is not None else [])
+
+    def problems_count(self) -> int:
+        run = len(self.run.problems()) if self.run is not None else 0
+        return self.static.problems_count() + run
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": REPORT_SCHEMA,
+            "ok": self.ok,
+            "placed": self.static.placed,
+            "original": self.static.original,
+            "static": self.static.to_json(),
+            "run": self.run.to_json() if self.run is not None else None,
+        }
+
+
+def verify_graph(
+    placed: str,
+    *,
+    original: str | None = None,
+    run: bool = False,
+    sidecar: str | None = None,
+    num_devices: int | None = None,
+    steps: int = 1,
+    reference_loss: list[float] | None = None,
+) -> VerifyReport:
+    """The static check, then with ``run`` the TensorFlow run (``baechi verify``).
+
+    Run defaults: the sidecar from :func:`default_sidecar`, as many devices as
+    the placed graph uses; ``reference_loss`` as in :func:`verify_placed_graph`. Raises InputError for bad input (including fewer
+    ``num_devices`` than the placement uses) and MissingDependencyError when
+    ``run`` needs TensorFlow and it is not installed.
+    """
+    if run:
+        require_tensorflow()  # before the static check: fail fast
+    static = static_check(placed, original)
+    if not run:
+        return VerifyReport(static)
+    sidecar = sidecar if sidecar is not None else default_sidecar(placed, original)
+    needed = max(static.num_devices, 1)
+    if num_devices is None:
+        num_devices = needed
+    elif num_devices < needed:
+        raise InputError(
+            f"the placement uses {needed} devices (up to index {needed - 1}) but --devices is {num_devices}",
+            path=placed,
+        )
+    result = verify_placed_graph(
+        placed, sidecar, num_devices, steps=steps, original_path=original, reference_loss=reference_loss
+    )
+    return VerifyReport(static, result)
+
+
+# --- rendering ----------------------------------------------------------------
+
+
+def render_report(console: Any, report: VerifyReport, shown: int = SHOWN) -> None:
+    """Print ``report`` on a rich console: one line per check, then the problems.
+
+    On a terminal the verdicts are coloured marks; elsewhere plain ``ok`` /
+    ``FAIL`` words, so logs stay greppable.
+    """
+    from rich.markup import escape
+
+    fancy = console.is_terminal
+    static, run = report.static, report.run
+
+    def say(text: str) -> None:
+        console.print(text, soft_wrap=True)  # long op names stay on one line
+
+    def verdict(ok: bool, text: str) -> None:
+        if fancy:
+            mark = "[green]✓[/]" if ok else "[bold red]✗[/]"
+        else:
+            mark = "ok  " if ok else "FAIL"
+        say(f"{mark} {text}")
+
+    devices = ", ".join(f"{escape(d)} {n}" for d, n in static.devices.items()) or "none"
+    say(
+        f"[bold]{escape(static.placed)}[/]: {static.ops_total} ops on {len(static.devices)} "
+        f"device{'s' if len(static.devices) != 1 else ''} ({devices})"
+    )
+    if static.original is not None:
+        original = escape(static.original)
+        if static.differences_count:
+            verdict(False, f"{static.differences_count} difference(s) from {original}")
+        else:
+            verdict(True, f"same graph as {original}, device fields aside")
+    if static.without_device_count:
+        verdict(False, f"{static.without_device_count} of {static.ops_total} ops have no device")
+    else:
+        verdict(True, "every op has a device")
+    total = sum(static.constraints.values())
+    kinds = ", ".join(f"{n} {kind}" for kind, n in static.constraints.items() if n)
+    if static.violations_count:
+        verdict(False, f"{static.violations_count} of {total} colocation constraints broken ({kinds})")
+    elif total:
+        verdict(True, f"all {total} colocation constraints hold ({kinds})")
+    elif not static.without_device_count:
+        verdict(True, "no colocation constraints")
+    if run is not None:
+        verdict(run.ok, _run_summary(run, static.original is not None))
+    problems = report.problems()
+    if problems:
+        say("problems:")
+        for line in problems[:shown]:
+            say(f"  {escape(line)}")
+        more = report.problems_count() - min(len(problems), shown)
+        if more > 0:
+            say(f"  ... and {more} more")
+    if report.ok:
+        say("[bold green]verified[/]" if fancy else "verified")
+    else:
+        count = report.problems_count()
+        text = f"FAILED: {count} problem{'s' if count != 1 else ''}"
+        say(f"[bold red]{text}[/]" if fancy else text)
+
+
+def _run_summary(run: VerifyResult, has_original: bool) -> str:
+    from rich.markup import escape
+
+    where = f"{run.steps} step{'s' if run.steps != 1 else ''} on {run.num_devices} CPU devices"
+    if run.error and not run.loss_placed:
+        return f"TensorFlow run ({where}) failed"
+    reference = "original's" if has_original else "unplaced graph's"
+    losses = ", ".join(f"{x:.6g}" for x in run.loss_placed)
+    if run.losses_bitwise_equal:
+        loss = f"loss {losses} equal to the {reference} (bitwise)"
+    elif run.losses_equal:
+        loss = f"loss {losses} equal to the {reference} (within {RELATIVE_TOLERANCE:g})"
+    else:
+        loss = f"loss {losses} DIFFERS from the {reference}"
+    placed_ok = run.ops_checked - len(run.misplaced)
+    return escape(
+        f"TensorFlow ({where}): {loss}; {placed_ok} of {run.ops_checked} ops that ran did so where placed"
+    )
+
+
+# --- the subprocess side ------------------------------------------------------
 
 
 def _losses_equal(a: list[float], b: list[float]) -> tuple[bool, bool]:
@@ -314,8 +905,34 @@ def _tf_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {shorten_tf_message(message)}"
 
 
-def check(placed_path: str, sidecar_path: str, num_devices: int, steps: int = 1) -> VerifyResult:
-    """The verification itself, in this process.
+def _load_graph_def(graph_pb2: Any, path: str) -> Any:
+    """TensorFlow's GraphDef from a binary or text file; InputError when it is neither."""
+    from google.protobuf import message, text_format
+
+    data = Path(path).read_bytes()
+    graph_def = graph_pb2.GraphDef()
+    text_first = path.lower().endswith((".pbtxt", ".txt"))
+    for as_text in (text_first, not text_first):
+        try:
+            if as_text:
+                text_format.Parse(data.decode("utf-8"), graph_def)
+            else:
+                graph_def.ParseFromString(data)
+            return graph_def
+        except (message.DecodeError, text_format.ParseError, UnicodeDecodeError):
+            graph_def.Clear()
+    raise InputError("not a GraphDef (neither binary nor text protobuf)", path=path)
+
+
+def check(
+    placed_path: str,
+    sidecar_path: str,
+    num_devices: int,
+    steps: int = 1,
+    original_path: str | None = None,
+    reference_loss: list[float] | None = None,
+) -> VerifyResult:
+    """The run check itself, in this process.
 
     Meant for a fresh process: the environment settings below take effect only
     if TensorFlow has not been imported yet.
@@ -327,34 +944,40 @@ def check(placed_path: str, sidecar_path: str, num_devices: int, steps: int = 1)
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
 
-    placed = graph_pb2.GraphDef()
-    try:
-        placed.ParseFromString(Path(placed_path).read_bytes())
-    except Exception as exc:  # DecodeError, OSError: the file is not a GraphDef
-        return VerifyResult(ok=False, error=f"{placed_path}: not a GraphDef: {_shorten(str(exc))}")
+    placed = _load_graph_def(graph_pb2, placed_path)
     requested = {node.name: map_device(node.device) for node in placed.node}
     result = VerifyResult(
         ok=False,
         ops_total=len(placed.node),
         ops_unconstrained=sum(1 for d in requested.values() if not d),
+        num_devices=num_devices,
+        steps=steps,
+        sidecar=sidecar_path,
+        reference=original_path or placed_path,
     )
     mapped = graph_pb2.GraphDef()
     mapped.CopyFrom(placed)
-    reference = graph_pb2.GraphDef()
-    reference.CopyFrom(placed)
-    for mapped_node, reference_node in zip(mapped.node, reference.node, strict=True):
-        mapped_node.device = requested[mapped_node.name]
-        reference_node.device = ""
+    for node in mapped.node:
+        node.device = requested[node.name]
 
     feeds = _make_feeds(sidecar, steps)
     config = _session_config(tf, num_devices)
     # Any exception here is TF rejecting or failing the graph; it becomes the
     # result's one-line error, never a traceback.
-    try:
-        result.loss_reference, _ = _run(tf, reference, {}, sidecar, feeds, config)
-    except Exception as exc:
-        result.error = f"the unplaced graph does not run: {_tf_error(exc)}"
-        return result
+    if reference_loss is not None:
+        result.loss_reference = list(reference_loss)
+    else:
+        reference = graph_pb2.GraphDef()
+        reference.CopyFrom(_load_graph_def(graph_pb2, original_path) if original_path else placed)
+        for node in reference.node:
+            node.device = ""
+        try:
+            result.loss_reference, _ = _run(tf, reference, {}, sidecar, feeds, config)
+        except Exception as exc:
+            which = "the original graph" if original_path else "the unplaced graph"
+            result.error = f"{which} does not run: {_tf_error(exc)}"
+            return result
+        del reference
     try:
         result.loss_placed, ran_on = _run(tf, mapped, requested, sidecar, feeds, config)
     except Exception as exc:
@@ -410,16 +1033,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sidecar", help="sidecar JSON: inputs, loss, train_op, init_op, seed")
     parser.add_argument("--devices", type=int, required=True, help="number of devices to emulate")
     parser.add_argument("--steps", type=int, default=1, help="training steps to run (default 1)")
+    parser.add_argument("--original", help="the unplaced GraphDef the reference loss comes from")
+    parser.add_argument(
+        "--reference-loss", type=json.loads, help="JSON list of known reference losses: skip that run"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = parser.parse_args(argv)
     try:
         if args.devices < 1 or args.steps < 1:
             raise InputError("--devices and --steps must be at least 1")
-        if not Path(args.placed).is_file():
-            raise InputError("no such file", path=args.placed)
-        if importlib.util.find_spec("tensorflow") is None:
-            raise MissingDependencyError("verification needs TensorFlow: pip install 'baechi[tf]'")
-        result = check(args.placed, args.sidecar, args.devices, args.steps)
+        for path in (args.placed, args.original):
+            if path is not None and not Path(path).is_file():
+                raise InputError("no such file", path=path)
+        require_tensorflow()
+        result = check(
+            args.placed, args.sidecar, args.devices, args.steps, args.original, args.reference_loss
+        )
     except BaechiError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

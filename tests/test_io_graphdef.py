@@ -360,7 +360,6 @@ BAD_GRAPHS = {
         "x",
         "duplicate node name",
     ),
-    "cycle": (_cyclic(), "a", "cycle: a -> b -> a"),
     "unknown dtype enum": (_bad_dtype(), "y", "unknown DataType enum value 999"),
     "port out of range": (
         graph(

@@ -36,6 +36,8 @@ binary otherwise, the other format tried when the first fails.
   name. Tensors are omitted; a tensor attr ``x`` leaves ``x_shape`` (so a
   Const has ``attrs["value_shape"]``). Two private keys:
   ``"_device"``: the NodeDef's requested device, when non-empty;
+  ``"_size_unknown"``: output ports whose size depends on the data (see
+  ``_resolve``), sized as a guess;
   ``"_input_types"``: the declared dtype names of the node's data inputs, in
   input order (absent for op types neither the registry nor the library
   knows; the colocation pass then uses the producers' output types).
@@ -120,6 +122,8 @@ DTYPE_SIZES: dict[str, int] = {n: s for _, n, s in _BASE_DTYPES} | {f"{n}_ref": 
 
 _TEXT_EXTENSIONS = (".pbtxt", ".txt")
 _CONTROL_BYTES = bytes(b for b in range(0x20) if b not in b"\t\n\r") + b"\x7f"
+# Graph inputs: their unknown dims are the batch, never data-dependent.
+_INPUT_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
 # The root name scope tf.gradients gives the ops it builds: "gradients", "gradients_1", ...
 _GRADIENT_SCOPE_RE = re.compile(r"gradients(?:_\d+)?")
 
@@ -448,11 +452,17 @@ def _build(graph_def: GraphDef, batch_size: int | None) -> OpGraph:
         shapes: list[tuple[int, ...] | None] = []
         sizes: list[int] = []
         raw = _raw_shapes(names[i], info, types, inferred)
+        is_input = ops[i] in _INPUT_OPS
+        guessed = []
         for port, (dtype, shape) in enumerate(zip(types, raw, strict=True)):
-            shape, nbytes = _resolve(shape, dtype, batch_size, port, names[i])
+            shape, nbytes, guess = _resolve(shape, dtype, batch_size, port, names[i], is_input)
             shapes.append(shape)
             sizes.append(nbytes)
+            if guess:
+                guessed.append(port)
         attrs = info.public
+        if guessed:
+            attrs["_size_unknown"] = guessed
         if info.device:
             attrs["_device"] = info.device
         if in_types[i] is not None:
@@ -525,29 +535,39 @@ def _raw_shapes(
 
 
 def _resolve(
-    shape: tuple[int, ...] | None, dtype: str, batch_size: int | None, port: int, op: str
-) -> tuple[tuple[int, ...] | None, int]:
-    """(shape with unknown dims filled, bytes) of one output."""
+    shape: tuple[int, ...] | None, dtype: str, batch_size: int | None, port: int, op: str, is_input: bool
+) -> tuple[tuple[int, ...] | None, int, bool]:
+    """(shape with unknown dims filled, bytes, whether the size is a guess) of one output.
+
+    A graph input (Placeholder) must have a known size: its unknown dims are
+    the batch, which ``--batch-size`` fills. A computed output whose size
+    depends on the data (``Unique``, ``Where``, the unknown-rank reserve
+    outputs of ``FusedBatchNormV3``) cannot be known before running: its
+    unknown dims count as 1 (or the batch size, when given) and an unknown
+    rank as 0 bytes, and the output is flagged so the report can say so.
+    """
     itemsize = DTYPE_SIZES[dtype]
     if shape is None:
-        if itemsize:
+        if itemsize and is_input:
             raise InputError(
                 f"output {port} ({dtype}) has unknown rank, so its size cannot be estimated; "
                 "export the graph with static shapes",
                 op=op,
             )
-        return None, 0
+        return None, 0, bool(itemsize)
     if -1 in shape:
         if batch_size is None:
-            if itemsize:
+            if itemsize and is_input:
                 raise InputError(
                     f"output {port} ({dtype}) has shape {_show(shape)} with an unknown dimension; "
                     "pass --batch-size to fill it in",
                     op=op,
                 )
-            return None, 0
-        shape = tuple(batch_size if d == -1 else d for d in shape)
-    return shape, itemsize * math.prod(shape)
+            if not itemsize:
+                return None, 0, False
+        filled = tuple((batch_size or 1) if d == -1 else d for d in shape)
+        return filled, itemsize * math.prod(filled), bool(itemsize) and not is_input and batch_size is None
+    return shape, itemsize * math.prod(shape), False
 
 
 def _show(shape: tuple[int, ...]) -> str:

@@ -145,7 +145,9 @@ def contract(
         out_edges=out_edges,
         in_edges=in_edges,
         compute_us_by_kind={k: per_node(times, sum) for k, times in graph.compute_us_by_kind.items()},
-        members=members if original is None else [sorted(concat([original[v] for v in ops])) for ops in members],
+        members=members
+        if original is None
+        else [sorted(concat([original[v] for v in ops])) for ops in members],
     )
 
 

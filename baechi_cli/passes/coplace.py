@@ -15,7 +15,8 @@ Two rules from Baechi, applied by merging colocation groups:
 
 Merging is bounded: two groups merge only while the result stays within
 ``max_group_bytes`` (a placer needs groups small enough to pack onto
-devices; the pipeline passes an eighth of the smallest device), and groups
+devices, and big groups commit a placer to much at once; the pipeline
+allows 1/256 of the model's memory per device), and groups
 that already exceed it are left as they are. Ops are visited in
 topological order, pairs first, so the result is deterministic. Groups only
 ever merge, so every colocation constraint still holds.

@@ -23,7 +23,7 @@ the whole step; its memory counts every member and one received copy of
 each outside tensor a backward member reads (:func:`~baechi_cli.passes.contract.contract`),
 so the placement stays feasible when expanded. That bound is loose, which is
 why the pipeline turns the pass on by default only when every device could
-hold the whole model (:func:`fits_every_device`), the paper's condition.
+hold the whole model (the peak of a one-device run), the paper's condition.
 
 Complexity: O(V + E) plus the contraction.
 
@@ -45,16 +45,9 @@ Example:
 
 from __future__ import annotations
 
-from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
 from baechi_cli.passes.contract import contract
 from baechi_cli.passes.unionfind import UnionFind
-from baechi_cli.placers.memory import own_bytes
-
-
-def fits_every_device(graph: OpGraph, devices: DeviceSpec) -> bool:
-    """The paper's safety condition: the smallest device holds the whole model."""
-    return sum(own_bytes(graph)) <= min(d.memory_bytes for d in devices.devices)
 
 
 def forward_only(graph: OpGraph) -> OpGraph:
