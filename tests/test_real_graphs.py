@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
 ALGOS = ("topo", "etf", "sct")
 NUM_DEVICES = 4
+# gnmt_static's 26k ops hold 43 GB in the placers' memory bound (every tensor
+# live all step, every received copy kept), which 4 x 8 GB cannot give.
+DEVICE_MEMORY = {"gnmt_static": "16GB"}
 
 # graph name -> the original's loss for one step (the sidecar fixes feeds and seeds).
 _reference_losses: dict[str, list[float]] = {}
@@ -50,7 +53,16 @@ def test_placement_trains_as_placed(tmp_path: Path, name: str, algo: str) -> Non
     placed, report = tmp_path / "placed.pb", tmp_path / "r.json"
     r = CliRunner().invoke(
         main,
-        ["place", model, "--devices", f"{NUM_DEVICES}x8GB", "--algo", algo, "-o", str(placed)]
+        [
+            "place",
+            model,
+            "--devices",
+            f"{NUM_DEVICES}x{DEVICE_MEMORY.get(name, '8GB')}",
+            "--algo",
+            algo,
+            "-o",
+            str(placed),
+        ]
         + ["--report", str(report), "-q"],
     )
     assert r.exit_code == 0, r.output
