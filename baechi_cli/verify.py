@@ -329,54 +329,25 @@ def _structure_graph(graph_def: GraphDef) -> OpGraph:
     """The OpGraph the checks need -- names, op types, attrs, ``_class``, declared
     types, edges -- without shapes or bytes, so TensorFlow is never needed.
 
-    Built like :func:`baechi_cli.io.graphdef.read_graphdef` builds it (the same
-    op registry and attr decoding), but lenient about types: a node whose types
-    cannot be worked out gets none (its resource inputs then go unchecked).
+    Decoded as :func:`baechi_cli.io.graphdef.read_graphdef` decodes it (the
+    same op registry and attr decoding), but lenient about types: a node whose
+    types cannot be worked out gets none (its resource inputs then go unchecked).
     """
     from baechi_cli.graph import GraphBuilder
-    from baechi_cli.io.graphdef import _Node, _node_inputs, _op_registry, _signature_entry
+    from baechi_cli.io.graphdef import decode_nodes
 
-    nodes = graph_def.node
-    if not nodes:
-        raise InputError("the graph is empty (no nodes)")
-    index: dict[str, int] = {}
-    for i, node in enumerate(nodes):
-        if node.name in index:
-            raise InputError("duplicate node name (names must be unique)", op=node.name)
-        index[node.name] = i
-    functions = {f.signature.name: f.signature for f in graph_def.library.function}
-    signatures: dict[str, dict[str, Any]] = {}
-    registry = _op_registry()
+    decoded = decode_nodes(graph_def, lenient_types=True)
     builder = GraphBuilder()
-    inputs: list[list[tuple[int, int]]] = []
-    for node in nodes:
-        try:
-            info = _Node(node)
-            inputs.append(_node_inputs(node, index))
-        except InputError as err:
-            err.op = err.op or node.name
-            raise
-        out_types: list[str] = []
+    for i, info in enumerate(decoded.infos):
         attrs = info.public
-        try:
-            entry = registry.get(node.op)
-            if node.op in functions:  # TF forbids a function named like an op; the library decides
-                if node.op not in signatures:
-                    signatures[node.op] = _signature_entry(functions[node.op])
-                entry = signatures[node.op]
-            if entry is not None:
-                defaults = entry.get("defaults", {})
-                out_types = info.arg_types(entry["outputs"], defaults)
-                attrs["_input_types"] = info.arg_types(entry["inputs"], defaults)
-            else:
-                out_types = info.fallback_output_types()
-        except InputError:
-            pass  # untyped: see the docstring
+        if decoded.in_types[i] is not None:
+            attrs["_input_types"] = decoded.in_types[i]
+        out_types = decoded.out_types[i]
         builder.add_op(
-            node.name, node.op, [0] * len(out_types), output_dtypes=out_types, attrs=attrs,
+            decoded.names[i], decoded.ops[i], [0] * len(out_types), output_dtypes=out_types, attrs=attrs,
             colocate_with=info.colocate_with(),
         )  # fmt: skip
-    for dst, node_inputs in enumerate(inputs):
+    for dst, node_inputs in enumerate(decoded.inputs):
         for src, port in node_inputs:
             builder.add_edge(src, dst, port, nbytes=0)
     return builder.build()

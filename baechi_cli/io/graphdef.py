@@ -64,7 +64,7 @@ import json
 import math
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from baechi_cli.errors import InputError
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
@@ -391,7 +391,26 @@ def _parse_input(text: str) -> tuple[str, int]:
     return name, int(port)
 
 
-def _build(graph_def: GraphDef, batch_size: int | None) -> OpGraph:
+class DecodedNodes(NamedTuple):
+    """Per node of a GraphDef: what the reader and the verifier build an OpGraph from."""
+
+    names: list[str]
+    ops: list[str]
+    infos: list[_Node]
+    out_types: list[list[str]]
+    in_types: list[list[str] | None]  # declared input types; None for unknown op types
+    inputs: list[list[tuple[int, int]]]  # (producer id, port), data inputs first
+
+
+def decode_nodes(graph_def: GraphDef, *, lenient_types: bool = False) -> DecodedNodes:
+    """Names, attrs, output and declared input types, and inputs of every node.
+
+    Raises :class:`InputError` naming the op for an empty graph, a nameless
+    or typeless node, a duplicate name, a malformed input or one naming no
+    node. A node whose types cannot be worked out (a missing or unknown type
+    attr) is an error too, unless ``lenient_types``: then it gets no output
+    types and no declared input types. O(V + E).
+    """
     nodes = list(graph_def.node)
     if not nodes:
         raise InputError("the graph is empty (no nodes)")
@@ -412,33 +431,42 @@ def _build(graph_def: GraphDef, batch_size: int | None) -> OpGraph:
     functions = {f.signature.name: f.signature for f in graph_def.library.function}
     signatures: dict[str, dict[str, Any]] = {}
     registry = _op_registry()
-
-    # Pass 1: attrs, types and inputs of every node.
-    decoded: list[_Node] = []
-    out_types: list[list[str]] = []
-    in_types: list[list[str] | None] = []
-    inputs: list[list[tuple[int, int]]] = []
+    decoded = DecodedNodes(names, ops, [], [], [], [])
     for node, op in zip(nodes, ops, strict=True):
         try:
             info = _Node(node)
-            entry = registry.get(op)
-            if op in functions:  # TF forbids a function named like an op; the library decides
-                if op not in signatures:
-                    signatures[op] = _signature_entry(functions[op])
-                entry = signatures[op]
-            if entry is not None:
-                defaults = entry.get("defaults", {})
-                out_types.append(info.arg_types(entry["outputs"], defaults))
-                in_types.append(info.arg_types(entry["inputs"], defaults))
-            else:
-                out_types.append(info.fallback_output_types())
-                in_types.append(None)
-            inputs.append(_node_inputs(node, index))
-            decoded.append(info)
+            try:
+                entry = registry.get(op)
+                if op in functions:  # TF forbids a function named like an op; the library decides
+                    if op not in signatures:
+                        signatures[op] = _signature_entry(functions[op])
+                    entry = signatures[op]
+                if entry is not None:
+                    defaults = entry.get("defaults", {})
+                    types = (
+                        info.arg_types(entry["outputs"], defaults),
+                        info.arg_types(entry["inputs"], defaults),
+                    )
+                else:
+                    types = (info.fallback_output_types(), None)
+            except InputError:
+                if not lenient_types:
+                    raise
+                types = ([], None)
+            decoded.out_types.append(types[0])
+            decoded.in_types.append(types[1])
+            decoded.inputs.append(_node_inputs(node, index))
+            decoded.infos.append(info)
         except InputError as err:
             if err.op is None:
                 err.op = node.name
             raise
+    return decoded
+
+
+def _build(graph_def: GraphDef, batch_size: int | None) -> OpGraph:
+    # Pass 1: attrs, types and inputs of every node.
+    names, ops, decoded, out_types, in_types, inputs = decode_nodes(graph_def)
 
     # Pass 2: shapes and bytes.
     need_inference = [

@@ -95,9 +95,6 @@ def contract(
     def concat(lists: list) -> list:
         return [x for sub in lists for x in sub]
 
-    def all_true(flags: list) -> bool:
-        return all(flags)
-
     persistent = per_node(graph.persistent_bytes, sum)
     seen: set[tuple[int, int, int]] = set()
     new_src: list[int] = []
@@ -131,7 +128,7 @@ def contract(
         persistent_bytes=[b + x for b, x in zip(persistent, extra)] if any(extra) else persistent,
         temporary_bytes=per_node(graph.temporary_bytes, max),
         group=[first_node_of_group[graph.group[v]] for v in heads],
-        is_backward=per_node(graph.is_backward, all_true),
+        is_backward=per_node(graph.is_backward, all),
         forward_op=[-1] * m,
         output_shapes=per_node(graph.output_shapes, concat),
         output_dtypes=per_node(graph.output_dtypes, concat),
