@@ -266,8 +266,6 @@ LIMITS = [
     "step time 3x worse on Inception-V3 (579 ms against 192 ms without the passes): a fused node "
     "waits for all its inputs, so fusing a branch into its join serialises the branches, and a "
     "big group commits m-ETF at its first op.",
-    "- **m-SCT end to end on Inception-V3** (5.6 s against 2 s): 3,163 nodes remain, and m-SCT's "
-    "LP plus its two list schedules take most of it; more reduction is the way down.",
     "- **gnmt_static on 4 x 8 GB**: the placers' memory bound counts every tensor live for the "
     "whole step and every received copy kept (43 GB here, while one 8 GB device runs the whole "
     "model in the simulator: 234.1 ms), so no placer finds room; it places on 4 x 16 GB (about "
