@@ -117,6 +117,14 @@ def _common_options(fn: Callable) -> Callable:
             help="Fuse connected ops of one group into one node before placing.",
         ),
         click.option(
+            "--profile",
+            "profile_path",
+            type=click.Path(dir_okay=False),
+            metavar="COSTS.json",
+            help="Use this cost profile (`baechi profile MODEL -o COSTS.json`, analytic or --measure) "
+            "instead of the analytic model.",
+        ),
+        click.option(
             "--trace",
             "trace_path",
             type=click.Path(dir_okay=False),
@@ -157,6 +165,7 @@ def place(
     forward_only: bool | None,
     coplace: bool,
     fusion: bool,
+    profile_path: str | None,
     trace_path: str | None,
     as_json: bool,
     quiet: bool,
@@ -173,7 +182,15 @@ def place(
 
         devices = parse_devices(device_spec)
         options = PlaceOptions(
-            algo, batch_size, comm, solver_time_limit, sct_threshold, coplace, fusion, forward_only
+            algo,
+            batch_size,
+            comm,
+            solver_time_limit,
+            sct_threshold,
+            coplace,
+            fusion,
+            forward_only,
+            profile_path,
         )
         with _Progress(enabled=not quiet) as progress:
             outcome = place_model(
@@ -229,6 +246,7 @@ def compare(
     forward_only: bool | None,
     coplace: bool,
     fusion: bool,
+    profile_path: str | None,
     trace_path: str | None,
     as_json: bool,
     quiet: bool,
@@ -248,7 +266,15 @@ def compare(
         previous = load_baseline(baseline) if baseline else None
         devices = parse_devices(device_spec)
         options = PlaceOptions(
-            "auto", batch_size, comm, solver_time_limit, sct_threshold, coplace, fusion, forward_only
+            "auto",
+            batch_size,
+            comm,
+            solver_time_limit,
+            sct_threshold,
+            coplace,
+            fusion,
+            forward_only,
+            profile_path,
         )
         with _Progress(enabled=not quiet) as progress:
             outcome = compare_model(
@@ -353,6 +379,307 @@ def verify(
         _fail(err)
 
 
+@main.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option(
+    "--devices",
+    "-d",
+    "device_spec",
+    metavar="SPEC",
+    help="Devices (as for place). Analytic times are for the first device; with --comm, the devices "
+    "the written YAML lists. Default: one RTX 2080-class 8 GB device.",
+)
+@click.option("--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions.")
+@click.option(
+    "--measure", is_flag=True, help="Run MODEL in TensorFlow and measure every op (needs the tf extra)."
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    metavar="K",
+    help="With --measure: steps run before measuring.",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    metavar="N",
+    help="With --measure: measured steps; each op's time is its median.",
+)
+@click.option(
+    "--init-op",
+    metavar="NAME",
+    help="With --measure: the op that initialises variables (default: the sidecar's, else 'init').",
+)
+@click.option(
+    "--comm",
+    "calibrate",
+    is_flag=True,
+    help="Instead of a model, time transfers between two local devices and fit latency + "
+    "bytes / bandwidth; -o writes a device YAML with the fitted interconnect.",
+)
+@click.option(
+    "--between",
+    metavar="A,B",
+    help="With --comm: the two TensorFlow devices (default: two GPUs, else GPU and CPU, "
+    "else two logical CPUs).",
+)
+@click.option(
+    "--max-bytes",
+    "max_exp",
+    type=click.IntRange(min=4, max=30),
+    default=28,
+    show_default=True,
+    metavar="EXP",
+    help="With --comm: largest transfer, 2^EXP bytes.",
+)
+@click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="Ops listed by time.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Write the profile JSON here (with --comm: the device YAML).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the profile (or the fit) as JSON and nothing else."
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress and no summary.")
+def profile(
+    model: str | None,
+    device_spec: str | None,
+    batch_size: int | None,
+    measure: bool,
+    warmup: int,
+    steps: int,
+    init_op: str | None,
+    calibrate: bool,
+    between: str | None,
+    max_exp: int,
+    top: int,
+    output: str | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Show what every op of MODEL costs; -o writes the profile for `place --profile`.
+
+    \b
+    Analytic by default: FLOPs and bytes per op from the graph's shapes, timed
+    on the first device of --devices. --measure runs the graph in TensorFlow
+    and keeps each op's median time, output and temporary bytes. Prints the
+    totals (compute, FLOPs, persistent and peak activation memory of a
+    one-device run), the top ops by time, a breakdown by op type and the
+    analytic rules' coverage.
+
+    \b
+    Examples:
+      baechi profile testdata/cnn.pb
+      baechi profile testdata/cnn.pb --measure -o costs.json
+      baechi place testdata/cnn.pb -d 4x8GB --profile costs.json
+      baechi profile --comm -d 4x8GB -o devices.yaml
+    """
+    try:
+        from baechi_cli.devices import parse_devices
+
+        devices = parse_devices(device_spec) if device_spec else None
+        if calibrate:
+            if model is not None or measure:
+                raise click.UsageError("--comm times the local devices; give no MODEL and no --measure")
+            _calibrate(devices, between, max_exp, output, as_json, quiet)
+            return
+        if model is None:
+            raise click.UsageError("missing MODEL (or --comm to calibrate communication)")
+        for flag, given in (("--init-op", init_op is not None), ("--between", between is not None)):
+            if given and not (measure if flag == "--init-op" else calibrate):
+                raise click.UsageError(f"{flag} needs {'--measure' if flag == '--init-op' else '--comm'}")
+        from baechi_cli.pipeline import PROFILE_STAGES, profile_model
+
+        with _Progress(enabled=not quiet, stages=PROFILE_STAGES) as progress:
+            outcome = profile_model(
+                model,
+                devices or parse_devices("1x8GB"),
+                batch_size=batch_size,
+                measure=measure,
+                warmup=warmup,
+                steps=steps,
+                init_op=init_op,
+                output=output,
+                progress=progress.stage,
+                measure_progress=progress.steps,
+            )
+        if as_json:
+            from baechi_cli.costs.profile import dumps
+
+            click.echo(dumps(outcome.profile), nl=False)
+        elif not quiet:
+            _render_profile(outcome, top, output)
+    except click.UsageError:
+        raise
+    except (BaechiError, Exception) as err:  # noqa: BLE001 - every error becomes one line
+        _fail(err)
+
+
+def _calibrate(
+    devices: Any, between: str | None, max_exp: int, output: str | None, as_json: bool, quiet: bool
+) -> None:
+    """``baechi profile --comm``: time transfers, fit, print and write the interconnect."""
+    from baechi_cli.costs.comm import interconnect_yaml, measure_transfers, parse_pair
+
+    src, dst = parse_pair(between) if between else (None, None)
+    if output is not None:
+        from baechi_cli.pipeline import _check_writable
+
+        _check_writable(output)
+    with _Progress(enabled=not quiet, stages=("transfers",)) as progress:
+        progress.stage("transfers")
+        fit = measure_transfers(src, dst, max_exp=max_exp, progress=progress.steps)
+    text = interconnect_yaml(fit, devices)
+    if output is not None:
+        from baechi_cli.io.files import write_atomic
+
+        write_atomic(output, text.encode())
+    if as_json:
+        import json
+
+        click.echo(json.dumps(fit.to_json(), indent=2))
+        return
+    if quiet:
+        return
+    console = _console()
+    console.print(f"[bold]{fit.src} -> {fit.dst}[/]: {len(fit.samples)} sizes, 2^0 .. 2^{max_exp} bytes")
+    table = _table(console, [("bytes", "right"), ("median", "right"), ("fit", "right")])
+    for sample in fit.samples:
+        table.add_row(
+            _fmt_bytes(sample.nbytes), _fmt_us(sample.median_us), _fmt_us(fit.predict_us(sample.nbytes))
+        )
+    console.print(table)
+    console.print(
+        f"fit: {fit.latency_us:.1f} µs + bytes / {fit.bandwidth_bytes_per_us / 1e3:.3f} GB/s "
+        f"({1 / fit.bandwidth_bytes_per_us:.3g} µs/byte), R² = {fit.r2:.4f}"
+    )
+    if output is None:
+        console.print(text, end="", markup=False, highlight=False)
+    else:
+        console.print(f"wrote {output}")
+
+
+def _render_profile(outcome: Any, top: int, output: str | None) -> None:
+    """The human summary of ``baechi profile``."""
+    console = _console()
+    p, g = outcome.profile, outcome.graph
+    t = p.totals
+    console.print(
+        f"[bold]{outcome.path}[/]: {g.num_ops} ops, {g.num_edges} edges; {p.source} costs for {p.device}"
+    )
+    flops = f"{t.flops / 1e9:.2f} GFLOP" if t.flops else "FLOPs not counted"
+    console.print(
+        f"totals: compute {_fmt_us(t.compute_us)}, {flops}, persistent {_fmt_bytes(t.persistent_bytes)}, "
+        f"peak activations {_fmt_bytes(t.peak_activation_bytes)} "
+        f"(one device: step {_fmt_us(t.single_device_step_us)})"
+    )
+    total_us = t.compute_us or 1.0
+    if top:
+        table = _table(
+            console,
+            [
+                ("op", "left"),
+                ("type", "left"),
+                ("time", "right"),
+                ("share", "right"),
+                ("GFLOP", "right"),
+                ("output", "right"),
+                ("source", "left"),
+            ],
+        )
+        ranked = sorted(range(len(p.ops)), key=lambda i: (-p.ops[i].compute_us, i))[:top]
+        for i in ranked:
+            op = p.ops[i]
+            table.add_row(
+                op.name,
+                op.type,
+                _fmt_us(op.compute_us),
+                f"{op.compute_us / total_us:.1%}",
+                f"{op.flops / 1e9:.3f}",
+                _fmt_bytes(sum(op.output_bytes)),
+                op.source,
+            )
+        console.print(f"top {len(ranked)} ops by time")
+        console.print(table)
+    by_type: dict[str, list[float]] = {}
+    for op in p.ops:
+        row = by_type.setdefault(op.type, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += op.compute_us
+        row[2] += op.flops
+    rule = {c.op_type: c.rule for c in p.coverage}
+    table = _table(
+        console,
+        [
+            ("op type", "left"),
+            ("ops", "right"),
+            ("time", "right"),
+            ("share", "right"),
+            ("GFLOP", "right"),
+            ("rule", "left"),
+        ],
+    )
+    rows = sorted(by_type.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    shown = rows[: max(top, 10)] if top else rows[:10]
+    for op_type, (count, us, fl) in shown:
+        table.add_row(
+            op_type,
+            str(int(count)),
+            _fmt_us(us),
+            f"{us / total_us:.1%}",
+            f"{fl / 1e9:.3f}",
+            rule.get(op_type, ""),
+        )
+    rest = rows[len(shown) :]
+    if rest:
+        table.add_row(
+            f"({len(rest)} more types)",
+            str(int(sum(r[1][0] for r in rest))),
+            _fmt_us(sum(r[1][1] for r in rest)),
+            f"{sum(r[1][1] for r in rest) / total_us:.1%}",
+            f"{sum(r[1][2] for r in rest) / 1e9:.3f}",
+            "",
+        )
+    console.print("by op type")
+    console.print(table)
+    _render_coverage(console, p)
+    if p.HasField("measurement"):
+        m = p.measurement
+        console.print(
+            f"measured: {t.measured_ops} of {g.num_ops} ops ran ({m.warmup} warm-up + {m.steps} steps, "
+            f"TensorFlow {m.tensorflow}); {m.not_run_count} kept analytic costs"
+            + (f", e.g. {', '.join(m.not_run[:3])}" if m.not_run else "")
+        )
+    if output:
+        console.print(f"wrote {output}")
+
+
+def _render_coverage(console: Any, p: Any) -> None:
+    """One line: how many ops each analytic rule kind costed, and the op types without a rule."""
+    by_rule: dict[str, int] = {}
+    uncovered: list[str] = []
+    for c in p.coverage:
+        by_rule[c.rule] = by_rule.get(c.rule, 0) + c.ops
+        if c.rule in ("uncovered", "fallback"):
+            uncovered.append(f"{c.op_type} ({c.ops})")
+    if "given" in by_rule:
+        console.print("coverage: costs as given in the workload file")
+        return
+    total = sum(by_rule.values()) or 1
+    ruled = total - by_rule.get("uncovered", 0) - by_rule.get("fallback", 0)
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(by_rule.items(), key=lambda kv: -kv[1]))
+    console.print(
+        f"coverage: {ruled}/{total} ops ({ruled / total:.1%}) costed by a rule ({parts}); "
+        + (f"bytes only: {', '.join(uncovered)}" if uncovered else "no op type without a rule")
+    )
+
+
 def _parse_percent(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05."""
     from baechi_cli.errors import InputError
@@ -368,18 +695,26 @@ def _parse_percent(text: str) -> float:
 
 
 class _Progress:
-    """A rich progress bar over the pipeline's stages, on stderr, only on a terminal."""
+    """A rich progress bar over a command's stages, on stderr, only on a terminal.
 
-    def __init__(self, enabled: bool) -> None:
+    ``stage(name)`` moves the bar to a stage; ``steps(done, total)`` fills the
+    current stage in proportion (measured profiling's warm-up and steps).
+    """
+
+    def __init__(self, enabled: bool, stages: tuple[str, ...] | None = None) -> None:
         self.enabled = enabled and sys.stderr.isatty()
+        self._stages = stages
         self._bar: Any = None
+        self._at = 0
 
     def __enter__(self) -> _Progress:
         if self.enabled:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            from baechi_cli.pipeline import STAGES
+            if self._stages is None:
+                from baechi_cli.pipeline import STAGES
 
+                self._stages = STAGES
             self._bar = Progress(
                 TextColumn("{task.description:<10}"),
                 BarColumn(),
@@ -388,14 +723,18 @@ class _Progress:
                 transient=True,
             )
             self._bar.__enter__()
-            self._task = self._bar.add_task("load", total=len(STAGES))
+            self._task = self._bar.add_task(self._stages[0], total=len(self._stages))
         return self
 
     def stage(self, name: str) -> None:
         if self._bar is not None:
-            from baechi_cli.pipeline import STAGES
+            self._at = self._stages.index(name)  # type: ignore[union-attr]
+            self._bar.update(self._task, description=name, completed=self._at)
 
-            self._bar.update(self._task, description=name, completed=STAGES.index(name))
+    def steps(self, done: int, total: int) -> None:
+        if self._bar is not None and total > 0:
+            label = f"{self._stages[self._at]} {done}/{total}"  # type: ignore[index]
+            self._bar.update(self._task, description=label, completed=self._at + done / total)
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:

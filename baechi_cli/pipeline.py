@@ -12,7 +12,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from baechi_cli import __version__
@@ -46,6 +46,7 @@ class PlaceOptions:
     coplace: bool = True
     fusion: bool = True
     forward_only: bool | None = None  # None: on exactly when every device holds the whole model
+    profile: str | None = None  # a baechi.profile/v1 file whose costs replace the analytic model's
 
     def placer_options(self) -> dict[str, Any]:
         return {"solver_time_limit": self.solver_time_limit, "sct_threshold": self.sct_threshold}
@@ -59,6 +60,7 @@ class PlaceOptions:
             "coplace": self.coplace,
             "fusion": self.fusion,
             "forward_only": "auto" if self.forward_only is None else self.forward_only,
+            "profile": self.profile,
         }
 
 
@@ -78,6 +80,25 @@ class PassRecord:
     edges_after: int
     seconds: float
     details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProfileCosts:
+    """Where the costs came from when ``place --profile`` gave them (the report's ``costs``)."""
+
+    path: str
+    source: str  # the profile's: analytic | measured | mixed
+    device: str
+    same_model: bool  # the profile's model sha256 equals the input's
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": "profile",
+            "profile": self.path,
+            "source": self.source,
+            "device": self.device,
+            "same_model_sha256": self.same_model,
+        }
 
 
 @dataclass
@@ -302,8 +323,16 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
 
     step("profile")
     t0 = time.perf_counter()
-    cost_report = None
-    if fmt != "workload":  # a workload file carries its own measured costs
+    cost_report: Any = None
+    if options.profile is not None:
+        from baechi_cli.costs.profile import apply_profile, load_profile
+
+        profile = load_profile(options.profile)
+        graph = apply_profile(graph, profile, options.profile, path)
+        cost_report = ProfileCosts(
+            options.profile, profile.source, profile.device, profile.model.sha256 == sha256
+        )
+    elif fmt != "workload":  # a workload file carries its own measured costs
         from baechi_cli.costs.analytic import estimate_costs
 
         graph, cost_report = estimate_costs(graph, devices)
@@ -468,6 +497,11 @@ def place_model(
             prepared.graph, prepared.devices, chosen.algorithm, chosen.sim, prepared.single_device, candidates
         ),
     )
+    if isinstance(prepared.cost_report, ProfileCosts) and not prepared.cost_report.same_model:
+        outcome.notes.append(
+            f"the profile {prepared.cost_report.path} was taken from a file with another sha256; "
+            "its ops match this model's by name, so its costs were used"
+        )
 
     step("write")
     t0 = time.perf_counter()
@@ -841,3 +875,138 @@ def regressions(current: dict[str, Any], baseline: dict[str, Any], max_regressio
                 f"(+{(new_t / old_t - 1) if old_t else float('inf'):.1%} > {max_regression:.1%})"
             )
     return found
+
+
+# --- baechi profile --------------------------------------------------------------------
+
+PROFILE_STAGES = ("load", "profile", "measure", "simulate", "write")
+
+
+@dataclass
+class ProfileOutcome:
+    """A model costed (analytic, measured or given) and its ``baechi.profile/v1`` message."""
+
+    path: str
+    input_format: str
+    graph: OpGraph  # with the profile's costs
+    profile: Any  # CostProfile
+    cost_report: Any  # the analytic CostReport; None for workload JSON
+    timings: dict[str, float]
+
+
+def analytic_device(devices: DeviceSpec) -> str:
+    """How the analytic model describes the device it timed ops for."""
+    d = devices.devices[0]
+    return (
+        f"{d.name} (analytic: {d.flops / 1e12:.4g} TFLOP/s, {d.memory_bandwidth / 1e9:.4g} GB/s, "
+        f"{d.launch_overhead_us:g} us launch)"
+    )
+
+
+def profile_model(
+    path: str,
+    devices: DeviceSpec,
+    *,
+    batch_size: int | None = None,
+    measure: bool = False,
+    warmup: int = 2,
+    steps: int = 10,
+    init_op: str | None = None,
+    output: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    measure_progress: Callable[[int, int], None] | None = None,
+) -> ProfileOutcome:
+    """Cost every op of ``path`` and build its profile; write it to ``output`` if given.
+
+    Analytic costs first (a workload JSON's given costs instead); with
+    ``measure``, the GraphDef runs in TensorFlow (see
+    :mod:`baechi_cli.costs.measured`) and measured costs replace analytic
+    ones for every op that ran. The totals' peak activation memory and step
+    time come from simulating all ops on one device of unbounded memory.
+    """
+    from baechi_cli.costs.analytic import estimate_costs
+    from baechi_cli.costs.profile import (
+        GIVEN,
+        MEASURED,
+        build_profile,
+        merge_measurements,
+        rule_kinds,
+        write_profile,
+    )
+
+    step = progress or (lambda stage: None)
+    if output is not None:
+        _check_writable(output)
+    timings: dict[str, float] = {}
+    t_start = time.perf_counter()
+    step("load")
+    if not os.path.exists(path):
+        raise InputError("no such file", path=path)
+    fmt = detect_format(path)
+    if measure and fmt != "graphdef":
+        raise InputError(f"--measure runs TensorFlow GraphDefs; this input is {fmt}", path=path)
+    graph, fmt = load_model(path, batch_size)
+    sha256 = _sha256(path)
+    timings["load"] = time.perf_counter() - t_start
+
+    step("profile")
+    t0 = time.perf_counter()
+    n = graph.num_ops
+    report = None
+    device_of = None
+    if fmt == "workload":
+        source_of, rule_of, flops = [MEASURED] * n, [GIVEN] * n, [0.0] * n
+        device = f"as given in {os.path.basename(path)}"
+    else:
+        graph, report = estimate_costs(graph, devices)
+        source_of, rule_of, flops = ["analytic"] * n, rule_kinds(graph, report), report.flops
+        device = analytic_device(devices)
+    timings["profile"] = time.perf_counter() - t0
+
+    run = None
+    if measure:
+        from baechi_cli.costs.measured import measure_graphdef
+
+        step("measure")
+        t0 = time.perf_counter()
+        run = measure_graphdef(
+            path,
+            batch_size=batch_size,
+            init_op=init_op,
+            warmup=warmup,
+            steps=steps,
+            progress=measure_progress,
+        )
+        graph, source_of, device_of = merge_measurements(graph, run)
+        device = run.device
+        timings["measure"] = time.perf_counter() - t0
+
+    step("simulate")
+    t0 = time.perf_counter()
+    try:
+        constrained, _ = constraint_passes(graph, fmt)
+    except InputError as err:
+        raise err.with_path(path) from None
+    unbounded = replace(devices.devices[0], memory_bytes=2**62)
+    single = simulate(constrained, DeviceSpec((unbounded,), devices.interconnect), [0] * n)
+    timings["simulate"] = time.perf_counter() - t0
+
+    profile = build_profile(
+        graph,
+        source_of=source_of,
+        rule_of=rule_of,
+        flops=flops,
+        device=device,
+        device_of=device_of,
+        model={"path": path, "sha256": sha256, "format": fmt, "batch_size": batch_size},
+        single=single,
+        run=run,
+        generator=f"baechi {__version__}",
+    )
+    step("write")
+    t0 = time.perf_counter()
+    if output is not None:
+        write_profile(profile, output)
+    timings["write"] = time.perf_counter() - t0
+    timings["total"] = time.perf_counter() - t_start
+    return ProfileOutcome(path, fmt, graph, profile, report, timings)
