@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from baechi_cli import __version__
-from baechi_cli.errors import EXIT_REGRESSION, BaechiError
+from baechi_cli.errors import EXIT_REGRESSION, BaechiError, InputError
 from baechi_cli.placers import PLACER_NAMES
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in baechi, not in the input
@@ -430,11 +430,11 @@ def verify(
 @click.option(
     "--max-bytes",
     "max_exp",
-    type=click.IntRange(min=4, max=30),
+    type=click.IntRange(min=20, max=30),
     default=28,
     show_default=True,
     metavar="EXP",
-    help="With --comm: largest transfer, 2^EXP bytes.",
+    help="With --comm: largest transfer, 2^EXP bytes (at least 2^20: smaller copies all take the latency).",
 )
 @click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="Ops listed by time.")
 @click.option(
@@ -525,9 +525,14 @@ def _calibrate(
     devices: Any, between: str | None, max_exp: int, output: str | None, as_json: bool, quiet: bool
 ) -> None:
     """``baechi profile --comm``: time transfers, fit, print and write the interconnect."""
-    from baechi_cli.costs.comm import interconnect_yaml, measure_transfers, parse_pair
+    from baechi_cli.costs.comm import interconnect_yaml, measure_transfers
 
-    src, dst = parse_pair(between) if between else (None, None)
+    src = dst = None
+    if between:
+        parts = [x.strip() for x in between.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise InputError(f"--between '{between}' must name two devices: A,B (e.g. CPU:0,GPU:0)")
+        src, dst = parts
     if output is not None:
         from baechi_cli.pipeline import _check_writable
 
@@ -549,16 +554,18 @@ def _calibrate(
         return
     console = _console()
     console.print(f"[bold]{fit.src} -> {fit.dst}[/]: {len(fit.samples)} sizes, 2^0 .. 2^{max_exp} bytes")
-    table = _table(console, [("bytes", "right"), ("median", "right"), ("fit", "right")])
+    table = _table(console, [("bytes", "right"), ("", "right"), ("median", "right"), ("fit", "right")])
     for sample in fit.samples:
         table.add_row(
-            _fmt_bytes(sample.nbytes), _fmt_us(sample.median_us), _fmt_us(fit.predict_us(sample.nbytes))
+            f"2^{sample.nbytes.bit_length() - 1}",
+            _fmt_bytes(sample.nbytes),
+            _fmt_us(sample.median_us),
+            _fmt_us(fit.transfer_time_us(sample.nbytes)),
         )
     console.print(table)
-    console.print(
-        f"fit: {fit.latency_us:.1f} µs + bytes / {fit.bandwidth_bytes_per_us / 1e3:.3f} GB/s "
-        f"({1 / fit.bandwidth_bytes_per_us:.3g} µs/byte), R² = {fit.r2:.4f}"
-    )
+    console.print(f"fit: {fit.summary()}")
+    if fit.note:
+        console.print(f"note: {fit.note}")
     if output is None:
         console.print(text, end="", markup=False, highlight=False)
     else:

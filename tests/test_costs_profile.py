@@ -259,3 +259,23 @@ def test_profile_totals_are_finite_for_every_committed_graph():
     for name in ("mlp", "cnn", "transformer"):
         t = profile_model(os.path.join(TESTDATA, f"{name}.pb"), SPEC).profile.totals
         assert all(math.isfinite(x) and x > 0 for x in (t.compute_us, t.flops, t.peak_activation_bytes)), name
+
+
+@pytest.mark.tf
+def test_cli_comm_calibration_writes_a_device_yaml(tmp_path):
+    pytest.importorskip("tensorflow")
+    from baechi_cli.devices import load_devices_yaml
+
+    out = tmp_path / "devices.yaml"
+    r = run("profile", "--comm", "--max-bytes", "20", "-d", "2x8GB", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert "/device:CPU:0 -> /device:CPU:1" in r.stdout and "R^2" in r.stdout and "2^20" in r.stdout
+    spec = load_devices_yaml(str(out))
+    assert spec.count == 2 and spec.interconnect.bandwidth_bytes_per_us > 0
+    r = run("profile", "--comm", "--json", "--max-bytes", "20", "-q")
+    doc = json.loads(r.stdout)
+    assert doc["bandwidth_bytes_per_us"] > 0 and len(doc["samples"]) == 21
+    r = run("profile", "--comm", "--between", "CPU:0")
+    assert r.exit_code == 2 and "must name two devices" in r.stderr
+    r = run("profile", CNN, "--comm")
+    assert r.exit_code == 2 and "give no MODEL" in r.output
