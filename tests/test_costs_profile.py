@@ -279,3 +279,36 @@ def test_cli_comm_calibration_writes_a_device_yaml(tmp_path):
     assert r.exit_code == 2 and "must name two devices" in r.stderr
     r = run("profile", CNN, "--comm")
     assert r.exit_code == 2 and "give no MODEL" in r.output
+
+
+@pytest.mark.tf
+def test_measured_profile_places_end_to_end(tmp_path):
+    """`profile --measure -o` then `place --profile`: measured times drive the placement."""
+    pytest.importorskip("tensorflow")
+    costs = tmp_path / "measured.json"
+    r = run("profile", CNN, "--measure", "--warmup", "1", "--steps", "3", "-o", str(costs))
+    assert r.exit_code == 0, r.output
+    p = load_profile(str(costs))
+    measured = [op for op in p.ops if op.source == "measured"]
+    assert (
+        "mixed costs for /device:CPU:0" in r.stdout
+        and f"measured: {len(measured)} of 355 ops ran" in r.stdout
+    )
+    assert p.source == "mixed" and p.measurement.steps == 3
+    # The train step's ops (173; fewer when oneDNN fuses some, as when TensorFlow
+    # was imported with it on before this test) ran; init-only ops did not.
+    assert 150 <= len(measured) == p.totals.measured_ops <= 173
+    assert p.measurement.not_run_count == 355 - len(measured)
+    assert all(op.device.endswith("CPU:0") for op in measured)
+    # (A forward conv may be fused into its BiasAdd by oneDNN; its gradient never is.)
+    grad = next(op for op in measured if op.name == "gradients/conv1/Conv2D_grad/Conv2DBackpropInput")
+    assert grad.compute_us > 0 and list(grad.output_bytes) == [32 * 16 * 16 * 32 * 4]
+    # Ops that did not run (initialisers, fed placeholders) keep analytic costs.
+    assert {op.name for op in p.ops if op.source == "analytic"} >= {"images", "labels"}
+    report = tmp_path / "r.json"
+    r = run("place", CNN, "-d", "4x8GB", "--profile", str(costs), "--report", str(report), "-q")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(report.read_text())
+    assert doc["costs"]["source"] == "mixed" and doc["result"]["feasible"]
+    # The one-device step is the measured compute sum, not the analytic model's.
+    assert doc["result"]["single_device_us"] == pytest.approx(p.totals.single_device_step_us)
