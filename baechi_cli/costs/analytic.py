@@ -11,7 +11,9 @@ replaced -- the model owns them, whatever the input held:
 * ``persistent_bytes``    -- variables and optimizer slots, counted once, on the
   op that owns the storage (VariableV2 / VarHandleOp / a TF2 resource
   Placeholder or ``_Arg``);
-* ``temporary_bytes``     -- scratch while the op runs (0 for every current rule).
+* ``temporary_bytes``     -- scratch the op's kernel allocates while it runs
+  (set by the few rules whose kernels allocate it; 0 elsewhere, including
+  cuDNN convolution workspaces, which are not modelled).
 
 plus a :class:`CostReport` (per-op FLOPs and bytes, totals, coverage).
 
