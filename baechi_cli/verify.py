@@ -259,12 +259,12 @@ def static_check(placed: str, original: str | None = None) -> StaticResult:
     colocation constraints are results (``ok=False``), never exceptions.
     O(V + E) plus the proto comparison.
     """
-    from baechi_cli.io.graphdef import _parse_file
+    from baechi_cli.io.graphdef import parse_graphdef_file
     from baechi_cli.passes.colocation import CLASS_ATTR, colocation_pairs, describe_pair
     from baechi_cli.passes.control_flow import ROOT_FRAME, loop_frames
 
-    placed_def = _parse_file(placed)
-    original_def = _parse_file(original) if original is not None else None
+    placed_def = parse_graphdef_file(placed)
+    original_def = parse_graphdef_file(original) if original is not None else None
     result = StaticResult(ok=False, placed=placed, original=original)
     devices = [normalize_device(node.device) for node in placed_def.node]
     try:

@@ -402,10 +402,10 @@ def _read_graphdef(tf: Any, path: str) -> Any:
     """TensorFlow's GraphDef of ``path``, parsed as the GraphDef reader parses it."""
     # The reader's parser: the same binary/text detection and one-line errors
     # as `baechi profile` without --measure, so both see the same nodes.
-    from baechi_cli.io.graphdef import _parse_file
+    from baechi_cli.io.graphdef import parse_graphdef_file
 
     graph_def = tf.compat.v1.GraphDef()
-    graph_def.ParseFromString(_parse_file(path).SerializeToString())
+    graph_def.ParseFromString(parse_graphdef_file(path).SerializeToString())
     return graph_def
 
 

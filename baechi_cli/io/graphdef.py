@@ -139,7 +139,7 @@ def read_graphdef(path: str, *, batch_size: int | None = None) -> OpGraph:
     """
     if batch_size is not None and batch_size < 1:
         raise InputError(f"the batch size must be a positive integer, not {batch_size}")
-    graph_def = _parse_file(path)
+    graph_def = parse_graphdef_file(path)
     # Building allocates millions of small objects and no reference cycles;
     # pausing the cyclic collector meanwhile saves about a third of the time.
     collecting = gc.isenabled()
@@ -153,7 +153,7 @@ def read_graphdef(path: str, *, batch_size: int | None = None) -> OpGraph:
             gc.enable()
 
 
-def _parse_file(path: str) -> GraphDef:
+def parse_graphdef_file(path: str) -> GraphDef:
     """Read and parse ``path`` with our schema, binary or text (see module docstring)."""
     from google.protobuf import message, text_format
 
@@ -700,7 +700,7 @@ def write_placed_graphdef(in_path: str, devices_by_name: dict[str, str], out_pat
     """
     from google.protobuf import text_format
 
-    graph_def = _parse_file(in_path)
+    graph_def = parse_graphdef_file(in_path)
     missing = [node.name for node in graph_def.node if node.name not in devices_by_name]
     if missing:
         raise KeyError(f"no device for {len(missing)} node(s) of {in_path}, e.g. {missing[:5]}")
