@@ -6,9 +6,10 @@ Heavy modules (the pipeline, protobuf, numpy) are imported inside commands so
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -496,7 +497,10 @@ def profile(
                 raise click.UsageError(f"{flag} needs {'--measure' if flag == '--init-op' else '--comm'}")
         from baechi_cli.pipeline import PROFILE_STAGES, profile_model
 
-        with _Progress(enabled=not quiet, stages=PROFILE_STAGES) as progress:
+        with (
+            _tensorflow_logs_hidden(measure),
+            _Progress(enabled=not quiet, stages=PROFILE_STAGES) as progress,
+        ):
             outcome = profile_model(
                 model,
                 devices or parse_devices("1x8GB"),
@@ -521,6 +525,45 @@ def profile(
         _fail(err)
 
 
+@contextlib.contextmanager
+def _tensorflow_logs_hidden(enabled: bool) -> Iterator[None]:
+    """Keep TensorFlow's C++ log lines off the terminal while it runs.
+
+    TensorFlow logs from C++ straight to file descriptor 2 (oneDNN and CUDA
+    notices at import, optimizer notes per session), ignoring
+    TF_CPP_MIN_LOG_LEVEL for its first lines; they would tear the progress
+    bar and bury the summary. Descriptor 2 goes to a scratch file meanwhile,
+    while Python's ``sys.stderr`` (the progress bar, warnings) stays on the
+    original stream. Off with BAECHI_DEBUG=1, and wherever ``sys.stderr`` is
+    not descriptor 2 (a test runner capturing it).
+    """
+    try:
+        attached = sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        attached = False
+    if not enabled or not attached or os.environ.get("BAECHI_DEBUG"):
+        yield
+        return
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    python_stderr = sys.stderr
+    with tempfile.TemporaryFile() as scratch:
+        os.dup2(scratch.fileno(), 2)
+        sys.stderr = os.fdopen(
+            os.dup(saved), "w", buffering=1, encoding=python_stderr.encoding, errors="replace"
+        )
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            sys.stderr.close()
+            sys.stderr = python_stderr
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def _calibrate(
     devices: Any, between: str | None, max_exp: int, output: str | None, as_json: bool, quiet: bool
 ) -> None:
@@ -537,7 +580,7 @@ def _calibrate(
         from baechi_cli.pipeline import _check_writable
 
         _check_writable(output)
-    with _Progress(enabled=not quiet, stages=("transfers",)) as progress:
+    with _tensorflow_logs_hidden(True), _Progress(enabled=not quiet, stages=("transfers",)) as progress:
         progress.stage("transfers")
         fit = measure_transfers(src, dst, max_exp=max_exp, progress=progress.steps)
     text = interconnect_yaml(fit, devices)
@@ -612,6 +655,8 @@ def _render_profile(outcome: Any, top: int, output: str | None) -> None:
                 _fmt_bytes(sum(op.output_bytes)),
                 op.source,
             )
+        # Op names are long scopes: on a narrow terminal fold them, never cut them.
+        table.columns[0].overflow = "fold"
         console.print(f"top {len(ranked)} ops by time")
         console.print(table)
     by_type: dict[str, list[float]] = {}
