@@ -2,12 +2,14 @@
 
 The simulator frees tensors when their last consumer ends; a placer deciding
 op by op cannot know those times yet. The ledger therefore counts an upper
-bound of the simulator's peak: every op's persistent, temporary and output
-bytes for the whole step, plus one received copy of every tensor a device
-consumes from another device — reserved as soon as the consumer is placed,
-and given back if the producer then lands on the same device. A placement
-that fits the ledger fits the simulator, which is how every placer keeps its
-promise never to exceed device memory.
+bound of the simulator's peak: every op's persistent and output bytes for
+the whole step, the largest temporary bytes of any op on the device (a device
+runs one op at a time, and the simulator holds an op's temporaries only while
+it runs), plus one received copy of every tensor a device consumes from
+another device — reserved as soon as the consumer is placed, and given back
+if the producer then lands on the same device. A placement that fits the
+ledger fits the simulator, which is how every placer keeps its promise never
+to exceed device memory.
 
 Example:
     >>> from baechi_cli.graph import GraphBuilder
@@ -34,11 +36,12 @@ from baechi_cli.graph import CONTROL_PORT, OpGraph
 
 
 def own_bytes(graph: OpGraph) -> list[int]:
-    """Bytes each op holds on its device in the ledger: persistent + temporary + outputs."""
-    return [
-        graph.persistent_bytes[v] + graph.temporary_bytes[v] + sum(graph.output_bytes[v])
-        for v in range(graph.num_ops)
-    ]
+    """Bytes each op holds on its device for the whole step in the ledger: persistent + outputs.
+
+    Temporary bytes are not summed: the ledger charges a device the largest
+    of its ops' temporaries once.
+    """
+    return [graph.persistent_bytes[v] + sum(graph.output_bytes[v]) for v in range(graph.num_ops)]
 
 
 class MemoryLedger:
@@ -47,8 +50,11 @@ class MemoryLedger:
     def __init__(self, graph: OpGraph, devices: DeviceSpec) -> None:
         self.graph = graph
         self.own = own_bytes(graph)
+        self.temporary = graph.temporary_bytes
         self.capacity = [d.memory_bytes for d in devices.devices]
         self.used = [0] * devices.count
+        # The largest temporary bytes among the ops on each device (in ``used``).
+        self.temporary_peak = [0] * devices.count
         self.device_of = [-1] * graph.num_ops
         # Copies counted on a device: tensor id * device count + device.
         self._reserved: set[int] = set()
@@ -77,7 +83,8 @@ class MemoryLedger:
         device_of, reserved = self.device_of, self._reserved
         edge_tensor, tensor_bytes = self._edge_tensor, self._tensor_bytes
         members = set(ops)
-        add = {d: sum(self.own[v] for v in ops)}
+        temporary = max((self.temporary[v] for v in ops), default=0)
+        add = {d: sum(self.own[v] for v in ops) + max(temporary - self.temporary_peak[d], 0)}
         new: set[int] = set()
         ndev = len(self.capacity)
         for v in ops:
@@ -135,6 +142,7 @@ class MemoryLedger:
             self.used[x] += b
         for v in ops:
             self.device_of[v] = d
+        self.temporary_peak[d] = max(self.temporary_peak[d], max((self.temporary[v] for v in ops), default=0))
         ndev = len(self.capacity)
         edge_tensor = self._edge_tensor
         for v in ops:
