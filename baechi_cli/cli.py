@@ -831,6 +831,11 @@ def _header(console: Any, prepared: Any) -> None:
         f"[bold]{prepared.path}[/]: {g.num_ops} ops, {g.num_edges} edges -> {spec.count} devices "
         f"({ic.mode} comm, {ic.latency_us:g} µs + {ic.bandwidth_bytes_per_us / 1e3:.2f} GB/s)"
     )
+    from baechi_cli.pipeline import ProfileCosts
+
+    costs = prepared.cost_report
+    if isinstance(costs, ProfileCosts):
+        console.print(f"costs: {costs.path}, a {costs.source} profile for {costs.device}")
     pg = prepared.placement_graph
     ran = [
         p
