@@ -31,6 +31,7 @@ testdata:  ## regenerate all TensorFlow test graphs: committed ones in testdata/
 bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/passes.py
+	$(BIN)/python bench/profile.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

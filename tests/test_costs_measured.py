@@ -110,6 +110,9 @@ def test_known_tensors_and_times(cnn_run):
         FeedSpec("images:0", "float32", (32, 32, 32, 3)),
         FeedSpec("labels:0", "int64", (32,), (0, 10)),
     )
+    # Ops run one at a time (one inter-op thread), as the simulator runs a
+    # device: their times add up to no more than the step's wall time.
+    assert 0 < sum(m.compute_us for m in run.ops.values()) <= 1.05 * run.step_time_us
 
 
 @tf_test

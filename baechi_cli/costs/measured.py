@@ -63,10 +63,13 @@ What runs
   The session runs the graph as written, so step-stats names are the
   GraphDef's: grappler off (``disable_meta_optimizer``, constant folding
   off), the classic optimizer at ``L0`` (no constant folding, no CSE),
-  ``allow_soft_placement=False``. Thread pools keep TensorFlow's defaults
-  (inter-op and intra-op sized by the number of cores): independent ops may run
-  concurrently and share cores, as they do in training, so an op's time is
-  its wall time under that contention, not its time alone on the device.
+  ``allow_soft_placement=False``. The inter-op pool has one thread, so ops
+  run one at a time, as the simulator runs a device, each with the whole
+  intra-op pool: an op's time is its time alone on the device, and the
+  per-op times sum to about the step's wall time (97-98% on cnn and
+  gnmt_dynamic). TensorFlow's default pool overlaps independent ops, whose
+  wall times then absorb each other's contention for the cores (on 2 cores
+  gnmt_dynamic's per-op times summed to 3x its step).
 * **oneDNN.** ``TF_ENABLE_ONEDNN_OPTS`` is read once, when TensorFlow is
   imported. Its graph rewrite keeps node names but swaps kernels
   (``MatMul`` runs ``_MklMatMul``) and fuses ops (``conv/BiasAdd`` runs
@@ -472,7 +475,11 @@ def _session_config(tf: Any) -> Any:
     """Run the graph as written: no grappler, no classic optimizations, no soft placement."""
     from tensorflow.core.protobuf import rewriter_config_pb2
 
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=False)
+    # One op at a time, as the simulator runs a device: with TensorFlow's
+    # default inter-op pool, independent ops overlap and each one's wall time
+    # absorbs the others' contention for the cores (gnmt_dynamic on 2 cores:
+    # per-op times summing to 3x the step). Each op keeps the intra-op pool.
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=False, inter_op_parallelism_threads=1)
     rewrite = config.graph_options.rewrite_options
     rewrite.disable_meta_optimizer = True
     rewrite.constant_folding = rewriter_config_pb2.RewriterConfig.OFF
