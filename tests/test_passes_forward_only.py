@@ -106,8 +106,12 @@ def test_graph_without_backward_ops_is_returned_unchanged():
 def ledger_bound(f: OpGraph, device_of_node: list[int], ndev: int) -> list[int]:
     """What a MemoryLedger counts per device for a complete placement of ``f``."""
     bound = [0] * ndev
+    temporary = [0] * ndev  # a device runs one op at a time: the largest temporary, once
     for node, nbytes in enumerate(own_bytes(f)):
-        bound[device_of_node[node]] += nbytes
+        d = device_of_node[node]
+        bound[d] += nbytes
+        temporary[d] = max(temporary[d], f.temporary_bytes[node])
+    bound = [b + t for b, t in zip(bound, temporary, strict=True)]
     copies = set()
     t = f.tensors
     for e in range(f.num_edges):
