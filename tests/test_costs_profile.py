@@ -312,3 +312,21 @@ def test_measured_profile_places_end_to_end(tmp_path):
     assert doc["costs"]["source"] == "mixed" and doc["result"]["feasible"]
     # The one-device step is the measured compute sum, not the analytic model's.
     assert doc["result"]["single_device_us"] == pytest.approx(p.totals.single_device_step_us)
+
+
+def test_fast_json_mapping_equals_protobufs(cnn_profile):
+    """to_json maps the per-op lists itself; it must give what protobuf's MessageToDict gives."""
+    from google.protobuf import json_format
+
+    from baechi_cli.costs.profile import to_json
+
+    workload = profile_model(WORKLOAD, SPEC).profile
+    odd = cnn_profile.profile.__class__()
+    odd.CopyFrom(cnn_profile.profile)
+    odd.ops[0].compute_us = math.nan  # non-finite doubles are strings in the JSON mapping
+    odd.ops[1].output_bytes.append(math.inf)
+    for p in (cnn_profile.profile, workload, odd):
+        theirs = json_format.MessageToDict(
+            p, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+        assert to_json(p) == theirs
