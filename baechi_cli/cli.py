@@ -464,7 +464,10 @@ def profile(
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Show what every op of MODEL costs; -o writes the profile for `place --profile`.
+    """Show what every op of MODEL costs, analytic or measured (-o: a profile for place).
+
+    -o writes the profile that `baechi place --profile` and `baechi compare
+    --profile` take instead of the analytic model.
 
     \b
     Analytic by default: FLOPs and bytes per op from the graph's shapes, timed
