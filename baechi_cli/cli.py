@@ -464,7 +464,7 @@ def profile(
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Show what every op of MODEL costs, analytic or measured (-o: a profile for place).
+    """Show what every op of MODEL costs, analytic or measured.
 
     -o writes the profile that `baechi place --profile` and `baechi compare
     --profile` take instead of the analytic model.
