@@ -1,0 +1,724 @@
+"""ONNX model reader.
+
+Contract
+--------
+:func:`read_onnx` turns an ONNX model (``.onnx``, opset 13 or newer) into an
+:class:`~baechi_cli.graph.OpGraph`; :func:`read_onnx_with_notes` returns the
+same graph with the notes a report should show (external data not loaded,
+sizes that are guesses). The ``onnx`` package parses, checks and infers; the
+external weight files are never read (placement needs only dims).
+
+Steps, in order, each failure an :class:`~baechi_cli.errors.InputError`
+naming the file (and the op or tensor when there is one):
+
+1. Parse the bytes as a ``ModelProto`` (``onnx.load(path,
+   load_external_data=False)`` semantics). A protobuf decode error, no graph
+   or a graph without nodes: "not an ONNX model: ...".
+2. Opset: a default-domain (``""``/``ai.onnx``) opset older than 13 is an
+   error that suggests ``onnx.version_converter``.
+3. External data (``TensorProto.data_location == EXTERNAL``, anywhere in the
+   model): not loaded, recorded in a note; the model reads even when the
+   files are absent. Exception: small integer tensors (at most 1024
+   elements, the shape operands of Reshape, Expand, ...) are loaded when
+   their file exists, so shape inference can use their values.
+4. ``onnx.checker.check_model(full_check=False)``; its message, on one line,
+   is the error. External top-level initializers are checked as graph inputs
+   of the same type (the checker would otherwise look for their files
+   relative to the working directory).
+5. Symbolic dims are bound, then ``onnx.shape_inference.infer_shapes``
+   (``strict_mode=False, data_prop=True``) runs once on the bound model:
+
+   * ``dims`` ``{name: value}`` binds every ``dim_param`` of that name
+     (graph inputs, outputs and value_info). A name that occurs nowhere in
+     the model is an error (a typo would otherwise pass silently).
+   * ``batch_size`` binds axis 0 of every graph input (initializers
+     excluded) whose axis 0 is symbolic and not named in ``dims``, or has
+     neither a value nor a name. A ``dim_param`` bound this way is bound by
+     name everywhere, like ``dims``. It binds nothing else.
+   * A graph input with a dim still unbound is an error naming the input and
+     the dim and suggesting ``--dim NAME=VALUE`` (``--batch-size`` too for
+     axis 0); so is an unknown rank. Inputs whose element size is 0
+     (strings, sequences) are exempt.
+   * After inference, a tensor whose shape still holds a ``dim_param``
+     declared on a graph input or output of the file is an error naming the
+     tensor, its op and the dim. Dims that inference could not determine
+     (its own ``unk__N`` names, unnamed or value_info-only dims: sizes that
+     depend on data, like NonZero's, or on external data not loaded) count
+     as 1; an unknown rank or a tensor inference gave no type counts 0
+     bytes. Such ports are listed in ``attrs["_size_unknown"]`` and a note
+     counts them.
+
+Graph mapping:
+
+* Ops: first one op of type ``"Input"`` per graph input that is not an
+  initializer (in ``graph.input`` order; its name is the input's name, port
+  0 is the fed tensor), so every fed tensor has a producer; then one op per
+  node, in node order (ONNX nodes are topologically sorted).
+* Names: a node's ``name``, or ``<op_type>_<node index>`` when it has none.
+  Every name is unique: original names (input names and non-empty node
+  names) are claimed first, in op order; an op whose name is taken, or that
+  has no name, then gets its base name, or ``<base>_<k>`` with the smallest
+  k >= 1 that is free. ``attrs["_onnx_node"]`` (node index) or
+  ``attrs["_onnx_input"]`` (graph input index) maps an op back to the model.
+* ``op_types``: the node's ``op_type``, prefixed with its domain and a dot
+  when that is not the default domain (``com.microsoft.FusedMatMul``).
+* Edges: per node, its inputs in order (an empty, omitted optional input is
+  skipped; a value used twice gives two edges), then its implicit inputs
+  (below). The port is the producer's output index. Values read from
+  initializers make no edge: see persistent bytes. ONNX has no control
+  edges.
+* If, Loop, Scan (any node with a graph attribute) are single ops: their
+  subgraph nodes are not ops. ``attrs["_subgraph_ops"]`` counts the nodes of
+  all their subgraphs, recursively, for the cost model. Values the
+  subgraphs read from the outer scope (at any depth) are implicit data
+  inputs: one edge from each such value's producer, in first-use order,
+  skipping values already explicit inputs. Initializers inside the
+  subgraphs add to the op's persistent bytes.
+* ``output_bytes[v][p]`` = ceil(elements x bits per element / 8) (ONNX packs
+  4-bit types two to a byte); ``output_shapes`` tuples of ints (None when
+  the rank is unknown); ``output_dtypes`` numpy-style names as the GraphDef
+  reader uses (``float32``, ``int64``, ``bool``, ``float16``,
+  ``bfloat16``, ``float8_e4m3fn``, ``int4``, ...; :data:`DTYPES`);
+  ``"sequence"``, ``"optional"``, ``"map"``, ``"sparse"`` for non-tensor
+  values (0 bytes, shape None) and ``""`` for an omitted output or a value
+  inference could not type. An ONNX data type outside :data:`DTYPES` is an
+  error naming the tensor.
+* Initializers (dense and sparse; bytes from dims and type, the data is
+  never read): one consumed by a single op adds its bytes to that op's
+  ``persistent_bytes``; one consumed by several ops (explicitly or from a
+  subgraph) puts them in one colocation group and its bytes go to the
+  first consumer (lowest op id) only, so each weight counts once. An unused
+  initializer counts nowhere. ``group[v]`` is the lowest op id of v's
+  group; without shared initializers every op is its own group.
+  ``attrs["_initializers"]`` names the initializers an op consumes.
+* ``attrs[v]``: the node's attributes, decoded: int, float, str (UTF-8,
+  undecodable bytes replaced), lists of those. A tensor attribute ``x``
+  is omitted and leaves ``x_shape`` (so a Constant has
+  ``attrs["value_shape"]``) and ``x_dtype``; graph and type attributes
+  are omitted. Private keys: ``_onnx_node`` / ``_onnx_input``,
+  ``_subgraph_ops``, ``_initializers``, ``_size_unknown``, and
+  ``_input_shapes`` / ``_input_dtypes`` (per explicit node input, None /
+  ``""`` when omitted; initializer inputs included, which is how a cost rule
+  sees a Conv's kernel shape).
+* ``is_backward`` all False, ``forward_op`` all -1 (inference graphs),
+  ``compute_us`` 0 (the cost model fills it in).
+
+Deterministic: the same file and options give the same graph.
+
+Complexity: O(V + E + S + I) for V nodes, E node inputs, S subgraph nodes and
+I initializers, besides the checker and shape inference (onnx's own, roughly
+linear in the model size; inference copies the model once).
+
+Example:
+    >>> import tempfile, os, onnx
+    >>> from onnx import TensorProto, helper
+    >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    >>> y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    >>> node = helper.make_node("Relu", ["x"], ["y"])
+    >>> model = helper.make_model(helper.make_graph([node], "g", [x], [y]),
+    ...                           opset_imports=[helper.make_opsetid("", 17)])
+    >>> path = os.path.join(tempfile.mkdtemp(), "relu.onnx")
+    >>> onnx.save(model, path)
+    >>> g = read_onnx(path, batch_size=8)
+    >>> g.names, g.op_types, g.output_bytes
+    (['x', 'Relu_0'], ['Input', 'Relu'], [[128], [128]])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from baechi_cli.errors import InputError
+from baechi_cli.graph import GraphBuilder, OpGraph
+from baechi_cli.io.files import read_input
+
+if TYPE_CHECKING:
+    from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto
+
+#: ONNX TensorProto.DataType value -> (numpy-style name, bits per element).
+#: Names follow the GraphDef reader (``tf.DType.name`` / ml_dtypes).
+DTYPES: dict[int, tuple[str, int]] = {
+    1: ("float32", 32),
+    2: ("uint8", 8),
+    3: ("int8", 8),
+    4: ("uint16", 16),
+    5: ("int16", 16),
+    6: ("int32", 32),
+    7: ("int64", 64),
+    8: ("string", 0),
+    9: ("bool", 8),
+    10: ("float16", 16),
+    11: ("float64", 64),
+    12: ("uint32", 32),
+    13: ("uint64", 64),
+    14: ("complex64", 64),
+    15: ("complex128", 128),
+    16: ("bfloat16", 16),
+    17: ("float8_e4m3fn", 8),
+    18: ("float8_e4m3fnuz", 8),
+    19: ("float8_e5m2", 8),
+    20: ("float8_e5m2fnuz", 8),
+    21: ("uint4", 4),
+    22: ("int4", 4),
+    23: ("float4_e2m1fn", 4),
+    24: ("float8_e8m0fnu", 8),
+    25: ("uint2", 2),
+    26: ("int2", 2),
+    27: ("float6_e2m3fn", 6),
+    28: ("float6_e3m2fn", 6),
+}
+
+MIN_OPSET = 13
+INPUT_OP = "Input"
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_INTEGER_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})
+_SMALL_TENSOR = 1024  # elements: external integer tensors up to this size are loaded for inference
+_MAX_MESSAGE = 300  # characters of an onnx error message kept
+
+
+class OnnxRead(NamedTuple):
+    """What :func:`read_onnx_with_notes` returns."""
+
+    graph: OpGraph
+    notes: list[str]  # one line each, for the report: external data, guessed sizes
+    opset: int  # the default-domain opset
+
+
+class _Tensor(NamedTuple):
+    shape: tuple[int, ...] | None
+    dtype: str
+    nbytes: int
+    guessed: bool
+
+
+def read_onnx(path: str, *, batch_size: int | None = None, dims: Mapping[str, int] | None = None) -> OpGraph:
+    """Read an ONNX model into an OpGraph (see the module docstring)."""
+    return read_onnx_with_notes(path, batch_size=batch_size, dims=dims).graph
+
+
+def read_onnx_with_notes(
+    path: str, *, batch_size: int | None = None, dims: Mapping[str, int] | None = None
+) -> OnnxRead:
+    """Like :func:`read_onnx`, with the notes a report should show and the opset."""
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+        raise InputError(f"the batch size must be a positive integer, not {batch_size}")
+    binding: dict[str, int] = {}
+    for name, value in (dims or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"--dim {name}={value}: the value must be a positive integer")
+        binding[str(name)] = value
+    data = read_input(path, "ONNX")
+    try:
+        return _read(path, data, batch_size, binding)
+    except InputError as err:
+        raise err.with_path(path) from None
+
+
+# ----------------------------------------------------------------- steps
+
+
+def _read(path: str, data: bytes, batch_size: int | None, binding: dict[str, int]) -> OnnxRead:
+    model = _parse(data)
+    opset = _check_opset(model)
+    notes: list[str] = []
+    external = _external_data(model, os.path.dirname(os.path.abspath(path)), notes)
+    _check(model, external)
+    declared = _bind(model.graph, batch_size, binding)
+    types = _infer(model)
+    graph, guessed = _build(model.graph, types, declared, binding)
+    if guessed:
+        notes.append(
+            f"{guessed} output(s) have sizes shape inference could not determine (data-dependent, "
+            "or from external data not loaded); counted as 1 per unknown dim, 0 bytes for unknown rank"
+        )
+    return OnnxRead(graph, notes, opset)
+
+
+def _parse(data: bytes) -> ModelProto:
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError):
+        raise InputError("not an ONNX model: binary protobuf parse failed") from None
+    if not model.HasField("graph"):
+        raise InputError("not an ONNX model: the protobuf holds no model graph")
+    if not model.graph.node:
+        raise InputError("not an ONNX model: the graph has no nodes")
+    return model
+
+
+def _check_opset(model: ModelProto) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
+    if not versions:
+        raise InputError("the model imports no default-domain (ai.onnx) opset")
+    opset = max(versions)
+    if opset < MIN_OPSET:
+        raise InputError(
+            f"the model uses ONNX opset {opset}; opset {MIN_OPSET} or newer is needed: convert it with "
+            f"onnx.version_converter.convert_version(model, {MIN_OPSET})"
+        )
+    return opset
+
+
+def _external_data(model: ModelProto, base_dir: str, notes: list[str]) -> set[str]:
+    """Note the external tensors; load the small integer ones whose file exists.
+
+    Returns the names of top-level initializers whose data stays external.
+    """
+    from onnx import TensorProto
+    from onnx.external_data_helper import _get_all_tensors, load_external_data_for_tensor
+
+    count = nbytes = 0
+    locations: dict[str, bool] = {}  # location -> file exists
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        exists = locations.get(location)
+        if exists is None:
+            exists = locations[location] = bool(location) and os.path.isfile(os.path.join(base_dir, location))
+        if exists and tensor.data_type in _INTEGER_TYPES and math.prod(tensor.dims) <= _SMALL_TENSOR:
+            try:
+                load_external_data_for_tensor(tensor, base_dir)
+                continue
+            except Exception:  # a bad offset or a path outside base_dir: keep it external
+                pass
+        count += 1
+        nbytes += _tensor_bytes(tensor, f"tensor '{tensor.name}'")
+    if count:
+        missing = sorted(loc for loc, ok in locations.items() if not ok)
+        where = ", ".join(sorted(locations)) or "?"
+        absent = f"; missing: {', '.join(missing)}" if missing else ""
+        notes.append(
+            f"external data not loaded: {count} tensor(s), {nbytes} bytes in {where}{absent}; "
+            "placement uses their dims only"
+        )
+    return {t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL}
+
+
+def _check(model: ModelProto, external: set[str]) -> None:
+    import onnx
+
+    checked = model
+    if external:
+        # The checker opens external files relative to the working directory;
+        # check a copy where those initializers are graph inputs of their type.
+        checked = onnx.ModelProto()
+        checked.CopyFrom(model)
+        graph = checked.graph
+        inputs = {i.name for i in graph.input}
+        kept = [t for t in graph.initializer if t.name not in external]
+        for t in graph.initializer:
+            if t.name in external and t.name not in inputs:
+                graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    try:
+        onnx.checker.check_model(checked, full_check=False)
+    except Exception as err:  # ValidationError, or ValueError for a model over 2 GB
+        raise InputError(f"fails the ONNX checker: {_one_line(err)}") from None
+
+
+def _bind(graph: GraphProto, batch_size: int | None, binding: dict[str, int]) -> set[str]:
+    """Make the graph inputs' dims concrete, in place; return the declared dim names.
+
+    ``binding`` gains the names ``batch_size`` binds.
+    """
+    inits = _initializer_names(graph)
+    declared: set[str] = set()
+    everywhere: set[str] = set()
+    for values, into in ((graph.input, declared), (graph.output, declared), (graph.value_info, everywhere)):
+        for info in values:
+            if info.name in inits:
+                continue
+            for dim in _dims(info.type):
+                if dim.WhichOneof("value") == "dim_param":
+                    into.add(dim.dim_param)
+    unknown = sorted(set(binding) - declared - everywhere)
+    if unknown:
+        known = ", ".join(sorted(declared | everywhere)) or "none"
+        raise InputError(
+            f"--dim {unknown[0]}: the model has no symbolic dim of that name (its dims: {known})"
+        )
+    feeds = [info for info in graph.input if info.name not in inits]
+    if batch_size is not None:
+        for info in feeds:
+            dims = _dims(info.type)
+            if dims:
+                kind = dims[0].WhichOneof("value")
+                if kind == "dim_param" and dims[0].dim_param not in binding:
+                    binding[dims[0].dim_param] = batch_size
+                elif kind is None:
+                    dims[0].dim_value = batch_size
+    for values in (graph.input, graph.output, graph.value_info):
+        for info in values:
+            for dim in _dims(info.type):
+                if dim.WhichOneof("value") == "dim_param" and dim.dim_param in binding:
+                    dim.dim_value = binding[dim.dim_param]  # clears dim_param (a oneof)
+    for info in feeds:
+        _check_feed(info)
+    return declared
+
+
+def _check_feed(info: Any) -> None:
+    t = info.type
+    if t.WhichOneof("value") != "tensor_type" or DTYPES.get(t.tensor_type.elem_type, ("", 1))[1] == 0:
+        return
+    if not t.tensor_type.HasField("shape"):
+        raise InputError(
+            f"graph input '{info.name}' has unknown rank, so its size cannot be estimated; "
+            "export the model with input shapes"
+        )
+    for axis, dim in enumerate(t.tensor_type.shape.dim):
+        kind = dim.WhichOneof("value")
+        if kind == "dim_value":
+            continue
+        hint = " or --batch-size" if axis == 0 else ""
+        if kind == "dim_param":
+            raise InputError(
+                f"graph input '{info.name}' has symbolic dim '{dim.dim_param}' (axis {axis}) with no value; "
+                f"pass --dim {dim.dim_param}=VALUE{hint}"
+            )
+        fix = "pass --batch-size" if axis == 0 else "export the model with a named or fixed dim there"
+        raise InputError(f"graph input '{info.name}' has an unknown dim at axis {axis}; {fix}")
+
+
+def _infer(model: ModelProto) -> dict[str, TypeProto]:
+    """Value name -> its type after shape inference (top-level graph)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(
+            model, check_type=False, strict_mode=False, data_prop=True
+        )
+    except Exception as err:  # InferenceError, or anything the C++ side raises
+        raise InputError(f"ONNX shape inference failed: {_one_line(err)}") from None
+    types: dict[str, TypeProto] = {}
+    for values in (inferred.graph.input, inferred.graph.output, inferred.graph.value_info):
+        for info in values:
+            if info.HasField("type"):
+                types[info.name] = info.type
+    return types
+
+
+# ----------------------------------------------------------------- building
+
+
+def _build(
+    graph: GraphProto, types: dict[str, TypeProto], declared: set[str], binding: dict[str, int]
+) -> tuple[OpGraph, int]:
+    """The OpGraph and the number of output ports whose size is a guess."""
+    inits = _initializers(graph)
+    feeds = [(i, info) for i, info in enumerate(graph.input) if info.name not in inits]
+    nodes = list(graph.node)
+    names = _unique_names([info.name for _, info in feeds] + [n.name for n in nodes], len(feeds), nodes)
+
+    builder = GraphBuilder()
+    producer: dict[str, tuple[int, int]] = {}  # value name -> (op id, port)
+    produced: dict[str, _Tensor] = {}  # value name -> its tensor
+    consumers: dict[str, list[int]] = {}  # initializer name -> op ids, in op order
+    guessed = 0
+
+    for index, info in feeds:
+        v = builder.num_ops
+        t = _value(info.name, types.get(info.name, info.type), names[v], declared, binding)
+        attrs: dict[str, Any] = {"_onnx_input": index}
+        if t.guessed:
+            attrs["_size_unknown"] = [0]
+            guessed += 1
+        builder.add_op(
+            names[v], INPUT_OP, [t.nbytes], output_shapes=[t.shape], output_dtypes=[t.dtype], attrs=attrs
+        )
+        producer[info.name] = (v, 0)
+        produced[info.name] = t
+
+    for index, node in enumerate(nodes):
+        v = len(feeds) + index
+        name = names[v]
+        outs = [
+            _value(o, types.get(o), name, declared, binding) if o else _Tensor(None, "", 0, False)
+            for o in node.output
+        ]
+        attrs = _decode_attrs(node.attribute)
+        attrs["_onnx_node"] = index
+        unknown = [p for p, t in enumerate(outs) if t.guessed]
+        if unknown:
+            attrs["_size_unknown"] = unknown
+            guessed += len(unknown)
+
+        edges: list[tuple[int, int]] = []
+        used: list[str] = []  # initializers, in first-use order
+        in_shapes: list[tuple[int, ...] | None] = []
+        in_dtypes: list[str] = []
+        for value in node.input:
+            if not value:
+                in_shapes.append(None)
+                in_dtypes.append("")
+                continue
+            if value in producer:
+                src, port = producer[value]
+                edges.append((src, port))
+                in_shapes.append(produced[value].shape)
+                in_dtypes.append(produced[value].dtype)
+            elif value in inits:
+                if value not in used:
+                    used.append(value)
+                in_shapes.append(inits[value].shape)
+                in_dtypes.append(inits[value].dtype)
+            else:
+                raise InputError(
+                    f"input '{value}' is produced by no node, graph input or initializer", op=name
+                )
+        persistent = 0
+        subgraphs = [g for a in node.attribute for g in _attr_graphs(a)]
+        if subgraphs:
+            count, inner_bytes, outer = _subgraphs(subgraphs, name)
+            attrs["_subgraph_ops"] = count
+            persistent += inner_bytes
+            explicit = set(node.input)
+            for value in outer:
+                if value in explicit:
+                    continue
+                if value in producer:
+                    edges.append(producer[value])
+                elif value in inits:
+                    if value not in used:
+                        used.append(value)
+                else:
+                    raise InputError(
+                        f"a subgraph reads '{value}', which no outer node, input or initializer defines",
+                        op=name,
+                    )
+        for value in used:
+            consumers.setdefault(value, []).append(v)
+        if used:
+            attrs["_initializers"] = used
+        attrs["_input_shapes"] = in_shapes
+        attrs["_input_dtypes"] = in_dtypes
+
+        op_type = node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
+        builder.add_op(
+            name,
+            op_type,
+            [t.nbytes for t in outs],
+            persistent_bytes=persistent,
+            output_shapes=[t.shape for t in outs],
+            output_dtypes=[t.dtype for t in outs],
+            attrs=attrs,
+        )
+        for port, value in enumerate(node.output):
+            if value:
+                producer[value] = (v, port)
+                produced[value] = outs[port]
+        for src, port in edges:
+            builder.add_edge(src, v, port)
+
+    built = builder.build()
+    return _own_initializers(built, inits, consumers), guessed
+
+
+def _own_initializers(graph: OpGraph, inits: dict[str, _Tensor], consumers: dict[str, list[int]]) -> OpGraph:
+    """Add initializer bytes to their first consumer; colocate the consumers of a shared one."""
+    parent = list(range(graph.num_ops))
+
+    def find(v: int) -> int:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    persistent = list(graph.persistent_bytes)
+    for name, ops in consumers.items():
+        persistent[ops[0]] += inits[name].nbytes
+        root = find(ops[0])
+        for v in ops[1:]:
+            other = find(v)
+            if other != root:
+                root, other = min(root, other), max(root, other)
+                parent[other] = root
+    group = [find(v) for v in range(graph.num_ops)]  # a root is its set's lowest id
+    return graph.replace(persistent_bytes=persistent, group=group)
+
+
+def _unique_names(original: list[str], n_feeds: int, nodes: list[NodeProto]) -> list[str]:
+    """Unique op names: original names claimed first, in op order; then the rest get suffixes."""
+    names: list[str | None] = [None] * len(original)
+    taken: set[str] = set()
+    for v, name in enumerate(original):
+        if name and name not in taken:
+            taken.add(name)
+            names[v] = name
+    next_suffix: dict[str, int] = {}
+    for v, name in enumerate(names):
+        if name is not None:
+            continue
+        base = original[v] or f"{nodes[v - n_feeds].op_type}_{v - n_feeds}"
+        candidate = base
+        k = next_suffix.get(base, 0)
+        while candidate in taken:
+            k += 1
+            candidate = f"{base}_{k}"
+        next_suffix[base] = k
+        taken.add(candidate)
+        names[v] = candidate
+    return names  # type: ignore[return-value]
+
+
+def _subgraphs(graphs: list[GraphProto], op: str) -> tuple[int, int, list[str]]:
+    """(nodes in all subgraphs recursively, their initializer bytes, outer values read in first-use order)."""
+    count = nbytes = 0
+    outer: list[str] = []
+    seen: set[str] = set()
+    for graph in graphs:
+        local = set(_initializer_names(graph)) | {i.name for i in graph.input}
+        for t in graph.initializer:
+            nbytes += _tensor_bytes(t, f"subgraph initializer '{t.name}'")
+        for s in graph.sparse_initializer:
+            nbytes += _tensor_bytes(s.values, f"subgraph initializer '{s.values.name}'")
+            nbytes += _tensor_bytes(s.indices, f"subgraph initializer '{s.values.name}'")
+        for node in graph.node:
+            count += 1
+            reads = [x for x in node.input if x]
+            inner = [g for a in node.attribute for g in _attr_graphs(a)]
+            if inner:
+                c, b, o = _subgraphs(inner, op)
+                count += c
+                nbytes += b
+                reads += o
+            for value in reads:
+                if value not in local and value not in seen:
+                    seen.add(value)
+                    outer.append(value)
+            local.update(o for o in node.output if o)
+    return count, nbytes, outer
+
+
+def _attr_graphs(attr: AttributeProto) -> list[GraphProto]:
+    if attr.type == 5:  # GRAPH
+        return [attr.g]
+    if attr.type == 10:  # GRAPHS
+        return list(attr.graphs)
+    return []
+
+
+# ----------------------------------------------------------------- values
+
+
+def _initializer_names(graph: GraphProto) -> set[str]:
+    return {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
+
+
+def _initializers(graph: GraphProto) -> dict[str, _Tensor]:
+    """Initializer name -> shape, dtype and bytes (from dims; data never read)."""
+    out: dict[str, _Tensor] = {}
+    for t in graph.initializer:
+        what = f"initializer '{t.name}'"
+        out[t.name] = _Tensor(tuple(t.dims), _dtype(t.data_type, what), _tensor_bytes(t, what), False)
+    for s in graph.sparse_initializer:
+        what = f"initializer '{s.values.name}'"
+        nbytes = _tensor_bytes(s.values, what) + _tensor_bytes(s.indices, what)
+        out[s.values.name] = _Tensor(tuple(s.dims), _dtype(s.values.data_type, what), nbytes, False)
+    return out
+
+
+def _tensor_bytes(tensor: TensorProto, what: str) -> int:
+    bits = DTYPES.get(tensor.data_type, (None, None))[1]
+    if bits is None:
+        raise InputError(f"{what} has unknown ONNX data type {tensor.data_type}")
+    return (math.prod(tensor.dims) * bits + 7) // 8
+
+
+def _dtype(elem_type: int, what: str) -> str:
+    entry = DTYPES.get(elem_type)
+    if entry is None:
+        raise InputError(f"{what} has unknown ONNX data type {elem_type}")
+    return entry[0]
+
+
+def _dims(t: TypeProto) -> list:
+    if t.WhichOneof("value") == "tensor_type" and t.tensor_type.HasField("shape"):
+        return list(t.tensor_type.shape.dim)
+    return []
+
+
+def _value(name: str, t: TypeProto | None, op: str, declared: set[str], binding: dict[str, int]) -> _Tensor:
+    """Shape, dtype and bytes of value ``name`` output by ``op``."""
+    if t is None:
+        return _Tensor(None, "", 0, True)
+    kind = t.WhichOneof("value")
+    if kind != "tensor_type":
+        return _Tensor(
+            None,
+            {"sequence_type": "sequence", "optional_type": "optional", "map_type": "map"}.get(
+                kind or "", "sparse"
+            ),
+            0,
+            False,
+        )
+    tt = t.tensor_type
+    if tt.elem_type == 0:
+        return _Tensor(None, "", 0, True)
+    dtype, bits = DTYPES.get(tt.elem_type, (None, 0))
+    if dtype is None:
+        raise InputError(f"tensor '{name}' has unknown ONNX data type {tt.elem_type}", op=op)
+    if not tt.HasField("shape"):
+        return _Tensor(None, dtype, 0, bits > 0)
+    shape: list[int] = []
+    guessed = False
+    for dim in tt.shape.dim:
+        which = dim.WhichOneof("value")
+        if which == "dim_value":
+            shape.append(dim.dim_value)
+        elif which == "dim_param" and dim.dim_param in binding:
+            shape.append(binding[dim.dim_param])
+        elif which == "dim_param" and dim.dim_param in declared and bits:
+            raise InputError(
+                f"tensor '{name}' has symbolic dim '{dim.dim_param}' with no value; "
+                f"pass --dim {dim.dim_param}=VALUE",
+                op=op,
+            )
+        else:
+            shape.append(1)
+            guessed = bits > 0
+    return _Tensor(tuple(shape), dtype, (math.prod(shape) * bits + 7) // 8, guessed)
+
+
+# ----------------------------------------------------------------- attributes
+
+
+def _decode_attrs(attributes: Any) -> dict[str, Any]:
+    """Decoded node attributes (see the module docstring)."""
+    out: dict[str, Any] = {}
+    for a in attributes:
+        t = a.type
+        if t == 1:  # FLOAT
+            out[a.name] = float(a.f)
+        elif t == 2:  # INT
+            out[a.name] = int(a.i)
+        elif t == 3:  # STRING
+            out[a.name] = a.s.decode("utf-8", "replace")
+        elif t == 6:  # FLOATS
+            out[a.name] = [float(f) for f in a.floats]
+        elif t == 7:  # INTS
+            out[a.name] = [int(i) for i in a.ints]
+        elif t == 8:  # STRINGS
+            out[a.name] = [s.decode("utf-8", "replace") for s in a.strings]
+        elif t == 4:  # TENSOR
+            out[f"{a.name}_shape"] = tuple(a.t.dims)
+            out[f"{a.name}_dtype"] = DTYPES.get(a.t.data_type, ("", 0))[0]
+        elif t == 11:  # SPARSE_TENSOR
+            out[f"{a.name}_shape"] = tuple(a.sparse_tensor.dims)
+            out[f"{a.name}_dtype"] = DTYPES.get(a.sparse_tensor.values.data_type, ("", 0))[0]
+        # GRAPH(S), TENSORS, SPARSE_TENSORS, TYPE_PROTO(S): omitted
+    return out
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."

@@ -1,0 +1,321 @@
+"""The ONNX reader: small real models built with onnx.helper (opset 17) into tmp_path.
+
+Byte counts are hand-computed: float32 is 4 bytes, int64 8.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from baechi_cli.errors import InputError
+from baechi_cli.io.onnx import read_onnx, read_onnx_with_notes
+
+F = TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17, extra_opsets=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    opsets = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in extra_opsets)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def _save(tmp_path, model, name="m.onnx", **kwargs):
+    path = str(tmp_path / name)
+    onnx.save_model(model, path, **kwargs)
+    return path
+
+
+def _init(name, array):
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def _cnn():
+    """x[N,3,8,8] -> Conv(4 3x3, pad 1) -> Relu -> MaxPool 2x2 -> Reshape [0,-1] -> Gemm(64->10)."""
+    inits = [
+        _init("w", np.zeros((4, 3, 3, 3), np.float32)),  # 432 bytes
+        _init("b", np.zeros(4, np.float32)),  # 16
+        _init("s", np.array([0, -1], np.int64)),  # 16
+        _init("W", np.zeros((10, 64), np.float32)),  # 2560
+        _init("B", np.zeros(10, np.float32)),  # 40
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("MaxPool", ["r"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Reshape", ["p", "s"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "W", "B"], ["y"], transB=1),  # unnamed: Gemm_4
+    ]
+    x = helper.make_tensor_value_info("x", F, ["N", 3, 8, 8])
+    y = helper.make_tensor_value_info("y", F, ["N", 10])
+    return _model(nodes, [x], [y], inits)
+
+
+CNN_NAMES = ["x", "conv", "relu", "pool", "flat", "Gemm_4"]
+# Batch 2: x 2*3*8*8*4, conv/relu 2*4*8*8*4, pool 2*4*4*4*4, flat 2*64*4, Gemm 2*10*4.
+CNN_BYTES_B2 = [[1536], [2048], [2048], [512], [512], [80]]
+# conv: w 432 + b 16; flat: s 16; Gemm: W 2560 + B 40.
+CNN_PERSISTENT = [0, 448, 0, 0, 16, 2600]
+
+
+def test_cnn_ops_edges_ports_and_bytes_with_batch_size(tmp_path):
+    """Ops, op types, edges, ports, inferred output bytes, persistent bytes and attrs of a small CNN."""
+    g = read_onnx(_save(tmp_path, _cnn()), batch_size=2)
+    assert g.names == CNN_NAMES
+    assert g.op_types == ["Input", "Conv", "Relu", "MaxPool", "Reshape", "Gemm"]
+    assert g.output_bytes == CNN_BYTES_B2
+    assert g.output_shapes[4] == [(2, 64)]  # Reshape resolved from the initializer's values
+    assert g.output_dtypes == [["float32"]] * 6
+    assert g.persistent_bytes == CNN_PERSISTENT
+    assert list(zip(g.edge_src, g.edge_port, g.edge_dst)) == [
+        (0, 0, 1),
+        (1, 0, 2),
+        (2, 0, 3),
+        (3, 0, 4),
+        (4, 0, 5),
+    ]
+    assert g.edge_bytes == [1536, 2048, 2048, 512, 512]
+    assert g.group == list(range(6))
+    assert g.is_backward == [False] * 6 and g.forward_op == [-1] * 6
+    conv = g.attrs[1]
+    assert conv["pads"] == [1, 1, 1, 1] and conv["kernel_shape"] == [3, 3]
+    assert conv["_input_shapes"] == [(2, 3, 8, 8), (4, 3, 3, 3), (4,)]
+    assert conv["_input_dtypes"] == ["float32"] * 3
+    assert conv["_initializers"] == ["w", "b"] and conv["_onnx_node"] == 0
+    assert g.attrs[5]["transB"] == 1 and g.attrs[0] == {"_onnx_input": 0}
+
+
+def test_cnn_batch_bound_by_dims_and_dims_win_over_batch_size(tmp_path):
+    """--dim N=2 gives the same sizes as --batch-size 2; a --dim beats --batch-size for that name."""
+    path = _save(tmp_path, _cnn())
+    assert read_onnx(path, dims={"N": 2}).output_bytes == CNN_BYTES_B2
+    g = read_onnx(path, batch_size=2, dims={"N": 3})
+    assert g.output_bytes[-1] == [3 * 10 * 4]
+
+
+def test_same_file_same_graph(tmp_path):
+    """Reading is deterministic."""
+    path = _save(tmp_path, _cnn())
+    assert read_onnx(path, batch_size=2) == read_onnx(path, batch_size=2)
+
+
+def test_unbound_dim_is_an_error_naming_input_and_dim(tmp_path):
+    """Without --batch-size or --dim, the symbolic batch dim of input x is an error naming both."""
+    path = _save(tmp_path, _cnn())
+    with pytest.raises(InputError) as err:
+        read_onnx(path)
+    text = str(err.value)
+    assert text.startswith(path) and "'x'" in text and "'N'" in text
+    assert "--dim N=VALUE" in text and "--batch-size" in text and "\n" not in text
+
+
+def test_batch_size_binds_only_axis_0(tmp_path):
+    """A symbolic dim on axis 1 is not bound by --batch-size; --dim binds it."""
+    x = helper.make_tensor_value_info("x", F, ["N", "T"])
+    y = helper.make_tensor_value_info("y", F, ["N", "T"])
+    path = _save(tmp_path, _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]))
+    with pytest.raises(InputError, match=r"'T' \(axis 1\).*--dim T=VALUE"):
+        read_onnx(path, batch_size=2)
+    assert read_onnx(path, batch_size=2, dims={"T": 5}).output_bytes == [[40], [40]]
+
+
+def test_unknown_dim_name_is_an_error(tmp_path):
+    """--dim with a name the model does not use is a typo, not silently ignored."""
+    with pytest.raises(InputError, match=r"--dim M: the model has no symbolic dim .*its dims: N"):
+        read_onnx(_save(tmp_path, _cnn()), dims={"M": 2})
+
+
+def test_shared_initializer_colocates_consumers_and_counts_once(tmp_path):
+    """W[4,4] (64 bytes) read by two MatMuls: one group, bytes on the first only; Relu stays alone."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m1"], name="m1"),
+        helper.make_node("Relu", ["m1"], ["r"], name="r"),
+        helper.make_node("MatMul", ["r", "W"], ["m2"], name="m2"),
+    ]
+    x = helper.make_tensor_value_info("x", F, [2, 4])
+    y = helper.make_tensor_value_info("m2", F, [2, 4])
+    g = read_onnx(_save(tmp_path, _model(nodes, [x], [y], [_init("W", np.zeros((4, 4), np.float32))])))
+    assert g.names == ["x", "m1", "r", "m2"]
+    assert g.persistent_bytes == [0, 64, 0, 0]
+    assert g.group == [0, 1, 2, 1]
+
+
+def test_names_ports_and_custom_domain(tmp_path):
+    """Duplicate and missing names made unique as documented; Split's ports; a custom-domain op."""
+    nodes = [
+        helper.make_node("Split", ["x"], ["s0", "s1"], name="a", axis=1),
+        helper.make_node("Mul", ["s1", "s0"], ["m"], name="a"),  # duplicate: a_1
+        helper.make_node("Relu", ["m"], ["r1"]),  # no name: Relu_2, but node 3 claims it: Relu_2_1
+        helper.make_node("Relu", ["r1"], ["r2"], name="Relu_2"),
+        helper.make_node("Foo", ["r2"], ["z"], name="foo", domain="com.example"),
+    ]
+    x = helper.make_tensor_value_info("x", F, [2, 4])
+    z = helper.make_tensor_value_info("z", F, [2, 2])
+    model = _model(nodes, [x], [z], extra_opsets=[("com.example", 1)])
+    got = read_onnx_with_notes(_save(tmp_path, model))
+    g = got.graph
+    assert g.names == ["x", "a", "a_1", "Relu_2_1", "Relu_2", "foo"]
+    assert g.op_types[5] == "com.example.Foo"
+    assert g.output_bytes[1] == [16, 16]  # two [2,2] float32 halves
+    assert list(zip(g.edge_src, g.edge_port, g.edge_dst))[:3] == [(0, 0, 1), (1, 1, 2), (1, 0, 2)]
+    # Foo's output is a graph output declared [2,2]: known. A custom op's typed output is fine.
+    assert g.output_bytes[5] == [16]
+    assert got.opset == 17
+
+
+def test_uninferable_output_is_flagged_and_noted(tmp_path):
+    """NonZero's output dim depends on data: counted as 1 and flagged, with a note."""
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"], name="nz"), helper.make_node("Neg", ["nz"], ["y"])]
+    x = helper.make_tensor_value_info("x", F, [3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [2, None])
+    got = read_onnx_with_notes(_save(tmp_path, _model(nodes, [x], [y])))
+    g = got.graph
+    assert g.output_shapes[1] == [(2, 1)] and g.output_bytes[1] == [16]  # 2 x 1 int64
+    assert g.attrs[1]["_size_unknown"] == [0]
+    assert any("could not determine" in n for n in got.notes)
+
+
+def test_external_data_absent_still_reads_with_a_note(tmp_path):
+    """Weights in weights.bin, then deleted: dims still give persistent bytes; a note says so."""
+    path = _save(
+        tmp_path,
+        _cnn(),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
+    os.remove(tmp_path / "weights.bin")
+    got = read_onnx_with_notes(path, batch_size=2)
+    g = got.graph
+    assert g.persistent_bytes == CNN_PERSISTENT
+    assert g.output_bytes[:4] == CNN_BYTES_B2[:4] and g.output_bytes[5] == [80]
+    # Reshape's shape operand [0,-1] is in the missing file: its output is a guess.
+    assert g.attrs[4]["_size_unknown"] == [0]
+    note = got.notes[0]
+    assert "external data not loaded: 5 tensor(s), 3064 bytes in weights.bin; missing: weights.bin" in note
+
+
+def test_external_data_present_loads_only_small_integer_tensors(tmp_path):
+    """With weights.bin present, the int64 shape operand is loaded so Reshape resolves; weights stay unloaded."""
+    path = _save(
+        tmp_path,
+        _cnn(),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
+    got = read_onnx_with_notes(path, batch_size=2)
+    assert got.graph.output_bytes == CNN_BYTES_B2
+    assert got.notes == [
+        "external data not loaded: 4 tensor(s), 3048 bytes in weights.bin; placement uses their dims only"
+    ]
+
+
+def test_old_opset_is_an_error(tmp_path):
+    """Opset 11 is refused, saying which opset, that 13+ is needed and how to convert."""
+    x = helper.make_tensor_value_info("x", F, [2])
+    y = helper.make_tensor_value_info("y", F, [2])
+    path = _save(tmp_path, _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y], opset=11))
+    with pytest.raises(InputError, match=r"opset 11; opset 13 or newer is needed.*version_converter"):
+        read_onnx(path)
+
+
+@pytest.mark.parametrize("data", [b"\xff\xff\xff\xff garbage \x00\x01", b"hello, this is plain text\n"])
+def test_not_an_onnx_file(tmp_path, data):
+    """Bytes that do not decode, or decode to no model graph, are 'not an ONNX model'."""
+    path = tmp_path / "x.onnx"
+    path.write_bytes(data)
+    with pytest.raises(InputError, match="not an ONNX model"):
+        read_onnx(str(path))
+
+
+def test_checker_failure_names_the_problem(tmp_path):
+    """A node reading an undefined value fails onnx.checker; its message, on one line, is the error."""
+    x = helper.make_tensor_value_info("x", F, [2])
+    y = helper.make_tensor_value_info("y", F, [2])
+    path = _save(tmp_path, _model([helper.make_node("Relu", ["zz"], ["y"], name="r")], [x], [y]))
+    with pytest.raises(InputError) as err:
+        read_onnx(path)
+    text = str(err.value)
+    assert "fails the ONNX checker" in text and "zz" in text and "\n" not in text
+
+
+def test_if_is_one_op_with_an_edge_from_the_outer_value(tmp_path):
+    """If's branches read h (outer Relu): one If op, edges from c (explicit) and from h's producer."""
+    then_g = helper.make_graph(
+        [helper.make_node("Relu", ["h"], ["t"])], "then", [], [helper.make_tensor_value_info("t", F, [2, 3])]
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", ["h"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, [2, 3])]
+    )
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="h"),
+        helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", F, [2, 3]),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+    ]
+    g = read_onnx(_save(tmp_path, _model(nodes, inputs, [helper.make_tensor_value_info("y", F, [2, 3])])))
+    assert g.names == ["x", "c", "h", "if"]
+    assert list(zip(g.edge_src, g.edge_port, g.edge_dst)) == [(0, 0, 2), (1, 0, 3), (2, 0, 3)]
+    assert g.output_bytes[1] == [1] and g.output_bytes[3] == [24]
+    assert g.attrs[3]["_subgraph_ops"] == 2
+    assert "then_branch" not in g.attrs[3]
+
+
+def test_loop_reads_outer_value_and_initializer(tmp_path):
+    """Loop body reads h (outer op) and b (top-level initializer, also read by Add): edge, shared group, bytes."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["v_in", "b"], ["a"]),
+            helper.make_node("Mul", ["a", "h"], ["v_out"]),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", F, [2, 3]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", F, [2, 3]),
+        ],
+    )
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["h"], name="h"),
+        helper.make_node("Loop", ["M", "", "x"], ["y"], name="loop", body=body),
+    ]
+    inits = [_init("M", np.array(3, np.int64)), _init("b", np.zeros(3, np.float32))]  # 8 and 12 bytes
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, [2, 3])],
+        [helper.make_tensor_value_info("y", F, [2, 3])],
+        inits,
+    )
+    g = read_onnx(_save(tmp_path, model))
+    assert g.names == ["x", "h", "loop"]
+    # Explicit x, then the implicit h; "" (omitted cond) and initializer M make no edge.
+    assert list(zip(g.edge_src, g.edge_port, g.edge_dst)) == [(0, 0, 1), (0, 0, 2), (1, 0, 2)]
+    assert g.attrs[2]["_subgraph_ops"] == 3
+    assert g.attrs[2]["_input_shapes"] == [(), None, (2, 3)]
+    assert g.attrs[2]["_initializers"] == ["M", "b"]
+    assert g.persistent_bytes == [0, 12, 8]  # b goes to its first consumer h; M to the loop
+    assert g.group == [0, 1, 1]
+    assert g.output_bytes[2] == [24]
+
+
+def test_unknown_dtype_names_the_tensor(tmp_path):
+    """An element type outside ONNX's DataType enum (99; the checker lets it pass) is an error naming the tensor."""
+    x = helper.make_tensor_value_info("x", 99, [2])
+    y = helper.make_tensor_value_info("y", 99, [2])
+    path = _save(tmp_path, _model([helper.make_node("Identity", ["x"], ["y"])], [x], [y]))
+    with pytest.raises(InputError, match=r"tensor 'x' has unknown ONNX data type 99"):
+        read_onnx(path)
