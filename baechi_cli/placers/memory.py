@@ -55,6 +55,7 @@ class MemoryLedger:
         self.used = [0] * devices.count
         # The largest temporary bytes among the ops on each device (in ``used``).
         self.temporary_peak = [0] * devices.count
+        self._any_temporary = any(self.temporary)
         self.device_of = [-1] * graph.num_ops
         # Copies counted on a device: tensor id * device count + device.
         self._reserved: set[int] = set()
@@ -83,8 +84,11 @@ class MemoryLedger:
         device_of, reserved = self.device_of, self._reserved
         edge_tensor, tensor_bytes = self._edge_tensor, self._tensor_bytes
         members = set(ops)
-        temporary = max((self.temporary[v] for v in ops), default=0)
-        add = {d: sum(self.own[v] for v in ops) + max(temporary - self.temporary_peak[d], 0)}
+        add = {d: sum(self.own[v] for v in ops)}
+        if self._any_temporary:
+            temporary = max((self.temporary[v] for v in ops), default=0)
+            if temporary > self.temporary_peak[d]:
+                add[d] += temporary - self.temporary_peak[d]
         new: set[int] = set()
         ndev = len(self.capacity)
         for v in ops:
@@ -142,7 +146,10 @@ class MemoryLedger:
             self.used[x] += b
         for v in ops:
             self.device_of[v] = d
-        self.temporary_peak[d] = max(self.temporary_peak[d], max((self.temporary[v] for v in ops), default=0))
+        if self._any_temporary:
+            self.temporary_peak[d] = max(
+                self.temporary_peak[d], max((self.temporary[v] for v in ops), default=0)
+            )
         ndev = len(self.capacity)
         edge_tensor = self._edge_tensor
         for v in ops:
