@@ -956,7 +956,7 @@ def profile_model(
     device_of = None
     if fmt == "workload":
         source_of, rule_of, flops = [MEASURED] * n, [GIVEN] * n, [0.0] * n
-        device = f"as given in {os.path.basename(path)}"
+        device = f"the device the workload was profiled on (costs given in {os.path.basename(path)})"
     else:
         graph, report = estimate_costs(graph, devices)
         source_of, rule_of, flops = ["analytic"] * n, rule_kinds(graph, report), report.flops
