@@ -495,9 +495,10 @@ def profile(
             return
         if model is None:
             raise click.UsageError("missing MODEL (or --comm to calibrate communication)")
-        for flag, given in (("--init-op", init_op is not None), ("--between", between is not None)):
-            if given and not (measure if flag == "--init-op" else calibrate):
-                raise click.UsageError(f"{flag} needs {'--measure' if flag == '--init-op' else '--comm'}")
+        if init_op is not None and not measure:
+            raise click.UsageError("--init-op needs --measure")
+        if between is not None:
+            raise click.UsageError("--between needs --comm")
         from baechi_cli.pipeline import PROFILE_STAGES, profile_model
 
         with (
@@ -580,9 +581,9 @@ def _calibrate(
             raise InputError(f"--between '{between}' must name two devices: A,B (e.g. CPU:0,GPU:0)")
         src, dst = parts
     if output is not None:
-        from baechi_cli.pipeline import _check_writable
+        from baechi_cli.pipeline import check_writable
 
-        _check_writable(output)
+        check_writable(output)
     with _tensorflow_logs_hidden(True), _Progress(enabled=not quiet, stages=("transfers",)) as progress:
         progress.stage("transfers")
         fit = measure_transfers(src, dst, max_exp=max_exp, progress=progress.steps)

@@ -194,6 +194,8 @@ def detect_format(path: str) -> str:
 
 def load_model(path: str, batch_size: int | None) -> tuple[OpGraph, str]:
     """Read ``path`` into an OpGraph; returns the graph and its format name."""
+    if not os.path.exists(path):
+        raise InputError("no such file", path=path)
     fmt = detect_format(path)
     try:
         if fmt == "workload":
@@ -315,8 +317,6 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
 
     step("load")
     t0 = time.perf_counter()
-    if not os.path.exists(path):
-        raise InputError("no such file", path=path)
     graph, fmt = load_model(path, options.batch_size)
     sha256 = _sha256(path)
     timings["load"] = time.perf_counter() - t0
@@ -464,7 +464,7 @@ def place_model(
         raise InputError(f"unknown algorithm '{options.algo}' (choose from {', '.join(ALGO_CHOICES)})")
     for target in (output, report_path, trace_path):
         if target is not None:
-            _check_writable(target)
+            check_writable(target)
     t_start = time.perf_counter()
     if output is not None and detect_format(path) != "graphdef":
         raise InputError(
@@ -591,7 +591,7 @@ def _ms(us: float) -> str:
     return f"{us / 1000:.3f} ms"
 
 
-def _check_writable(path: str) -> None:
+def check_writable(path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise InputError("output directory does not exist", path=path)
@@ -758,7 +758,7 @@ def compare_model(
     """Run every algorithm of ``algos`` on one prepared model."""
     step = progress or (lambda stage: None)
     if trace_path is not None:
-        _check_writable(trace_path)
+        check_writable(trace_path)
     t_start = time.perf_counter()
     prepared = prepare(path, devices, options, step)
     timings = dict(prepared.timings)
@@ -926,6 +926,7 @@ def profile_model(
     """
     from baechi_cli.costs.analytic import estimate_costs
     from baechi_cli.costs.profile import (
+        ANALYTIC,
         GIVEN,
         MEASURED,
         build_profile,
@@ -936,16 +937,13 @@ def profile_model(
 
     step = progress or (lambda stage: None)
     if output is not None:
-        _check_writable(output)
+        check_writable(output)
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     step("load")
-    if not os.path.exists(path):
-        raise InputError("no such file", path=path)
-    fmt = detect_format(path)
+    graph, fmt = load_model(path, batch_size)
     if measure and fmt != "graphdef":
         raise InputError(f"--measure runs TensorFlow GraphDefs; this input is {fmt}", path=path)
-    graph, fmt = load_model(path, batch_size)
     sha256 = _sha256(path)
     timings["load"] = time.perf_counter() - t_start
 
@@ -959,7 +957,7 @@ def profile_model(
         device = f"the device the workload was profiled on (costs given in {os.path.basename(path)})"
     else:
         graph, report = estimate_costs(graph, devices)
-        source_of, rule_of, flops = ["analytic"] * n, rule_kinds(graph, report), report.flops
+        source_of, rule_of, flops = [ANALYTIC] * n, rule_kinds(graph, report), report.flops
         device = analytic_device(devices)
     timings["profile"] = time.perf_counter() - t0
 

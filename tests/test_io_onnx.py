@@ -179,9 +179,9 @@ def test_uninferable_output_is_flagged_and_noted(tmp_path):
     assert any("could not determine" in n for n in got.notes)
 
 
-def test_external_data_absent_still_reads_with_a_note(tmp_path):
-    """Weights in weights.bin, then deleted: dims still give persistent bytes; a note says so."""
-    path = _save(
+def _save_cnn_with_external_weights(tmp_path) -> str:
+    """The CNN with every initializer in tmp_path/weights.bin."""
+    return _save(
         tmp_path,
         _cnn(),
         save_as_external_data=True,
@@ -189,6 +189,11 @@ def test_external_data_absent_still_reads_with_a_note(tmp_path):
         location="weights.bin",
         size_threshold=0,
     )
+
+
+def test_external_data_absent_still_reads_with_a_note(tmp_path):
+    """Weights in weights.bin, then deleted: dims still give persistent bytes; a note says so."""
+    path = _save_cnn_with_external_weights(tmp_path)
     os.remove(tmp_path / "weights.bin")
     got = read_onnx_with_notes(path, batch_size=2)
     g = got.graph
@@ -202,14 +207,7 @@ def test_external_data_absent_still_reads_with_a_note(tmp_path):
 
 def test_external_data_present_loads_only_small_integer_tensors(tmp_path):
     """With weights.bin present, the int64 shape operand is loaded so Reshape resolves; weights stay unloaded."""
-    path = _save(
-        tmp_path,
-        _cnn(),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location="weights.bin",
-        size_threshold=0,
-    )
+    path = _save_cnn_with_external_weights(tmp_path)
     got = read_onnx_with_notes(path, batch_size=2)
     assert got.graph.output_bytes == CNN_BYTES_B2
     assert got.notes == [

@@ -176,9 +176,11 @@ def build_profile(
     """
     n = graph.num_ops
     names = graph.names
-    if len(set(names)) != n:
-        dup = next(x for i, x in enumerate(names) if x in names[:i])
-        raise InputError(f"op name '{dup}' occurs twice; a profile matches ops by name", op=dup)
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InputError(f"op name '{name}' occurs twice; a profile matches ops by name", op=name)
+        seen.add(name)
     p = CostProfile(schema=SCHEMA, device=device, generator=generator)
     fields = {k: v for k, v in model.items() if v is not None}
     p.model.CopyFrom(profile_pb2.Model(ops=n, edges=graph.num_edges, **fields))
@@ -321,8 +323,6 @@ def _in_field_order(doc: dict[str, Any], descriptor: Any) -> dict[str, Any]:
 def dumps(profile: CostProfile) -> str:
     """Serialise ``profile`` as JSON text, one op (and one edge) per line; deterministic."""
     doc = to_json(profile)
-    for key in ("totals", "model"):  # whole-number doubles print as ints: 4.0 -> 4
-        doc[key] = {k: _compact(v) for k, v in doc[key].items()}
     lines = ["{"]
     keys = [k for k in _HEAD if k in doc] + [k for k in doc if k not in _HEAD and k not in _LISTS]
     for key in keys:
@@ -363,13 +363,13 @@ def write_profile(profile: CostProfile, path: str) -> None:
 
 def load_profile(path: str) -> CostProfile:
     """Read and validate the profile at ``path`` (see :func:`parse`)."""
+    from baechi_cli.io.files import read_input
+
+    data = read_input(path, "profile")
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise InputError("no such file", path=path) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"cannot read the profile: {err}", path=path) from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"not a baechi profile: not UTF-8 text ({err.reason})", path=path) from None
     return parse(text, path)
 
 
