@@ -419,11 +419,14 @@ def choose_device_pair(num_gpus: int) -> tuple[str, str]:
     return "/device:CPU:0", "/device:CPU:1"
 
 
-_DEVICE_RE = re.compile(r"(?:.*/)?(?:device:)?(cpu|gpu):(\d+)", re.IGNORECASE)
+_LOCAL_DEVICE_RE = re.compile(r"/device:(CPU|GPU):(\d+)")
 
 
 def normalize_device(name: str) -> tuple[str, int]:
     """``"gpu:1"``, ``"/GPU:1"``, ``"/job:localhost/.../device:GPU:1"`` -> ``("GPU", 1)``.
+
+    Spellings are unified by :func:`baechi_cli.verify.normalize_device`;
+    anything but a local CPU or GPU is an InputError.
 
     Example:
         >>> normalize_device("/device:CPU:1"), normalize_device("gpu:0")
@@ -433,10 +436,12 @@ def normalize_device(name: str) -> tuple[str, int]:
         ...
         baechi_cli.errors.InputError: device 'TPU:0' is not a local CPU or GPU (use e.g. /device:GPU:0 or CPU:1)
     """
-    m = _DEVICE_RE.fullmatch(name.strip())
+    from baechi_cli.verify import normalize_device as one_spelling
+
+    m = _LOCAL_DEVICE_RE.fullmatch(one_spelling(name))
     if not m:
         raise InputError(f"device '{name}' is not a local CPU or GPU (use e.g. /device:GPU:0 or CPU:1)")
-    return m.group(1).upper(), int(m.group(2))
+    return m.group(1), int(m.group(2))
 
 
 def _import_tensorflow() -> Any:
