@@ -596,7 +596,9 @@ def measure_transfers(
                 if progress is not None:
                     progress(done, len(sizes))
     except tf.errors.OpError as err:
-        first = (err.message or type(err).__name__).strip().splitlines()[0]
+        from baechi_cli.verify import shorten_tf_message
+
+        first = shorten_tf_message(err.message or "") or type(err).__name__
         raise InputError(f"TensorFlow failed timing {src_name} -> {dst_name}: {first}") from None
     return fit_samples(
         samples,
