@@ -25,8 +25,9 @@ lint:
 proto:  ## regenerate baechi_cli/proto_gen from proto/ (committed; see proto/README.md)
 	$(BIN)/python proto/build.py
 
-testdata:  ## regenerate all TensorFlow test graphs: committed ones in testdata/, large ones in testdata/cache/ (needs the tf extra)
+testdata:  ## regenerate all test graphs: TensorFlow ones (committed in testdata/, large ones in testdata/cache/) and ONNX models (testdata/*.onnx; the torch ones need torch, else skipped)
 	$(BIN)/python testdata/generate.py
+	$(BIN)/python testdata/generate_onnx.py
 
 bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/run.py
