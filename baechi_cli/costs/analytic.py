@@ -2,15 +2,18 @@
 
 Contract. :func:`estimate_costs` takes an OpGraph whose ops carry op types,
 output shapes/dtypes/bytes and decoded attrs (as the GraphDef and ONNX readers
-produce them) and a DeviceSpec, and returns a NEW graph with these columns
-replaced -- the model owns them, whatever the input held:
+produce them), a DeviceSpec and the op set its op types belong to
+(``tensorflow`` for GraphDefs and workload JSON, ``onnx`` for ONNX models;
+see :mod:`baechi_cli.costs.rules`), and returns a NEW graph with these
+columns replaced -- the model owns them, whatever the input held:
 
 * ``compute_us``          -- µs on the first device's kind;
 * ``compute_us_by_kind``  -- one list per distinct :attr:`Device.kind` (always
   filled, also for homogeneous devices);
 * ``persistent_bytes``    -- variables and optimizer slots, counted once, on the
   op that owns the storage (VariableV2 / VarHandleOp / a TF2 resource
-  Placeholder or ``_Arg``);
+  Placeholder or ``_Arg``). ONNX: the reader's (each initializer's bytes on
+  its first consumer) plus the rules' (0 for every ONNX rule);
 * ``temporary_bytes``     -- scratch the op's kernel allocates while it runs
   (set by the few rules whose kernels allocate it; 0 elsewhere, including
   cuDNN convolution workspaces, which are not modelled).
@@ -31,6 +34,12 @@ they alias a buffer, are fed, or are resolved on the host -- and charging them
 the launch overhead would make chains of bookkeeping ops look expensive to the
 placers. Uncovered op types are timed by their bytes plus the overhead.
 
+Each op is looked up in its op set's name table and seen through an
+:class:`OpView` of its data inputs: TensorFlow ops through their in-edges
+(control inputs skipped); ONNX ops through the reader's per-input shape and
+dtype attrs (:func:`baechi_cli.costs.onnx_ops.onnx_view`), which also show
+the initializers (weights), for those make no edges.
+
 TF2 function graphs capture variables as resource Placeholders; such a
 variable's size is visible only through the ops that use the handle directly:
 a ReadVariableOp's output, an Assign*VariableOp's value, a dense
@@ -47,9 +56,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from baechi_cli.costs.onnx_ops import onnx_view
 from baechi_cli.costs.rules import (
     NO_KERNEL_KINDS,
+    NO_RULE,
+    ONNX,
+    ONNX_RULES,
+    OP_SETS,
     RULES,
+    TENSORFLOW,
     UNCOVERED,
     ZERO,
     CannotCount,
@@ -59,6 +74,7 @@ from baechi_cli.costs.rules import (
     bytes_only,
     is_handle,
     is_state,
+    rule_for,
     rule_table,
     rules_markdown,
 )
@@ -66,12 +82,14 @@ from baechi_cli.devices import Device, DeviceSpec
 from baechi_cli.graph import OpGraph
 
 __all__ = [
+    "OP_SETS",
     "RULES",
     "CostReport",
     "OpCount",
     "count_ops",
     "estimate_costs",
     "op_time_us",
+    "rule_for",
     "rule_table",
     "rules_markdown",
 ]
@@ -137,7 +155,6 @@ def op_time_us(count: OpCount, device: Device, launches_kernel: bool = True) -> 
 # input graph (a stride of 0, a list where an int belongs) -- leaves it to the
 # bytes-only rule; the op is reported in CostReport.fallback_ops.
 _RULE_FAILURES = (CannotCount, IndexError, TypeError, ValueError, ZeroDivisionError)
-_DEFAULT = RuleEntry("", UNCOVERED, bytes_only, "no rule: bytes only")
 # Resource-variable holders whose size may only be known from the handle's users.
 _HANDLE_OWNERS = frozenset({"Placeholder", "_Arg", "VarHandleOp"})
 
@@ -167,11 +184,16 @@ _HANDLE_SIZE_HINTS: dict[str, Callable[[OpView], int]] = {
 }
 
 
-def count_ops(graph: OpGraph) -> tuple[list[OpCount], list[str], list[int]]:
-    """Count every op: ``(counts, rule kind per op, ids of ops that fell back)``.
+def _count(rule: RuleEntry, view: OpView) -> tuple[OpCount, bool]:
+    """The rule's count of ``view``, or bytes only and True where the rule cannot count it."""
+    try:
+        return rule.fn(view), False
+    except _RULE_FAILURES:
+        return bytes_only(view), True
 
-    Rule kind is ``uncovered`` for op types without a rule. O(V + E).
-    """
+
+def _count_tensorflow(graph: OpGraph) -> tuple[list[OpCount], list[str], list[int]]:
+    """TensorFlow op types; inputs from the in-edges; resource handles sized by their users."""
     n = graph.num_ops
     op_types, attrs = graph.op_types, graph.attrs
     shapes, dtypes, obytes = graph.output_shapes, graph.output_dtypes, graph.output_bytes
@@ -184,7 +206,7 @@ def count_ops(graph: OpGraph) -> tuple[list[OpCount], list[str], list[int]]:
     handle_size: dict[int, int] = {}  # handle owner op -> largest size hint
     for v in range(n):
         t = op_types[v]
-        entry = rules.get(t, _DEFAULT)
+        entry = rules.get(t, NO_RULE)
         kinds[v] = entry.kind
         hint = hints.get(t)
         if entry.kind == ZERO and hint is None:
@@ -202,10 +224,8 @@ def count_ops(graph: OpGraph) -> tuple[list[OpCount], list[str], list[int]]:
                 in_dtypes.append(dtypes[s][p])
                 in_bytes.append(obytes[s][p])
         view = OpView(t, attrs[v], in_shapes, in_dtypes, in_bytes, shapes[v], dtypes[v], obytes[v])
-        try:
-            counts[v] = entry.fn(view)
-        except _RULE_FAILURES:
-            counts[v] = bytes_only(view)
+        counts[v], fell_back = _count(entry, view)
+        if fell_back:
             fallbacks.append(v)
         if hint is not None:
             size = hint(view)
@@ -218,9 +238,55 @@ def count_ops(graph: OpGraph) -> tuple[list[OpCount], list[str], list[int]]:
     return counts, kinds, fallbacks
 
 
-def estimate_costs(graph: OpGraph, devices: DeviceSpec) -> tuple[OpGraph, CostReport]:
-    """Cost every op of ``graph`` on ``devices``; see the module docstring for the contract."""
-    counts, kinds, fallbacks = count_ops(graph)
+def _count_onnx(graph: OpGraph) -> tuple[list[OpCount], list[str], list[int]]:
+    """ONNX op types; inputs (initializers included) from the reader's attrs."""
+    n = graph.num_ops
+    counts: list[OpCount] = [OpCount()] * n
+    kinds: list[str] = [UNCOVERED] * n
+    fallbacks: list[int] = []
+    for v in range(n):
+        t = graph.op_types[v]
+        entry = ONNX_RULES.get(t, NO_RULE)
+        kinds[v] = entry.kind
+        if entry.kind == ZERO:
+            continue
+        view = onnx_view(
+            t, graph.attrs[v], graph.output_shapes[v], graph.output_dtypes[v], graph.output_bytes[v]
+        )
+        counts[v], fell_back = _count(entry, view)
+        if fell_back:
+            fallbacks.append(v)
+    return counts, kinds, fallbacks
+
+
+_COUNTERS: dict[str, Callable[[OpGraph], tuple[list[OpCount], list[str], list[int]]]] = {
+    TENSORFLOW: _count_tensorflow,
+    ONNX: _count_onnx,
+}
+# Op sets whose reader already put the weights' bytes on the ops (ONNX initializers).
+_READER_OWNS_PERSISTENT = frozenset({ONNX})
+
+
+def count_ops(graph: OpGraph, op_set: str = TENSORFLOW) -> tuple[list[OpCount], list[str], list[int]]:
+    """Count every op: ``(counts, rule kind per op, ids of ops that fell back)``.
+
+    ``op_set`` names the table the op types are looked up in (one of
+    :data:`OP_SETS`; ValueError for another). Rule kind is ``uncovered`` for
+    op types without a rule. O(V + E).
+    """
+    if op_set not in _COUNTERS:
+        raise ValueError(f"unknown op set {op_set!r}; expected one of {', '.join(OP_SETS)}")
+    return _COUNTERS[op_set](graph)
+
+
+def estimate_costs(
+    graph: OpGraph, devices: DeviceSpec, *, op_set: str = TENSORFLOW
+) -> tuple[OpGraph, CostReport]:
+    """Cost every op of ``graph``, of op set ``op_set``, on ``devices``; see the module docstring.
+
+    O(V + E) plus O(V) per distinct device kind.
+    """
+    counts, kinds, fallbacks = count_ops(graph, op_set)
     launches = [k not in NO_KERNEL_KINDS for k in kinds]
     by_kind: dict[str, list[float]] = {}
     for device in devices.devices:
@@ -233,6 +299,10 @@ def estimate_costs(graph: OpGraph, devices: DeviceSpec) -> tuple[OpGraph, CostRe
         per_type = coverage.setdefault(k, {})
         per_type[t] = per_type.get(t, 0) + 1
     persistent = [c.persistent_bytes for c in counts]
+    if op_set in _READER_OWNS_PERSISTENT:
+        persistent = [
+            held + counted for held, counted in zip(graph.persistent_bytes, persistent, strict=True)
+        ]
     report = CostReport(
         device_kind=reference,
         flops=[c.flops for c in counts],

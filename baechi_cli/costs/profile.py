@@ -83,12 +83,15 @@ __all__ = [
 ]
 
 
-def rule_kinds(graph: OpGraph, report: CostReport) -> list[str]:
+def rule_kinds(graph: OpGraph, report: CostReport, op_set: str = "tensorflow") -> list[str]:
     """The analytic rule kind that costed each op: flops | bytes | zero | variable | uncovered,
-    or ``fallback`` where the rule lacked a shape or attr and bytes alone were counted."""
-    from baechi_cli.costs.rules import RULES, UNCOVERED
+    or ``fallback`` where the rule lacked a shape or attr and bytes alone were counted.
 
-    kinds = [RULES[t].kind if t in RULES else UNCOVERED for t in graph.op_types]
+    ``op_set`` is the one ``report`` was counted with (see :func:`~baechi_cli.costs.rules.rule_for`).
+    """
+    from baechi_cli.costs.rules import rule_for
+
+    kinds = [rule_for(t, op_set).kind for t in graph.op_types]
     if report.fallback_ops:
         fell_back = set(report.fallback_ops)
         kinds = [FALLBACK if name in fell_back else k for name, k in zip(graph.names, kinds, strict=True)]

@@ -12,6 +12,25 @@ HloCostAnalysis). A rule that lacks the shapes or attrs it needs raises
 op (it does the same for IndexError, TypeError, ValueError and
 ZeroDivisionError, so malformed attrs in an input graph never crash costing).
 
+Op sets. One registry, two name tables: an op type means something only
+within its *op set* -- TensorFlow's ``Sum`` is a reduction, ONNX's a
+variadic add -- so every name is registered in one op set's table
+(:data:`OP_SETS`) and looked up with :func:`rule_for` ``(op_type, op_set)``:
+
+* ``tensorflow`` (:data:`RULES`): TensorFlow op types, as GraphDefs and
+  workload JSON files name them. The rules below are written in their
+  conventions (NHWC unless ``data_format`` says otherwise, ``transpose_a``,
+  ``ksize``, ...).
+* ``onnx`` (:data:`ONNX_RULES`): ONNX op types, non-default domains
+  prefixed (``com.microsoft.Attention``). An ONNX op with a TensorFlow
+  counterpart is counted by that counterpart's rule, through an adapter that
+  restates the ONNX op in the TensorFlow op's conventions
+  (:mod:`baechi_cli.costs.onnx_ops`; its entries name the rule in
+  :attr:`RuleEntry.shares`), so the two dialects share every FLOP and byte
+  formula. ONNX ops TensorFlow has no op for (LayerNormalization, Gelu,
+  Attention, ...) have rules of their own in the last section of this
+  module, counted on the ONNX function body that defines them.
+
 Every registered rule has a *kind*, which the coverage report and the device
 model both read:
 
@@ -27,7 +46,8 @@ model both read:
   its rule.
 * ``variable`` -- holds a variable (or optimizer slot): persistent bytes only.
 
-Op types with no rule are *uncovered*; they get :func:`bytes_only`.
+Op types with no rule in their op set are *uncovered*; :func:`rule_for`
+gives them :data:`NO_RULE`, which counts :func:`bytes_only`.
 
 Temporary bytes are set only where TensorFlow's (GPU) kernel allocates
 scratch of a size known from shapes: the fused LSTM/GRU cells' gate buffers,
@@ -35,7 +55,8 @@ the softmax cross-entropies' per-row scratch, Unique's sort buffers and
 batch norm's NCHW copies in training; COVERAGE.md lists them.
 
 Shapes are tuples of ints; ``None`` (unknown rank) or a negative dimension
-(unknown size) makes a shape unknown. Every rule is O(rank + inputs).
+(unknown size) makes a shape unknown. Every rule is O(rank + inputs);
+:func:`rule_for` is one dict lookup.
 """
 
 from __future__ import annotations
@@ -97,44 +118,78 @@ class RuleEntry:
     kind: str
     fn: Rule
     note: str  # one line for the coverage table
+    # For an ONNX op counted by a TensorFlow op's rule: that TensorFlow op type.
+    shares: str = ""
 
 
+TENSORFLOW = "tensorflow"
+ONNX = "onnx"
+OP_SETS = (TENSORFLOW, ONNX)
+
+# The name tables, op type -> rule, one per op set (see the module docstring).
 RULES: dict[str, RuleEntry] = {}
+ONNX_RULES: dict[str, RuleEntry] = {}
+_NAME_TABLES = {TENSORFLOW: RULES, ONNX: ONNX_RULES}
 
 
-def register(*op_types: str, kind: str, note: str | None = None) -> Callable[[Rule], Rule]:
-    """Decorator: register ``fn`` as the rule for ``op_types``.
+def _table(op_set: str) -> dict[str, RuleEntry]:
+    """The name table of ``op_set``; ValueError for a name not in :data:`OP_SETS`."""
+    table = _NAME_TABLES.get(op_set)
+    if table is None:
+        raise ValueError(f"unknown op set {op_set!r}; expected one of {', '.join(OP_SETS)}")
+    return table
+
+
+def register(
+    *op_types: str, kind: str, note: str | None = None, op_set: str = TENSORFLOW, shares: str = ""
+) -> Callable[[Rule], Rule]:
+    """Decorator: register ``fn`` as the rule for ``op_types`` of ``op_set``.
 
     ``note`` (default: the first line of ``fn``'s docstring) documents the rule
-    in :func:`rule_table`. Registering an op type twice is an error, so two
-    modules cannot silently fight over one op type.
+    in :func:`rule_table`; ``shares`` names the TensorFlow op type whose rule
+    an ONNX entry adapts. Registering an op type twice in one op set is an
+    error, so two modules cannot silently fight over one op type.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown rule kind {kind!r}")
+    table = _table(op_set)
 
     def deco(fn: Rule) -> Rule:
         text = note if note is not None else (fn.__doc__ or "").strip().split("\n")[0]
         for t in op_types:
-            if t in RULES:
+            if t in table:
                 raise ValueError(f"op type {t!r} already has a rule")
-            RULES[t] = RuleEntry(t, kind, fn, text)
+            table[t] = RuleEntry(t, kind, fn, text, shares)
         return fn
 
     return deco
 
 
-def rule_table() -> list[tuple[str, str, str]]:
-    """``(op type, kind, note)`` for every registered rule, by kind then op type."""
+def rule_for(op_type: str, op_set: str = TENSORFLOW) -> RuleEntry:
+    """The rule that counts ``op_type`` of ``op_set``; :data:`NO_RULE` (kind ``uncovered``) if none. O(1)."""
+    return _table(op_set).get(op_type, NO_RULE)
+
+
+def rule_table(op_set: str = TENSORFLOW) -> list[tuple[str, str, str]]:
+    """``(op type, kind, note)`` for every rule of ``op_set``, by kind then op type."""
     order = {k: i for i, k in enumerate(KINDS)}
-    rows = sorted(RULES.values(), key=lambda r: (order[r.kind], r.op_type))
+    rows = sorted(_table(op_set).values(), key=lambda r: (order[r.kind], r.op_type))
     return [(r.op_type, r.kind, r.note) for r in rows]
 
 
-def rules_markdown() -> str:
-    """The rule table as Markdown, one row per (kind, rule); COVERAGE.md embeds it verbatim."""
+def rules_markdown(op_set: str = TENSORFLOW) -> str:
+    """The rule table of ``op_set`` as Markdown, one row per (kind, rule); COVERAGE.md embeds both.
+
+    An ONNX op type counted by a TensorFlow op's rule under another name is
+    listed with that name in parentheses: ``Add (AddV2)``.
+    """
+    table = _table(op_set)
     groups: dict[tuple[str, str], list[str]] = {}
-    for op_type, kind, note in rule_table():
-        groups.setdefault((kind, note), []).append(op_type)
+    for op_type, kind, note in rule_table(op_set):
+        shares = table[op_type].shares
+        groups.setdefault((kind, note), []).append(
+            f"{op_type} ({shares})" if shares not in ("", op_type) else op_type
+        )
     lines = ["| rule | what is counted | op types |", "|---|---|---|"]
     lines += [f"| {kind} | {note} | {', '.join(types)} |" for (kind, note), types in groups.items()]
     return "\n".join(lines) + "\n"
@@ -188,6 +243,11 @@ def known(shape: Shape | None) -> bool:
     return shape is not None and (not shape or min(shape) >= 0)
 
 
+def has_input(view: OpView, i: int) -> bool:
+    """Whether optional input ``i`` is there (ONNX marks an omitted one with dtype "")."""
+    return i < len(view.input_dtypes) and bool(view.input_dtypes[i])
+
+
 def _shape(shapes: Sequence[Shape | None], i: int, what: str) -> Shape:
     """Shape ``i`` of ``shapes``, fully known, or :class:`CannotCount`."""
     s = shapes[i] if i < len(shapes) else None
@@ -210,6 +270,10 @@ def data_bytes_read(view: OpView) -> int:
 def bytes_only(view: OpView) -> OpCount:
     """memory-bound: reads its data inputs (handles excluded), writes its outputs"""
     return OpCount(0.0, data_bytes_read(view), sum(view.output_bytes))
+
+
+# What :func:`rule_for` gives an op type that has no rule.
+NO_RULE = RuleEntry("", UNCOVERED, bytes_only, "no rule: bytes only")
 
 
 def _with_flops(view: OpView, flops: float) -> OpCount:
@@ -470,10 +534,16 @@ _ELEMENTWISE: dict[str, tuple[int, str]] = {
 }
 
 
-def _elementwise(view: OpView) -> OpCount:
-    return _with_flops(view, _ELEMENTWISE[view.op_type][0] * _out_or_in_numel(view))
+def _per_element(table: Mapping[str, tuple[int, str]]) -> Rule:
+    """The rule counting ``table[op type][0]`` FLOPs per element of output 0 (of input 0 if unknown)."""
+
+    def count(view: OpView) -> OpCount:
+        return _with_flops(view, table[view.op_type][0] * _out_or_in_numel(view))
+
+    return count
 
 
+_elementwise = _per_element(_ELEMENTWISE)
 for _t, (_k, _src) in _ELEMENTWISE.items():
     register(_t, kind=FLOPS, note=f"{_k} FLOP{'s' if _k > 1 else ''}/element ({_src})")(_elementwise)
 
@@ -1088,3 +1158,233 @@ register(
     ).split(),
     kind=BYTES,
 )(bytes_only)
+
+
+# --- ONNX op types TensorFlow has no op for (op set "onnx") ------------------------
+#
+# Counted on the ONNX function body that defines each op (onnx/defs), node by
+# node with this module's conventions: one FLOP per elementwise operation on a
+# tensor (erf, tanh, sigmoid, exp included), a ReduceMean or ReduceSum one per
+# input element (as Mean and Sum above); operations on scalars (epsilon,
+# constants) are not counted. A model exported with the fused op and one that
+# spells out its body node by node (an older opset) so cost the same. The ONNX
+# names of ops TensorFlow does have are in onnx_ops.py.
+
+
+# FLOPs per output element, and the function body they are counted on.
+_ONNX_ELEMENTWISE: dict[str, tuple[int, str]] = {
+    "HardSigmoid": (4, "Mul, Add, Min, Max"),
+    "HardSwish": (5, "HardSigmoid, Mul"),
+    "Mish": (3, "Softplus, Tanh, Mul"),
+    "Celu": (3, "Div, Elu, Mul"),
+    "ThresholdedRelu": (2, "Less, Where"),
+    "Shrink": (6, "Less, Add, Sub, Less, Where, Where"),
+    "PRelu": (3, "Less, Mul, Where"),
+    "Swish": (3, "Mul, Sigmoid, Mul"),
+    "SwiGLU": (4, "Swish of one half of the input, Mul by the other"),
+    "RotaryEmbedding": (3, "x * cos + rotated x * sin"),
+    "Hardmax": (1, "a compare: argmax along the axis, written one-hot"),
+    "CumSum": (1, "an add"),
+    "CumProd": (1, "a multiply"),
+    **dict.fromkeys(
+        "BitShift BitwiseAnd BitwiseOr BitwiseXor BitwiseNot".split(), (1, "an integer operation")
+    ),
+    "DequantizeLinear": (2, "Sub zero point, Mul scale"),
+    "QuantizeLinear": (5, "Div scale, Round, Add zero point, saturating Clip 2"),
+    "DynamicQuantizeLinear": (7, "ReduceMin, ReduceMax, then QuantizeLinear 5"),
+    "com.microsoft.Gelu": (5, "as Gelu"),
+    "com.microsoft.BiasGelu": (6, "Add bias, then Gelu 5"),
+    "com.microsoft.QuickGelu": (3, "Mul alpha, Sigmoid, Mul"),
+}
+
+_onnx_elementwise = _per_element(_ONNX_ELEMENTWISE)
+for _t, (_k, _body) in _ONNX_ELEMENTWISE.items():
+    register(_t, kind=FLOPS, op_set=ONNX, note=f"{_k} FLOP{'s' if _k > 1 else ''}/element ({_body})")(
+        _onnx_elementwise
+    )
+
+# Gelu's body: none: Div, Erf, Add, Mul, Mul; tanh: Pow, Mul, Add, Mul, Tanh, Add, Mul, Mul.
+_GELU_FLOPS = {"none": 5, "tanh": 8}
+
+
+@register("Gelu", kind=FLOPS, op_set=ONNX)
+def _gelu(view: OpView) -> OpCount:
+    """5 FLOPs/element (Div, Erf, Add, Mul, Mul); approximate=tanh: 8 (Pow, Mul, Add, Mul, Tanh, Add, Mul, Mul)"""
+    per_element = _GELU_FLOPS.get(str(view.attrs.get("approximate", "none")))
+    if per_element is None:
+        raise CannotCount("unknown Gelu approximation")
+    return _with_flops(view, per_element * _out_or_in_numel(view))
+
+
+@register("com.microsoft.FastGelu", kind=FLOPS, op_set=ONNX)
+def _fast_gelu(view: OpView) -> OpCount:
+    """8 FLOPs/element (Gelu with approximate=tanh), 9 with a bias input"""
+    return _with_flops(view, (_GELU_FLOPS["tanh"] + has_input(view, 1)) * _out_or_in_numel(view))
+
+
+class _Normalization(NamedTuple):
+    per_element: int  # FLOPs per element of X, every optional input given
+    element_body: str
+    per_row: int  # FLOPs per normalized row (the statistics' scalar work)
+    row_body: str
+    rows: Callable[[OpView, Shape], int]  # how many rows X has
+    optional: tuple[int, ...] = ()  # optional inputs that add one FLOP per element each
+
+
+def _rows_before_axis(view: OpView, x: Shape) -> int:
+    return _numel(x[: int(view.attrs.get("axis", -1))])
+
+
+def _rows_per_group(view: OpView, x: Shape) -> int:
+    groups = view.attrs.get("num_groups")
+    if not isinstance(groups, int):
+        raise CannotCount("num_groups attr missing")
+    return x[0] * groups
+
+
+def _rows_per_channel(view: OpView, x: Shape) -> int:
+    return x[0] * x[1]
+
+
+def _rows_outside_axes(view: OpView, x: Shape) -> int:
+    axes = view.attrs.get("axes", [0, 2, 3])
+    return _numel(x) // _numel(tuple(x[a] for a in axes))
+
+
+def _rows_along_axis(view: OpView, x: Shape) -> int:
+    return _numel(x) // x[int(view.attrs.get("axis", -1))]
+
+
+_LAYER_NORM_BODY = "ReduceMean, Mul, ReduceMean, Sub, Div, Mul, Add bias"
+_LAYER_NORM_ROW = "Mul, Sub, Add, Sqrt, Reciprocal"
+_RMS_NORM_BODY = "Mul, ReduceMean, Div, Mul"
+_NORMALIZATIONS: dict[str, _Normalization] = {
+    "LayerNormalization": _Normalization(7, _LAYER_NORM_BODY, 5, _LAYER_NORM_ROW, _rows_before_axis, (2,)),
+    "GroupNormalization": _Normalization(7, _LAYER_NORM_BODY, 4, "Mul, Sub, Add, Sqrt", _rows_per_group),
+    "InstanceNormalization": _Normalization(7, _LAYER_NORM_BODY, 4, "Mul, Sub, Add, Sqrt", _rows_per_channel),
+    "RMSNormalization": _Normalization(4, _RMS_NORM_BODY, 2, "Add, Sqrt", _rows_before_axis),
+    # onnxruntime's RMS norm, registered in the default domain
+    "SimplifiedLayerNormalization": _Normalization(4, _RMS_NORM_BODY, 2, "Add, Sqrt", _rows_before_axis),
+    "MeanVarianceNormalization": _Normalization(
+        5, "ReduceMean, Pow, ReduceMean, Sub, Div", 4, "Pow, Sub, Add, Sqrt", _rows_outside_axes
+    ),
+    "LpNormalization": _Normalization(3, "Abs or Mul, ReduceSum, Div", 1, "Sqrt", _rows_along_axis),
+    "com.microsoft.SkipLayerNormalization": _Normalization(
+        9, f"Add skip, Add bias, {_LAYER_NORM_BODY}", 5, _LAYER_NORM_ROW, _rows_before_axis, (3, 4)
+    ),
+    "com.microsoft.SkipSimplifiedLayerNormalization": _Normalization(
+        6, f"Add skip, Add bias, {_RMS_NORM_BODY}", 2, "Add, Sqrt", _rows_before_axis, (3,)
+    ),
+}
+
+
+def _normalization(view: OpView) -> OpCount:
+    norm = _NORMALIZATIONS[view.op_type]
+    x = _shape(view.input_shapes, 0, "X")
+    per_element = norm.per_element - sum(not has_input(view, i) for i in norm.optional)
+    return _with_flops(view, per_element * _numel(x) + norm.per_row * norm.rows(view, x))
+
+
+for _t, _norm in _NORMALIZATIONS.items():
+    _less = f"; 1 less per absent input {', '.join(map(str, _norm.optional))}" if _norm.optional else ""
+    _note = (
+        f"{_norm.per_element} FLOPs/element ({_norm.element_body}{_less}) "
+        f"+ {_norm.per_row}/normalized row ({_norm.row_body})"
+    )
+    register(_t, kind=FLOPS, op_set=ONNX, note=_note)(_normalization)
+
+
+# Per attention score: the scale (1) and TensorFlow's Softmax (5).
+_SCORE_FLOPS = 6
+
+
+def _attention_flops(
+    query_elements: int, output_elements: int, kv_len: int, scores: int, per_score: int
+) -> int:
+    """Q @ K^T and softmax(scores) @ V, 2 FLOPs per (element, key) each, plus ``per_score`` per score."""
+    return 2 * kv_len * (query_elements + output_elements) + per_score * scores
+
+
+@register("Attention", kind=FLOPS, op_set=ONNX)
+def _attention(view: OpView) -> OpCount:
+    """2 * keys * (Q + Y elements) (Q@K^T, P@V) + 6 FLOPs/score (scale, Softmax 5), +1 masked or causal, +3 softcap"""
+    q = _shape(view.input_shapes, 0, "Q")
+    k = _shape(view.input_shapes, 1, "K")
+    y = _shape(view.output_shapes, 0, "Y")
+    if len(q) == 4:  # [batch, heads, queries, head size]
+        rows = q[0] * q[1] * q[2]
+    elif len(q) == 3 and isinstance(view.attrs.get("q_num_heads"), int):  # [batch, queries, hidden]
+        rows = q[0] * q[1] * view.attrs["q_num_heads"]
+    else:
+        raise CannotCount("Q is neither 4-D nor 3-D with q_num_heads")
+    kv_len = k[-2]  # K: [batch, heads, keys, head size] or [batch, keys, hidden]
+    if has_input(view, 4):
+        kv_len += _shape(view.input_shapes, 4, "past_key")[-2]
+    masked = has_input(view, 3) or bool(view.attrs.get("is_causal", 0))
+    softcap = float(view.attrs.get("softcap", 0.0)) > 0
+    per_score = _SCORE_FLOPS + masked + 3 * softcap  # softcap: Div, Tanh, Mul
+    return _with_flops(view, _attention_flops(_numel(q), _numel(y), kv_len, rows * kv_len, per_score))
+
+
+@register("com.microsoft.Attention", kind=FLOPS, op_set=ONNX)
+def _fused_attention(view: OpView) -> OpCount:
+    """input @ weights (2*B*S*D*(Dq+Dk+Dv)) + bias, then Attention over num_heads heads (+1/score masked)"""
+    x = _shape(view.input_shapes, 0, "input")
+    w = _shape(view.input_shapes, 1, "weights")
+    heads = view.attrs.get("num_heads")
+    if len(x) != 3 or len(w) != 2 or not isinstance(heads, int):
+        raise CannotCount("input is not [batch, sequence, hidden] or num_heads missing")
+    q_size, _, v_size = view.attrs.get("qkv_hidden_sizes") or [w[1] // 3] * 3
+    batch, seq = x[0], x[1]
+    projection = 2 * batch * seq * x[2] * w[1] + has_input(view, 2) * batch * seq * w[1]
+    kv_len = seq + (_shape(view.input_shapes, 4, "past")[3] if has_input(view, 4) else 0)
+    masked = has_input(view, 3) or has_input(view, 5) or bool(view.attrs.get("unidirectional", 0))
+    scores = batch * heads * seq * kv_len
+    core = _attention_flops(batch * seq * q_size, batch * seq * v_size, kv_len, scores, _SCORE_FLOPS + masked)
+    return _with_flops(view, projection + core)
+
+
+# Control flow: a subgraph's trip count or branch is a runtime value, so its
+# nodes (attrs["_subgraph_ops"]) are not costed.
+register(
+    "If",
+    "Loop",
+    "Scan",
+    "SequenceMap",
+    kind=BYTES,
+    op_set=ONNX,
+    note="memory-bound on its explicit inputs and outputs; the subgraphs' nodes are not costed",
+)(bytes_only)
+
+register(
+    *(
+        # data movement without a TensorFlow rule of the same meaning
+        "Trilu Compress NonZero MaxUnpool EyeLike CenterCropPad DepthToSpace SpaceToDepth"
+    ).split(),
+    kind=BYTES,
+    op_set=ONNX,
+)(bytes_only)
+
+register(
+    "Resize",
+    "Upsample",
+    "TopK",
+    kind=BYTES,
+    op_set=ONNX,
+    note="memory-bound: interpolation and selection arithmetic not counted",
+)(bytes_only)
+
+# Optionals and sequences hold references to tensors, as TensorArrays do.
+register(
+    *(
+        "Optional OptionalGetElement OptionalHasElement SequenceAt SequenceConstruct SequenceEmpty "
+        "SequenceErase SequenceInsert SequenceLength"
+    ).split(),
+    kind=ZERO,
+    op_set=ONNX,
+)(_no_kernel)
+
+
+# The ONNX names of the TensorFlow rules above. onnx_ops builds on this module,
+# so it is imported last; importing either module fills both name tables.
+from baechi_cli.costs import onnx_ops as _onnx_ops  # noqa: E402, F401

@@ -1,0 +1,407 @@
+"""The ONNX name table: ONNX op types counted by the TensorFlow rules, through adapters.
+
+Contract. :data:`ALIASES` maps each ONNX op type that has a TensorFlow
+counterpart to that counterpart's rule in :data:`~baechi_cli.costs.rules.RULES`
+(an :class:`Alias`): the FLOP and byte formulas are the TensorFlow rule's,
+so a Conv costs what the Conv2D of the same convolution costs, and there is
+one copy of the maths. Importing this module registers every alias in the
+ONNX name table (:data:`~baechi_cli.costs.rules.ONNX_RULES`, with
+:attr:`~baechi_cli.costs.rules.RuleEntry.shares` naming the TensorFlow op
+type); :mod:`baechi_cli.costs.rules` imports it, so either import fills both
+tables. ONNX op types TensorFlow has no op for have rules of their own in
+``rules.py``.
+
+An alias restates the ONNX op in the TensorFlow op's conventions -- an
+*adapter*, one small function per convention that differs (Conv: NCHW, the
+weight ``[M, C/group, *kernel]`` as the filter ``[*kernel, C/group, M]``,
+``strides``/``dilations``/``pads``/``auto_pad`` as TensorFlow's attrs; Gemm:
+``transA``/``transB`` as ``transpose_a``/``transpose_b``; MatMul: numpy's
+1-D operands as matrices; ...) -- and may add the FLOPs of work the ONNX op
+fuses and the TensorFlow op leaves to another op (:class:`Plus`: Conv's and
+Gemm's bias as a BiasAdd, ReduceSumSquare's square as a Square), counted by
+that other op's TensorFlow rule. Adapters keep every input (reordered where
+the TensorFlow op orders them differently), so the bytes read are the ONNX
+op's own.
+
+:func:`onnx_view` builds the :class:`~baechi_cli.costs.rules.OpView` of an
+op read by :mod:`baechi_cli.io.onnx`: its explicit inputs come from
+``attrs["_input_shapes"]`` / ``attrs["_input_dtypes"]`` (initializers make
+no edges, so the in-edges would miss every weight), an omitted optional input
+keeping its position with shape None, dtype "" and 0 bytes.
+
+Complexity: :func:`onnx_view` and every adapter are O(inputs + rank).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from baechi_cli.costs.rules import (
+    ONNX,
+    RULES,
+    CannotCount,
+    OpCount,
+    OpView,
+    Rule,
+    Shape,
+    has_input,
+    known,
+    register,
+)
+from baechi_cli.io.onnx import DTYPES
+
+__all__ = ["ALIASES", "Alias", "Plus", "onnx_view"]
+
+Adapter = Callable[[OpView], OpView]
+
+# Bits per element of each dtype name the ONNX reader writes (int4: 4, two per byte).
+_BITS = {name: bits for name, bits in DTYPES.values()}
+
+
+def onnx_view(
+    op_type: str,
+    attrs: Mapping[str, Any],
+    output_shapes: Sequence[Shape | None],
+    output_dtypes: Sequence[str],
+    output_bytes: Sequence[int],
+) -> OpView:
+    """The view of one op of an ONNX graph: inputs from the reader's ``_input_shapes``/``_input_dtypes``.
+
+    Input bytes are elements x bits per element, rounded up to whole bytes
+    (as the reader sizes outputs); 0 for an unknown shape, an omitted input or
+    a non-tensor value. An op without those attrs has no inputs.
+    """
+    shapes = attrs.get("_input_shapes", ())
+    dtypes = attrs.get("_input_dtypes", ())
+    nbytes = [
+        (math.prod(s) * _BITS.get(dt, 0) + 7) // 8 if known(s) else 0
+        for s, dt in zip(shapes, dtypes, strict=True)
+    ]
+    return OpView(op_type, attrs, shapes, dtypes, nbytes, output_shapes, output_dtypes, output_bytes)
+
+
+# --- adapters: the ONNX op in the TensorFlow op's conventions ---------------------
+
+
+def _known_input(view: OpView, i: int, what: str) -> Shape:
+    shape = view.input_shapes[i] if i < len(view.input_shapes) else None
+    if not known(shape):
+        raise CannotCount(f"{what} shape unknown")
+    return shape  # type: ignore[return-value]
+
+
+def _with_input_shape(view: OpView, i: int, shape: Shape) -> OpView:
+    shapes = list(view.input_shapes)
+    shapes[i] = shape
+    return view._replace(input_shapes=shapes)
+
+
+def _reordered(view: OpView, order: Sequence[int | None]) -> OpView:
+    """Inputs ``order`` first (None: an empty slot), then the others in their order; bytes kept."""
+    rest = [i for i in range(len(view.input_shapes)) if i not in order]
+    picks = [*order, *rest]
+    return view._replace(
+        input_shapes=[None if i is None else view.input_shapes[i] for i in picks],
+        input_dtypes=["" if i is None else view.input_dtypes[i] for i in picks],
+        input_bytes=[0 if i is None else view.input_bytes[i] for i in picks],
+    )
+
+
+def _filter(weight: Shape) -> Shape:
+    """An ONNX (transposed) convolution weight ``[a, b, *kernel]`` as TensorFlow's ``[*kernel, b, a]``."""
+    if len(weight) < 3:
+        raise CannotCount("weight rank < 3")
+    return (*weight[2:], weight[1], weight[0])
+
+
+_AUTO_PAD = {"SAME_UPPER": "SAME", "SAME_LOWER": "SAME", "VALID": "VALID"}  # NOTSET: the pads attr
+
+
+def _conv_view(view: OpView) -> OpView:
+    """NCHW; weight [M, C/group, *kernel] as filter [*kernel, C/group, M]; strides, dilations, pads, auto_pad"""
+    # The output shape (known after shape inference) settles the count; the
+    # attrs matter only when it is not known.
+    weight = _known_input(view, 1, "weight")
+    spatial = len(weight) - 2
+    attrs = view.attrs
+    pads = list(attrs.get("pads") or [0] * 2 * spatial)
+    tf_attrs = {
+        "data_format": "NCHW",  # the rules read only the channels-first prefix
+        "strides": [1, 1, *(attrs.get("strides") or [1] * spatial)],
+        "dilations": [1, 1, *(attrs.get("dilations") or [1] * spatial)],
+        "padding": _AUTO_PAD.get(str(attrs.get("auto_pad", "NOTSET")), "EXPLICIT"),
+        # ONNX: [begin_1, ..., begin_n, end_1, ..., end_n]; TF: (begin, end) per dimension
+        "explicit_paddings": [0, 0, 0, 0, *(p for d in range(spatial) for p in (pads[d], pads[spatial + d]))],
+    }
+    return _with_input_shape(view._replace(attrs=tf_attrs), 1, _filter(weight))
+
+
+def _qlinear_conv_view(view: OpView) -> OpView:
+    """x and w (inputs 0 and 3) as Conv's; scales and zero points read, not counted"""
+    return _conv_view(_reordered(view, (0, 3)))
+
+
+def _conv_transpose_view(view: OpView) -> OpView:
+    """X as out_backprop; weight [C, M/group, *kernel] as filter [*kernel, M/group, C]"""
+    weight = _known_input(view, 1, "weight")
+    # Conv2DBackpropInput's inputs: input_sizes (not read), filter, out_backprop.
+    return _with_input_shape(_reordered(view, (None, 1, 0)), 1, _filter(weight))
+
+
+def _gemm_view(view: OpView) -> OpView:
+    """transA/transB as transpose_a/transpose_b"""
+    attrs = view.attrs
+    return view._replace(
+        attrs={"transpose_a": bool(attrs.get("transA", 0)), "transpose_b": bool(attrs.get("transB", 0))}
+    )
+
+
+def _matmul_view(view: OpView) -> OpView:
+    """numpy matmul: a 1-D a as [1, K], a 1-D b as [K, 1]"""
+    shapes = list(view.input_shapes)
+    a, b = shapes[0], shapes[1]
+    if a is not None and len(a) == 1:
+        shapes[0] = (1, a[0])
+    if b is not None and len(b) == 1:
+        shapes[1] = (b[0], 1)
+    return view._replace(attrs={}, input_shapes=shapes)
+
+
+def _qlinear_matmul_view(view: OpView) -> OpView:
+    """a and b (inputs 0 and 3) as MatMul's; scales and zero points read, not counted"""
+    return _matmul_view(_reordered(view, (0, 3)))
+
+
+def _fused_matmul_view(view: OpView) -> OpView:
+    """transA/transB as adj_x/adj_y (alpha folded into the product, not counted)"""
+    adj = {"adj_x": bool(view.attrs.get("transA", 0)), "adj_y": bool(view.attrs.get("transB", 0))}
+    return _matmul_view(view)._replace(attrs=adj)
+
+
+def _batch_norm_view(view: OpView) -> OpView:
+    """training_mode as is_training; NCHW"""
+    return view._replace(
+        attrs={"is_training": bool(view.attrs.get("training_mode", 0)), "data_format": "NCHW"}
+    )
+
+
+def _pool_view(view: OpView) -> OpView:
+    """kernel_shape as ksize"""
+    kernel = view.attrs.get("kernel_shape")
+    if not kernel:
+        raise CannotCount("kernel_shape attr missing")
+    return view._replace(attrs={"ksize": [1, 1, *kernel]})
+
+
+def _global_pool_view(view: OpView) -> OpView:
+    """the input's spatial dims as ksize"""
+    x = _known_input(view, 0, "X")
+    return view._replace(attrs={"ksize": [1, 1, *x[2:]]})
+
+
+# ONNX recurrent op -> cuDNN's rnn_mode, from the op's attrs.
+_RNN_MODES: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "LSTM": lambda attrs: "lstm",
+    "GRU": lambda attrs: "gru",
+    "RNN": lambda attrs: "rnn_relu" if (attrs.get("activations") or ["Tanh"])[0] == "Relu" else "rnn_tanh",
+}
+
+
+def _recurrent_view(view: OpView) -> OpView:
+    """X [T, B, I] (layout 1: [B, T, I]) as input, [directions, B, hidden_size] as input_h/input_c"""
+    # cuDNN reads the hidden size and the number of layers (here 1) off
+    # input_h, which ONNX may omit: it is made from the attrs and R
+    # [directions, gates * hidden, hidden]. W's and R's bytes stay.
+    x = _known_input(view, 0, "X")
+    recurrence = _known_input(view, 2, "R")
+    attrs = view.attrs
+    time_major = not attrs.get("layout", 0)
+    bidirectional = attrs.get("direction", "forward") == "bidirectional"
+    h = (1 + bidirectional, x[1] if time_major else x[0], int(attrs.get("hidden_size") or recurrence[-1]))
+    cudnn_attrs = {
+        "rnn_mode": _RNN_MODES[view.op_type](attrs),
+        "direction": "bidirectional" if bidirectional else "unidirectional",
+        "time_major": time_major,
+    }
+    return view._replace(attrs=cudnn_attrs, input_shapes=[x, h, h, *view.input_shapes[3:]])
+
+
+def _split_to_sequence_view(view: OpView) -> OpView:
+    """the input as TensorArraySplitV3's value (input 1)"""
+    return _reordered(view, (None, 0))
+
+
+# --- FLOPs the ONNX op fuses: counted by another TensorFlow rule -------------------
+
+
+class Plus(NamedTuple):
+    """Work an ONNX op does beyond its TensorFlow counterpart: TensorFlow elementwise rule ``rule``
+    run over the shape ``over(view)`` returns (None: no such work in this op)."""
+
+    rule: str
+    over: Callable[[OpView], Shape | None]
+    note: str
+
+
+def _input_elements(view: OpView) -> Shape | None:
+    return view.input_shapes[0]
+
+
+def _output_elements(view: OpView) -> Shape | None:
+    return view.output_shapes[0]
+
+
+def _bias(i: int) -> Plus:
+    """A bias input ``i``, added to the output as TensorFlow's BiasAdd."""
+
+    def over(view: OpView) -> Shape | None:
+        return view.output_shapes[0] if has_input(view, i) else None
+
+    return Plus("BiasAdd", over, f"+ BiasAdd's 1 FLOP/output element with bias input {i}")
+
+
+def _plus_flops(plus: Plus, view: OpView) -> float:
+    shape = plus.over(view)
+    if shape is None:
+        return 0.0
+    if not known(shape):
+        raise CannotCount(f"{plus.rule} shape unknown")
+    elements = OpView(plus.rule, {}, (), (), (), (shape,), ("",), (0,))
+    return RULES[plus.rule].fn(elements).flops
+
+
+_SQUARE_INPUT = Plus("Square", _input_elements, "+ Square on the input")
+_SQRT_OUTPUT = Plus("Sqrt", _output_elements, "+ Sqrt on the output")
+_LOG_OUTPUT = Plus("Log", _output_elements, "+ Log on the output")
+
+
+# --- the table ------------------------------------------------------------------------
+
+
+class Alias(NamedTuple):
+    """How an ONNX op type is counted by TensorFlow op type ``rule``'s rule."""
+
+    rule: str
+    adapt: Adapter | None = None  # the ONNX view in the TensorFlow op's conventions; None: as it is
+    plus: tuple[Plus, ...] = ()
+
+
+def _as(rule: str, names: str) -> dict[str, Alias]:
+    """Each of the space-separated ONNX op types ``names`` as TensorFlow op type ``rule``, as it is."""
+    return dict.fromkeys(names.split(), Alias(rule))
+
+
+def _same_names(names: str) -> dict[str, Alias]:
+    """ONNX op types whose TensorFlow counterpart has the same name and conventions."""
+    return {name: Alias(name) for name in names.split()}
+
+
+ALIASES: dict[str, Alias] = {
+    # no kernel: graph inputs, constants, views, shape arithmetic
+    "Input": Alias("Placeholder"),
+    "Constant": Alias("Const"),
+    **_same_names("Identity Reshape Squeeze Shape Size"),
+    **_as("Reshape", "Flatten"),
+    **_as("ExpandDims", "Unsqueeze"),
+    **_as("Bitcast", "BitCast"),
+    **_as("Identity", "Dropout"),  # inference: the identity
+    # convolutions and matrix products
+    "Conv": Alias("Conv2D", _conv_view, (_bias(2),)),
+    "ConvInteger": Alias("Conv2D", _conv_view),
+    "QLinearConv": Alias("Conv2D", _qlinear_conv_view, (_bias(8),)),
+    "ConvTranspose": Alias("Conv2DBackpropInput", _conv_transpose_view, (_bias(2),)),
+    "Gemm": Alias("MatMul", _gemm_view, (_bias(2),)),
+    "MatMul": Alias("BatchMatMulV2", _matmul_view),
+    "MatMulInteger": Alias("BatchMatMulV2", _matmul_view),
+    "QLinearMatMul": Alias("BatchMatMulV2", _qlinear_matmul_view),
+    "com.microsoft.FusedMatMul": Alias("BatchMatMulV2", _fused_matmul_view),
+    "Einsum": Alias("Einsum"),
+    # normalisation, pooling, recurrent blocks
+    "BatchNormalization": Alias("FusedBatchNormV3", _batch_norm_view),
+    "LRN": Alias("LRN"),
+    "MaxPool": Alias("MaxPool", _pool_view),
+    "AveragePool": Alias("AvgPool", _pool_view),
+    "GlobalMaxPool": Alias("MaxPool", _global_pool_view),
+    "GlobalAveragePool": Alias("AvgPool", _global_pool_view),
+    **{op: Alias("CudnnRNN", _recurrent_view) for op in _RNN_MODES},
+    # elementwise math (counted on the output)
+    **_same_names(
+        "Abs Acos Acosh Asin Asinh Atan Atanh Ceil Cos Cosh Elu Erf Exp Floor LeakyRelu Log Neg "
+        "Reciprocal Relu Round Selu Sigmoid Sign Sin Sinh Softplus Softsign Sqrt Tan Tanh Sub Mul Pow "
+        "Equal Greater Less IsInf Softmax LogSoftmax"
+    ),
+    **_as("AddV2", "Add"),
+    **_as("RealDiv", "Div"),
+    **_as("GreaterEqual", "GreaterOrEqual"),
+    **_as("LessEqual", "LessOrEqual"),
+    **_as("IsNan", "IsNaN"),
+    **_as("FloorMod", "Mod"),
+    **_as("LogicalAnd", "And"),
+    **_as("LogicalOr", "Or"),
+    **_as("LogicalNot", "Not"),
+    **_as("NotEqual", "Xor"),  # on booleans, a xor b is a != b
+    **_as("SelectV2", "Where"),
+    **_as("ClipByValue", "Clip"),
+    # variadic elementwise ops: one FLOP per extra operand and element (AddN)
+    **_as("AddN", "Sum Max Min"),
+    "Mean": Alias("AddN", plus=(Plus("RealDiv", _output_elements, "+ RealDiv on the output"),)),
+    # reductions: ONNX's function bodies around a ReduceSum
+    **_as("Sum", "ReduceSum"),
+    **_as("Mean", "ReduceMean"),
+    **_as("Max", "ReduceMax"),
+    **_as("Min", "ReduceMin"),
+    **_as("Prod", "ReduceProd"),
+    **_same_names("ArgMax ArgMin"),
+    "ReduceSumSquare": Alias("Sum", plus=(_SQUARE_INPUT,)),
+    "ReduceL1": Alias("Sum", plus=(Plus("Abs", _input_elements, "+ Abs on the input"),)),
+    "ReduceL2": Alias("Sum", plus=(_SQUARE_INPUT, _SQRT_OUTPUT)),
+    "ReduceLogSum": Alias("Sum", plus=(_LOG_OUTPUT,)),
+    "ReduceLogSumExp": Alias("Sum", plus=(Plus("Exp", _input_elements, "+ Exp on the input"), _LOG_OUTPUT)),
+    # gathers, scatters
+    **_as("GatherV2", "Gather GatherElements"),
+    **_as("GatherNd", "GatherND"),
+    **_as("TensorScatterUpdate", "ScatterND ScatterElements Scatter"),
+    **_as("UniqueWithCounts", "Unique"),
+    # data movement
+    **_same_names("Transpose Tile Cast Range OneHot"),
+    **_as("ConcatV2", "Concat"),
+    **_as("SplitV", "Split"),
+    **_as("StridedSlice", "Slice"),
+    **_as("PadV2", "Pad"),
+    **_as("Cast", "CastLike"),
+    **_as("BroadcastTo", "Expand"),
+    **_as("Fill", "ConstantOfShape"),
+    **_as("ReverseV2", "ReverseSequence"),
+    **_as("RandomUniform", "RandomUniform RandomUniformLike Bernoulli"),
+    **_as("RandomStandardNormal", "RandomNormal RandomNormalLike"),
+    **_as("TensorArrayConcatV3", "ConcatFromSequence"),
+    "SplitToSequence": Alias("TensorArraySplitV3", _split_to_sequence_view),
+}
+
+
+def _counted_as(alias: Alias) -> Rule:
+    """The ONNX rule of ``alias``: the TensorFlow rule on the adapted view, plus the fused work."""
+    tf_rule = RULES[alias.rule].fn
+
+    def count(view: OpView) -> OpCount:
+        adapted = alias.adapt(view) if alias.adapt is not None else view
+        counted = tf_rule(adapted._replace(op_type=alias.rule))
+        if not alias.plus:
+            return counted
+        return counted._replace(flops=counted.flops + sum(_plus_flops(p, view) for p in alias.plus))
+
+    return count
+
+
+def _note(alias: Alias) -> str:
+    """The coverage table's line: the TensorFlow rule's note, the adapter's docstring, the fused work."""
+    adapter = [f"seen as: {(alias.adapt.__doc__ or '').strip().splitlines()[0]}"] if alias.adapt else []
+    return "; ".join([f"TF rule: {RULES[alias.rule].note}", *adapter, *(p.note for p in alias.plus)])
+
+
+for _onnx_type, _alias in ALIASES.items():
+    register(_onnx_type, kind=RULES[_alias.rule].kind, note=_note(_alias), op_set=ONNX, shares=_alias.rule)(
+        _counted_as(_alias)
+    )
