@@ -1,4 +1,4 @@
-"""ONNX model reader.
+"""ONNX model reader and placed-model writer.
 
 Contract
 --------
@@ -7,6 +7,8 @@ Contract
 same graph with the notes a report should show (external data not loaded,
 sizes that are guesses). The ``onnx`` package parses, checks and infers; the
 external weight files are never read (placement needs only dims).
+:func:`write_placed_onnx` writes the model back with each node annotated
+with its device (see its docstring).
 
 Steps, in order, each failure an :class:`~baechi_cli.errors.InputError`
 naming the file (and the op or tensor when there is one):
@@ -96,10 +98,16 @@ Graph mapping:
   is omitted and leaves ``x_shape`` (so a Constant has
   ``attrs["value_shape"]``) and ``x_dtype``; graph and type attributes
   are omitted. Private keys: ``_onnx_node`` / ``_onnx_input``,
-  ``_subgraph_ops``, ``_initializers``, ``_size_unknown``, and
+  ``_subgraph_ops``, ``_initializers``, ``_size_unknown``, ``_module``, and
   ``_input_shapes`` / ``_input_dtypes`` (per explicit node input, None /
   ``""`` when omitted; initializer inputs included, which is how a cost rule
   sees a Conv's kernel shape).
+* ``attrs[v]["_module"]``: for a PyTorch export, the qualified name of the
+  module the node's op came from (``"layer1.0.conv1"``; ``""`` the root),
+  from the legacy exporter's node names or the dynamo exporter's node
+  metadata, by :func:`baechi_cli.io.torch_modules.module_paths`; absent when
+  neither gives one (always for ``Input`` ops). What
+  :func:`~baechi_cli.io.torch_modules.module_map` takes.
 * ``is_backward`` all False, ``forward_op`` all -1 (inference graphs),
   ``compute_us`` 0 (the cost model fills it in).
 
@@ -128,12 +136,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from baechi_cli.errors import InputError
 from baechi_cli.graph import GraphBuilder, OpGraph
-from baechi_cli.io.files import read_input
+from baechi_cli.io.files import read_input, write_atomic
+from baechi_cli.io.torch_modules import module_paths
 
 if TYPE_CHECKING:
     from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto
@@ -172,6 +181,12 @@ DTYPES: dict[int, tuple[str, int]] = {
 }
 
 MIN_OPSET = 13
+#: The first IR version with the multi-device fields the placed-model writer uses.
+MULTI_DEVICE_IR_VERSION = 11
+#: Name of the ``DeviceConfigurationProto`` the placed-model writer adds.
+CONFIGURATION = "baechi"
+#: Node ``metadata_props`` key holding the node's device name in a placed model.
+DEVICE_KEY = "baechi.device"
 INPUT_OP = "Input"
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _INTEGER_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})
@@ -215,6 +230,164 @@ def read_onnx_with_notes(
         return _read(path, data, batch_size, binding)
     except InputError as err:
         raise err.with_path(path) from None
+
+
+def write_placed_onnx(
+    src_path: str, device_of_node: Sequence[str | None], device_names: Sequence[str], output: str
+) -> list[str]:
+    """Write ``src_path``'s model to ``output`` with each node annotated with its device.
+
+    ``device_of_node[i]`` is the device of ``model.graph.node[i]`` (None:
+    leave that node unannotated), one of ``device_names``. Returns the notes
+    a report should show (empty, or one about external data, below).
+
+    Encoding, ONNX's multi-device fields (IR version 11, ONNX 1.18+):
+
+    * ``ModelProto.configuration`` gains a ``DeviceConfigurationProto`` named
+      :data:`CONFIGURATION` (``"baechi"``) with ``num_devices`` and
+      ``device`` = ``device_names``, in order; device k is index k.
+    * Each annotated node gets a ``NodeDeviceConfigurationProto`` with that
+      ``configuration_id`` and one ``ShardingSpecProto`` per distinct
+      non-empty input and output name, in input-then-output order, with
+      ``device: [k]`` and no ``sharded_dim``. In ONNX's sharding formalism
+      (docs/proposals/0007-ShardingFormalism.md) a node first brings its
+      inputs into the form its specs give, runs, and leaves its outputs in
+      theirs; a spec over one device with no sharded axis is the whole,
+      unsplit tensor on that device. So inputs and outputs on device k say
+      "this node runs whole on device k, and its inputs are sent there":
+      Baechi's model, transfers included. Outputs alone would not do: an
+      input without a spec is taken to stay where its producer left it,
+      which says nothing about where the node itself runs. No
+      ``pipeline_stage`` is set (a placement is not a pipeline schedule).
+    * The same device name in ``NodeProto.metadata_props`` under
+      :data:`DEVICE_KEY` (``"baechi.device"``), for readers that know IR 10
+      but not the multi-device fields.
+    * ``ir_version`` becomes at least 11; nothing else changes. Re-placing a
+      placed model is idempotent: the configuration named ``"baechi"``, a
+      node's entry for it and its ``baechi.device`` entry are replaced where
+      they stand (removed from nodes whose device is None); other
+      configurations, entries and metadata are kept. Subgraph nodes (If,
+      Loop bodies) are not annotated: they run with their node.
+
+    External data is not loaded and the references are written as they are
+    (locations unchanged), so a model whose weight files are absent is still
+    placed. The locations are relative to the model file: when ``output`` is
+    in another directory than ``src_path`` the note names the files to copy
+    or link there (nothing is copied: weight files can be gigabytes).
+
+    The model is not checked again (:func:`read_onnx` checks it): a model it
+    accepts still passes ``onnx.checker`` once placed, and onnxruntime runs it
+    with the same results (both observed with onnx 1.23 / onnxruntime 1.31).
+    Binary output, deterministic serialization (same input, same bytes),
+    written whole or not at all. An unreadable or non-ONNX input is an
+    InputError naming ``src_path``; an unwritable output one naming
+    ``output``. Lengths that differ or a device not in ``device_names`` raise
+    ValueError: a placement gives every node a known device, so that is a
+    bug upstream. O(model size).
+
+    Example:
+        >>> import tempfile, os, onnx
+        >>> from onnx import TensorProto, helper
+        >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+        >>> y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+        >>> nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
+        >>> graph = helper.make_graph(nodes, "g", [x], [y])
+        >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        >>> src = os.path.join(tempfile.mkdtemp(), "m.onnx")
+        >>> onnx.save(model, src)
+        >>> out = os.path.join(os.path.dirname(src), "placed.onnx")
+        >>> write_placed_onnx(src, ["/device:GPU:0", "/device:GPU:1"], ["/device:GPU:0", "/device:GPU:1"], out)
+        []
+        >>> placed = onnx.load(out)
+        >>> placed.ir_version, placed.configuration[0].name, list(placed.configuration[0].device)
+        (11, 'baechi', ['/device:GPU:0', '/device:GPU:1'])
+        >>> neg = placed.graph.node[1]
+        >>> [(s.tensor_name, list(s.device)) for s in neg.device_configurations[0].sharding_spec]
+        [('r', [1]), ('y', [1])]
+        >>> [(e.key, e.value) for e in neg.metadata_props]
+        [('baechi.device', '/device:GPU:1')]
+    """
+    import onnx
+
+    index: dict[str, int] = {}
+    for k, name in enumerate(device_names):
+        if name in index:
+            raise ValueError(f"device name {name!r} appears twice in device_names")
+        index[name] = k
+    data = read_input(src_path, "ONNX")
+    try:
+        model = _parse(data)
+    except InputError as err:
+        raise err.with_path(src_path) from None
+    nodes = model.graph.node
+    if len(device_of_node) != len(nodes):
+        raise ValueError(f"{len(device_of_node)} devices for the {len(nodes)} nodes of {src_path}")
+    unknown = sorted({d for d in device_of_node if d is not None and d not in index})
+    if unknown:
+        raise ValueError(f"device {unknown[0]!r} is not one of device_names {list(device_names)}")
+
+    model.ir_version = max(model.ir_version, MULTI_DEVICE_IR_VERSION)
+    config = onnx.DeviceConfigurationProto(
+        name=CONFIGURATION, num_devices=len(device_names), device=list(device_names)
+    )
+    _put(model.configuration, lambda c: c.name == CONFIGURATION, config)
+    for node, device in zip(nodes, device_of_node):
+        entry = spec = None
+        if device is not None:
+            tensors = dict.fromkeys(t for t in (*node.input, *node.output) if t)
+            spec = onnx.NodeDeviceConfigurationProto(
+                configuration_id=CONFIGURATION,
+                sharding_spec=[
+                    onnx.ShardingSpecProto(tensor_name=t, device=[index[device]]) for t in tensors
+                ],
+            )
+            entry = onnx.StringStringEntryProto(key=DEVICE_KEY, value=device)
+        _put(node.device_configurations, lambda c: c.configuration_id == CONFIGURATION, spec)
+        _put(node.metadata_props, lambda e: e.key == DEVICE_KEY, entry)
+    notes = _external_data_notes(model, src_path, output)
+    write_atomic(output, model.SerializeToString(deterministic=True))
+    return notes
+
+
+# ----------------------------------------------------------------- writing
+
+
+def _put(entries: Any, match: Callable[[Any], bool], entry: Any) -> None:
+    """Set ``entry`` where the first entry that ``match``es stands (else append); drop other matches.
+
+    ``entry`` None removes every match.
+    """
+    found = [i for i, e in enumerate(entries) if match(e)]
+    for i in reversed(found if entry is None else found[1:]):
+        del entries[i]
+    if entry is not None and found:
+        entries[found[0]].CopyFrom(entry)
+    elif entry is not None:
+        entries.append(entry)
+
+
+def _external_data_notes(model: ModelProto, src_path: str, output: str) -> list[str]:
+    """A note naming the external data files to copy when ``output`` is in another directory."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import _get_all_tensors
+
+    locations = sorted(
+        {
+            e.value
+            for t in _get_all_tensors(model)
+            if t.data_location == TensorProto.EXTERNAL
+            for e in t.external_data
+            if e.key == "location" and e.value
+        }
+    )
+    src_dir = os.path.dirname(os.path.abspath(src_path))
+    out_dir = os.path.dirname(os.path.abspath(output))
+    if not locations or os.path.realpath(src_dir) == os.path.realpath(out_dir):
+        return []
+    return [
+        f"the placed model reads its external data from {', '.join(locations)} beside it: "
+        f"copy or link {'it' if len(locations) == 1 else 'them'} from {src_dir} to {out_dir}"
+    ]
 
 
 # ----------------------------------------------------------------- steps
@@ -417,6 +590,11 @@ def _build(
     inits = _initializers(graph)
     feeds = [(i, info) for i, info in enumerate(graph.input) if info.name not in inits]
     nodes = list(graph.node)
+    modules = module_paths(
+        [n.name for n in nodes],
+        [{p.key: p.value for p in n.metadata_props} if n.metadata_props else None for n in nodes],
+        _initializer_names(graph),
+    )
     names = _unique_names([info.name for _, info in feeds] + [n.name for n in nodes], len(feeds), nodes)
 
     builder = GraphBuilder()
@@ -447,6 +625,8 @@ def _build(
         ]
         attrs = _decode_attrs(node.attribute)
         attrs["_onnx_node"] = index
+        if modules[index] is not None:
+            attrs["_module"] = modules[index]
         unknown = [p for p, t in enumerate(outs) if t.guessed]
         if unknown:
             attrs["_size_unknown"] = unknown

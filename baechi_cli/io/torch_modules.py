@@ -1,0 +1,322 @@
+"""PyTorch module paths of ONNX ops, and the module map of a placement.
+
+Contract
+--------
+A PyTorch model exported to ONNX keeps, in its node names or node metadata,
+the module each op came from. :func:`module_path` / :func:`module_paths` turn
+that into the module's qualified name as ``model.get_submodule`` takes it
+(``"layer1.0.conv1"``; ``""`` is the root module); :func:`module_map` turns a
+placement (one device per op) into the coarsest set of modules that
+``module.to(device)`` can place, plus the ops it cannot.
+
+Where the path comes from, per node, first match wins:
+
+1. The dynamo exporter (``torch.onnx.export(..., dynamo=True)``, observed
+   with torch 2.13 / onnxscript 0.7) writes node metadata
+   ``pkg.torch.onnx.name_scopes``: the Python repr of a list, the root
+   ``''``, then each enclosing module's qualified name, then the FX node's
+   name (``['', 'layer1', 'layer1.0', 'layer1.0.relu', 'relu_1']``). The
+   path is the last module: the second-to-last entry. A module called twice
+   gets its own name both times. Metadata that does not parse as a list of
+   two or more strings is ignored.
+2. The legacy TorchScript exporter (``dynamo=False``) names a node
+   ``/<scope>/.../<scope>/<OpType>`` (``/layer1/layer1.0/conv1/Conv``; a
+   root-module op is ``/Flatten``). Each scope is its module's qualified
+   name cut to the last non-numeric atom and the numeric atoms after it
+   (torch's ``_unqualified_variable_name``): ``layer1.0.conv1`` is
+   ``conv1``, ``layer1.0`` is ``layer1.0``, ``model.layers.0`` is
+   ``layers.0``. So a scope that is its parent's scope plus numeric atoms
+   (``layer1.0`` under ``layer1``, ``downsample.0`` under ``downsample``)
+   extends the parent's path by those atoms; any other scope is appended
+   whole (``conv1`` under ``layer1.0``, ``layers.0`` under ``model``).
+   Atoms are Python identifiers or digit strings; a name of any other shape
+   (``Identity_0``, ``node_Conv_3``, a TensorFlow-style ``a/b/MatMul``) has
+   no path: None.
+
+   A module called more than once gets a scope suffix on its second and
+   later calls: the whole scope string is deduplicated, so only the last
+   scope carries it (``/layer1/layer1.0/relu_1/Relu`` is the second call of
+   ``layer1.0.relu``). On one name that is ambiguous with an attribute
+   named ``relu_1``, so :func:`module_path` keeps ``relu_1`` unless the
+   suffix follows a numeric atom (``downsample.0_1``: no attribute has that
+   name). :func:`module_paths` decides model-wide: ``X.relu_1`` is the path
+   when some initializer is named ``X.relu_1.<...>`` (a parameter or buffer
+   of that module proves it exists); else ``X.relu`` when some node's scope
+   is exactly ``X.relu`` (the first call); else ``X.relu_1``.
+
+Known limits (the names lose information the map cannot recover): a module
+reached from an ancestor through a non-numeric attribute of a module never
+called itself (``self.blocks.a`` with ``blocks`` a plain container) gets the
+path ``X.a``, not ``X.blocks.a``; two attributes ``conv`` and ``conv_1``
+without parameters both map to ``conv`` (harmless for ``.to()``: such
+modules hold nothing to move); and a module none of whose ops survive the
+export has no path. The last matters: the legacy exporter in eval mode folds
+BatchNorm into the preceding Conv (``training=TrainingMode.EVAL``, the
+default for a model in eval mode) and the dynamo exporter's optimizer does
+the same, so a BatchNorm's parameters are moved only when an ancestor's
+entry covers them. Export with ``training=torch.onnx.TrainingMode.PRESERVE``
+(legacy) to keep BatchNormalization nodes.
+
+Module map
+----------
+:func:`module_map` walks the module tree top-down (every dot-prefix of a
+path is a module, the root ``""`` above all). A module all of whose ops, its
+own and its descendants', share one device gets one entry ``{path: device}``
+and is not descended; a split module descends into its children. Ops
+directly inside a split module (functional ops such as
+``/layer1/layer1.0/Add``, which in PyTorch run where their inputs are) and
+ops with no module path (graph inputs, exporter-made ``Identity_0``) are
+listed as unmapped ops: ``.to()`` does not place them. When every op with a
+path is on one device the map is ``{"": device}``. A graph whose ops have no
+paths at all (not a PyTorch export) gives no modules and every op unmapped;
+a report should then leave the map out.
+
+JSON (:meth:`ModuleMap.to_json`), for the report::
+
+    {
+      "modules": {"layer1": "/device:GPU:0", "layer2.0.conv1": "/device:GPU:1", ...},
+      "unmapped_ops": [{"op": "/layer2/layer2.0/Add", "module": "layer2.0",
+                        "device": "/device:GPU:1"},
+                       {"op": "x", "module": null, "device": "/device:GPU:0"}, ...]
+    }
+
+``modules`` is in module-tree order (depth first, children in the order of
+their first op); no module in it is an ancestor of another. ``unmapped_ops``
+is in op order; ``op`` is the op's name (its index as a string when no names
+were given), ``module`` the module it sits directly in (null: none).
+
+To apply a plan to the model it was exported from (``plan`` is the report)::
+
+    for path, device in plan["module_map"]["modules"].items():
+        model.get_submodule(path).to(device)
+    # then feed each input on the device its unmapped entry (module null) names
+
+(tests/test_torch_modules.py does this on a real model.)
+
+Deterministic: the same inputs give the same result. Complexity: O(N x D)
+for N ops and module depth D (path lengths, for the name parsing).
+
+Example:
+    >>> names = ["x", "/layer1/layer1.0/conv1/Conv", "/layer1/layer1.0/Add",
+    ...          "/layer1/layer1.1/conv1/Conv", "/fc/Gemm"]
+    >>> paths = module_paths(names)
+    >>> paths
+    [None, 'layer1.0.conv1', 'layer1.0', 'layer1.1.conv1', 'fc']
+    >>> plan = module_map(paths, ["cuda:0", "cuda:0", "cuda:0", "cuda:1", "cuda:1"], names)
+    >>> plan.modules
+    {'layer1.0': 'cuda:0', 'layer1.1': 'cuda:1', 'fc': 'cuda:1'}
+    >>> plan.unmapped_ops
+    (UnmappedOp(op='x', module=None, device='cuda:0'),)
+    >>> module_map(paths, ["cuda:0"] * 5).modules
+    {'': 'cuda:0'}
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+#: Node metadata key of the dynamo exporter's module scopes.
+NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+
+_ATOM = r"(?:[A-Za-z_]\w*|\d+)"
+_SCOPE = re.compile(rf"{_ATOM}(?:\.{_ATOM})*")
+_NUMERIC_TAIL = re.compile(r"(?:\.\d+)+")
+_OP = re.compile(r"[A-Za-z_]\w*")
+_CALL_SUFFIX = re.compile(r"(.*)_(\d+)")
+
+
+class UnmappedOp(NamedTuple):
+    """An op that ``.to()`` on the mapped modules does not place."""
+
+    op: str  # the op's name
+    module: str | None  # the module it sits directly in; None: no module path
+    device: str
+
+
+@dataclass(frozen=True)
+class ModuleMap:
+    """A placement as modules to move (see the module docstring)."""
+
+    modules: dict[str, str]  # module path -> device, module-tree order
+    unmapped_ops: tuple[UnmappedOp, ...]  # op order
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object documented in the module docstring."""
+        return {
+            "modules": dict(self.modules),
+            "unmapped_ops": [{"op": u.op, "module": u.module, "device": u.device} for u in self.unmapped_ops],
+        }
+
+
+class _Legacy(NamedTuple):
+    path: str | None  # the scopes as written; None when the last one cannot be an attribute name
+    first_call: str | None  # the path if the last scope's _N suffix marks a repeated call
+
+
+def module_path(node_name: str, metadata: Mapping[str, str] | None = None) -> str | None:
+    """The module path of one node's op, or None when neither source gives one.
+
+    A legacy scope ``name_N`` is kept as written unless it cannot be an
+    attribute name (see the module docstring; :func:`module_paths` resolves
+    it model-wide). O(length of the name or metadata).
+
+    >>> module_path("/layer1/layer1.0/conv1/Conv"), module_path("/fc/Gemm"), module_path("/Flatten")
+    ('layer1.0.conv1', 'fc', '')
+    >>> module_path("/layer2/layer2.0/downsample/downsample.0/Conv"), module_path("/model/layers.0/mlp/MatMul")
+    ('layer2.0.downsample.0', 'model.layers.0.mlp')
+    >>> module_path("/layer1/layer1.0/relu_1/Relu"), module_path("Identity_0")
+    ('layer1.0.relu_1', None)
+    >>> module_path("node_relu_1", {NAME_SCOPES_KEY: "['', 'layer1', 'layer1.0', 'layer1.0.relu', 'relu_1']"})
+    'layer1.0.relu'
+    """
+    scoped = _dynamo_path(metadata)
+    if scoped is not None:
+        return scoped
+    legacy = _legacy_path(node_name)
+    if legacy is None:
+        return None
+    return legacy.path if legacy.path is not None else legacy.first_call
+
+
+def module_paths(
+    node_names: Sequence[str],
+    metadata: Sequence[Mapping[str, str] | None] | None = None,
+    initializers: Collection[str] = (),
+) -> list[str | None]:
+    """The module path of every node's op, legacy repeated calls resolved model-wide.
+
+    ``metadata[i]`` is node i's ``metadata_props`` as a mapping (None or
+    absent: none); ``initializers`` the model's initializer names, the
+    evidence that a module with a ``_N`` name exists (see the module
+    docstring). O(total length of the names).
+
+    >>> module_paths(["/layer1/layer1.0/relu/Relu", "/layer1/layer1.0/relu_1/Relu", "/conv_1/Conv"])
+    ['layer1.0.relu', 'layer1.0.relu', 'conv_1']
+    >>> module_paths(["/conv/Conv", "/conv_1/Conv"], initializers=["conv.weight", "conv_1.weight"])
+    ['conv', 'conv_1']
+    """
+    dynamo = [_dynamo_path(metadata[i] if metadata is not None else None) for i in range(len(node_names))]
+    legacy = [_legacy_path(name) if dynamo[i] is None else None for i, name in enumerate(node_names)]
+    written = {entry.path for entry in legacy if entry is not None}
+    proven: set[str] = set()  # dot-prefixes of initializer names: modules that exist
+    for name in initializers:
+        parts = name.split(".")
+        proven.update(".".join(parts[:k]) for k in range(1, len(parts)))
+    out: list[str | None] = []
+    for scoped, entry in zip(dynamo, legacy):
+        if scoped is not None or entry is None:
+            out.append(scoped)
+        elif entry.path is None or (
+            entry.first_call is not None and entry.path not in proven and entry.first_call in written
+        ):
+            out.append(entry.first_call)
+        else:
+            out.append(entry.path)
+    return out
+
+
+def module_map(
+    paths: Sequence[str | None], devices: Sequence[str], names: Sequence[str] | None = None
+) -> ModuleMap:
+    """The coarsest modules ``.to(device)`` can place, and the ops it cannot.
+
+    ``paths[i]`` is op i's module path (None: none), ``devices[i]`` its
+    device, ``names[i]`` its name for :class:`UnmappedOp` (default: the
+    index as a string). See the module docstring. O(N x D). Raises
+    ValueError when the sequences differ in length.
+    """
+    if len(devices) != len(paths) or (names is not None and len(names) != len(paths)):
+        raise ValueError(
+            f"module_map: {len(paths)} paths but {len(devices)} devices or {len(names or ())} names"
+        )
+    mixed = object()  # a subtree holding several devices
+    device_of: dict[str, Any] = {}  # module -> its subtree's one device, or mixed
+    children: dict[str, list[str]] = {}  # module -> children, in first-op order
+    direct: dict[str, list[int]] = {}  # module -> ops directly in it
+    unmapped: list[int] = []
+    for i, path in enumerate(paths):
+        if path is None:
+            unmapped.append(i)
+            continue
+        direct.setdefault(path, []).append(i)
+        module = path
+        while True:  # up the ancestors, until one that this op changes nothing for
+            seen = device_of.get(module)
+            if seen is None:
+                device_of[module] = devices[i]
+                if module:
+                    children.setdefault(module.rpartition(".")[0], []).append(module)
+            elif seen is not mixed and seen != devices[i]:
+                device_of[module] = mixed
+            else:
+                break
+            if not module:
+                break
+            module = module.rpartition(".")[0]
+
+    modules: dict[str, str] = {}
+    if device_of:
+        stack = [""]
+        while stack:
+            module = stack.pop()
+            device = device_of[module]
+            if device is not mixed:
+                modules[module] = device
+                continue
+            unmapped.extend(direct.get(module, ()))
+            stack.extend(reversed(children.get(module, ())))
+    label = names if names is not None else [str(i) for i in range(len(paths))]
+    return ModuleMap(modules, tuple(UnmappedOp(label[i], paths[i], devices[i]) for i in sorted(unmapped)))
+
+
+# ----------------------------------------------------------------- parsing
+
+
+def _dynamo_path(metadata: Mapping[str, str] | None) -> str | None:
+    """The second-to-last entry of ``pkg.torch.onnx.name_scopes``, or None."""
+    text = metadata.get(NAME_SCOPES_KEY) if metadata else None
+    if not text:
+        return None
+    try:
+        scopes = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(scopes, list) and len(scopes) >= 2 and all(isinstance(s, str) for s in scopes):
+        return scopes[-2]
+    return None
+
+
+def _legacy_path(node_name: str) -> _Legacy | None:
+    """The path(s) of a ``/<scope>/.../<OpType>`` name, or None when the name has another shape."""
+    if not node_name.startswith("/"):
+        return None
+    *scopes, op = node_name[1:].split("/")
+    if not _OP.fullmatch(op):
+        return None
+    if not scopes:
+        return _Legacy("", None)
+    last = scopes[-1]
+    called = _CALL_SUFFIX.fullmatch(last)
+    base = called.group(1) if called else None
+    if base is not None and not _SCOPE.fullmatch(base):
+        base = None
+    if not all(_SCOPE.fullmatch(s) for s in scopes[:-1]) or (not _SCOPE.fullmatch(last) and base is None):
+        return None
+    first_call = _qualify([*scopes[:-1], base]) if base is not None else None
+    return _Legacy(_qualify(scopes) if _SCOPE.fullmatch(last) else None, first_call)
+
+
+def _qualify(scopes: list[str]) -> str:
+    """Join legacy scopes into a qualified module name (see the module docstring)."""
+    path = previous = ""
+    for scope in scopes:
+        if previous and scope.startswith(previous) and _NUMERIC_TAIL.fullmatch(scope[len(previous) :]):
+            path += scope[len(previous) :]
+        else:
+            path = f"{path}.{scope}" if path else scope
+        previous = scope
+    return path
