@@ -65,6 +65,28 @@ def main() -> None:
 ALGOS = ("auto", *PLACER_NAMES)
 
 
+def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int] | None:
+    """``--dim seq=128 --dim batch=8`` -> ``{"seq": 128, "batch": 8}``."""
+    dims: dict[str, int] = {}
+    for text in values:
+        name, eq, value = text.partition("=")
+        name = name.strip()
+        if not eq or not name or not value.strip().isdigit() or int(value) < 1:
+            raise click.BadParameter(f"'{text}' is not NAME=VALUE with a positive integer VALUE", ctx, param)
+        dims[name] = int(value)
+    return dims or None
+
+
+_DIM_OPTION = click.option(
+    "--dim",
+    "dims",
+    multiple=True,
+    metavar="NAME=VALUE",
+    callback=_parse_dims,
+    help="Bind an ONNX symbolic dim (repeatable), e.g. --dim seq=128.",
+)
+
+
 def _common_options(fn: Callable) -> Callable:
     """Options shared by `place` and `compare`."""
     options = [
@@ -78,6 +100,20 @@ def _common_options(fn: Callable) -> Callable:
         ),
         click.option(
             "--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions."
+        ),
+        _DIM_OPTION,
+        click.option(
+            "--training",
+            is_flag=True,
+            help="Place a training step of a forward-only model (ONNX): backward ops and optimizer "
+            "are synthesized for the plan; the placed model stays the original.",
+        ),
+        click.option(
+            "--optimizer",
+            type=click.Choice(["sgd", "momentum", "adam"]),
+            default="sgd",
+            show_default=True,
+            help="With --training: the optimizer whose update ops and state are added.",
         ),
         click.option(
             "--comm",
@@ -149,7 +185,10 @@ def _common_options(fn: Callable) -> Callable:
     help="Placement algorithm; auto runs them all (and one device when the model fits) and keeps the fastest.",
 )
 @click.option(
-    "-o", "--output", type=click.Path(dir_okay=False), help="Write the placed GraphDef here (.pb or .pbtxt)."
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Write the placed model here: a GraphDef (.pb, .pbtxt) or ONNX model (.onnx), as the input.",
 )
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @_common_options
@@ -160,6 +199,9 @@ def place(
     output: str | None,
     report_path: str | None,
     batch_size: int | None,
+    dims: dict[str, int] | None,
+    training: bool,
+    optimizer: str,
     comm: str | None,
     solver_time_limit: float,
     sct_threshold: float,
@@ -173,8 +215,8 @@ def place(
 ) -> None:
     """Place MODEL on the devices.
 
-    MODEL is a TensorFlow GraphDef (.pb, .pbtxt) or a cost-annotated workload
-    JSON. Prints a summary: the predicted step time against the lower bound
+    MODEL is a TensorFlow GraphDef (.pb, .pbtxt), an ONNX model (.onnx) or a
+    cost-annotated workload JSON. Prints a summary: the predicted step time against the lower bound
     and a single device, and each device's ops, compute and peak memory.
     """
     try:
@@ -192,6 +234,9 @@ def place(
             fusion,
             forward_only,
             profile_path,
+            dims,
+            training,
+            optimizer,
         )
         with _Progress(enabled=not quiet) as progress:
             outcome = place_model(
@@ -241,6 +286,9 @@ def compare(
     max_regression: str,
     device_spec: str,
     batch_size: int | None,
+    dims: dict[str, int] | None,
+    training: bool,
+    optimizer: str,
     comm: str | None,
     solver_time_limit: float,
     sct_threshold: float,
@@ -276,6 +324,9 @@ def compare(
             fusion,
             forward_only,
             profile_path,
+            dims,
+            training,
+            optimizer,
         )
         with _Progress(enabled=not quiet) as progress:
             outcome = compare_model(
@@ -391,6 +442,7 @@ def verify(
     "the written YAML lists. Default: one RTX 2080-class 8 GB device.",
 )
 @click.option("--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions.")
+@_DIM_OPTION
 @click.option(
     "--measure", is_flag=True, help="Run MODEL in TensorFlow and measure every op (needs the tf extra)."
 )
@@ -452,6 +504,7 @@ def profile(
     model: str | None,
     device_spec: str | None,
     batch_size: int | None,
+    dims: dict[str, int] | None,
     measure: bool,
     warmup: int,
     steps: int,
@@ -509,6 +562,7 @@ def profile(
                 model,
                 devices or parse_devices("1x8GB"),
                 batch_size=batch_size,
+                dims=dims,
                 measure=measure,
                 warmup=warmup,
                 steps=steps,
@@ -712,6 +766,8 @@ def _render_profile(outcome: Any, top: int, output: str | None) -> None:
             f"TensorFlow {m.tensorflow}); {m.not_run_count} kept analytic costs"
             + (f", e.g. {', '.join(m.not_run[:3])}" if m.not_run else "")
         )
+    for note in outcome.notes:
+        console.print(f"note: {note}")
     if output:
         console.print(f"wrote {output}")
 
@@ -840,6 +896,12 @@ def _header(console: Any, prepared: Any) -> None:
     costs = prepared.cost_report
     if isinstance(costs, ProfileCosts):
         console.print(f"costs: {costs.path}, a {costs.source} profile for {costs.device}")
+    t = prepared.training
+    if t is not None:
+        console.print(
+            f"training: {prepared.model_ops} forward ops + {t.backward_ops} backward + {t.update_ops} "
+            f"{t.optimizer} updates ({_fmt_bytes(t.optimizer_state_bytes)} optimizer state) synthesized"
+        )
     pg = prepared.placement_graph
     ran = [
         p
@@ -904,12 +966,37 @@ def _render_summary(outcome: Any, written: list[str]) -> None:
             f"{_fmt_bytes(sim.peak_bytes[d])} / {_fmt_bytes(dev.memory_bytes)}",
         )
     console.print(table)
+    _render_module_map(console, outcome)
     for note in outcome.notes:
         console.print(f"note: {note}")
     if written:
         console.print("wrote " + ", ".join(written))
     else:
-        console.print("nothing written: add -o placed.pb, --report report.json or --trace timeline.json")
+        placed = "placed.onnx" if outcome.prepared.input_format == "onnx" else "placed.pb"
+        console.print(f"nothing written: add -o {placed}, --report report.json or --trace timeline.json")
+
+
+# The summary lists at most this many modules of the module map (the report has all).
+MODULE_MAP_SHOWN = 12
+
+
+def _render_module_map(console: Any, outcome: Any) -> None:
+    """A PyTorch export's plan as ``module -> device`` lines (the report's ``module_map``)."""
+    from baechi_cli.pipeline import module_map_of
+
+    modules = module_map_of(
+        outcome.prepared, [outcome.devices.devices[d].name for d in outcome.sim.device_of]
+    )
+    if modules is None:
+        return
+    entries = list(modules.to_json()["modules"].items())
+    shown = ", ".join(f"{path or '(root)'} -> {device}" for path, device in entries[:MODULE_MAP_SHOWN])
+    more = (
+        f", ... ({len(entries) - MODULE_MAP_SHOWN} more in --report)"
+        if len(entries) > MODULE_MAP_SHOWN
+        else ""
+    )
+    console.print(f"modules: {shown}{more}")
 
 
 def _render_compare(outcome: Any, trace_path: str | None) -> None:
@@ -952,5 +1039,7 @@ def _render_compare(outcome: Any, trace_path: str | None) -> None:
             title, f"{c.place_seconds:.3f}", step_text, speedup, gap, _fmt_bytes(c.sim.comm_bytes), peaks
         )
     console.print(table)
+    for note in prepared.notes:
+        console.print(f"note: {note}")
     if trace_path:
         console.print(f"wrote {trace_path}")

@@ -247,9 +247,21 @@ class GraphBuilder:
             )
         }
 
+    @classmethod
+    def from_graph(cls, graph: OpGraph) -> GraphBuilder:
+        """A builder holding ``graph``'s ops, edges and groups (ids unchanged), to add more. O(V + E)."""
+        builder = cls()
+        for name, column in builder._cols.items():
+            column.extend(getattr(graph, name))
+        return builder
+
     @property
     def num_ops(self) -> int:
         return len(self._cols["names"])
+
+    def set_group(self, v: int, group: int) -> None:
+        """Put op ``v`` in colocation group ``group`` (an op id)."""
+        self._cols["group"][v] = group
 
     def add_op(
         self,

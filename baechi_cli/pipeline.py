@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from baechi_cli import __version__
 from baechi_cli.devices import DeviceSpec
@@ -47,6 +47,9 @@ class PlaceOptions:
     fusion: bool = True
     forward_only: bool | None = None  # None: on exactly when every device holds the whole model
     profile: str | None = None  # a baechi.profile/v1 file whose costs replace the analytic model's
+    dims: dict[str, int] | None = None  # ONNX symbolic dims bound by --dim NAME=VALUE
+    training: bool = False  # synthesize the backward pass and optimizer of a forward-only model
+    optimizer: str = "sgd"  # with training: sgd | momentum | adam
 
     def placer_options(self) -> dict[str, Any]:
         return {"solver_time_limit": self.solver_time_limit, "sct_threshold": self.sct_threshold}
@@ -61,6 +64,9 @@ class PlaceOptions:
             "fusion": self.fusion,
             "forward_only": "auto" if self.forward_only is None else self.forward_only,
             "profile": self.profile,
+            "dims": dict(sorted(self.dims.items())) if self.dims else None,
+            "training": self.training,
+            "optimizer": self.optimizer if self.training else None,
         }
 
 
@@ -121,6 +127,33 @@ class Prepared:
     # True when placement_graph only contracts graph (no edge dropped), so a
     # placer's node sequence expands into a valid op sequence.
     expands_sequence: bool = True
+    # Ops 0..model_ops-1 are the input's; with --training the synthesized
+    # backward and optimizer ops follow them.
+    model_ops: int = 0
+    training: TrainingInfo | None = None
+    notes: list[str] = field(default_factory=list)  # the reader's and the cost model's
+
+
+@dataclass(frozen=True)
+class TrainingInfo:
+    """What ``--training`` added to a forward-only model (the report's ``training``)."""
+
+    optimizer: str
+    backward_ops: int
+    update_ops: int
+    optimizer_state_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        from baechi_cli.passes.training import BACKWARD_MULTIPLIER, OPTIMIZER_SLOTS
+
+        return {
+            "optimizer": self.optimizer,
+            "backward_ops": self.backward_ops,
+            "update_ops": self.update_ops,
+            "optimizer_slots": OPTIMIZER_SLOTS[self.optimizer],
+            "optimizer_state_bytes": self.optimizer_state_bytes,
+            "backward_multipliers": BACKWARD_MULTIPLIER,
+        }
 
 
 @dataclass
@@ -183,28 +216,49 @@ class PlaceOutcome:
 
 
 def detect_format(path: str) -> str:
-    """'workload' for .json, 'graphdef' for .pb/.pbtxt (and anything else that parses as one)."""
+    """'workload' for .json, 'onnx' for .onnx, 'graphdef' for .pb/.pbtxt (and anything else)."""
     ext = os.path.splitext(path)[1].lower()
-    if ext == ".onnx":
-        raise InputError("ONNX input is not supported yet; export a TensorFlow GraphDef (.pb)", path=path)
     if ext == ".json":
         return "workload"
+    if ext == ".onnx":
+        return "onnx"
     return "graphdef"
 
 
-def load_model(path: str, batch_size: int | None) -> tuple[OpGraph, str]:
-    """Read ``path`` into an OpGraph; returns the graph and its format name."""
+# The cost-rule name table each format's op types are looked up in.
+OP_SETS = {"graphdef": "tensorflow", "onnx": "onnx", "workload": "tensorflow"}
+
+
+class LoadedModel(NamedTuple):
+    graph: OpGraph
+    format: str  # graphdef | onnx | workload
+    notes: list[str]  # what the reader wants the user to know (ONNX: external data not loaded, ...)
+
+
+def load_model(path: str, batch_size: int | None, dims: dict[str, int] | None = None) -> LoadedModel:
+    """Read ``path`` into an OpGraph, with its format name and the reader's notes.
+
+    ``dims`` binds ONNX symbolic dims by name; another format given ``dims``
+    is an InputError (TensorFlow graphs have only the batch dim to fill).
+    """
     if not os.path.exists(path):
         raise InputError("no such file", path=path)
     fmt = detect_format(path)
+    if dims and fmt != "onnx":
+        raise InputError(f"--dim binds ONNX symbolic dims; this input is {fmt} (use --batch-size)", path=path)
     try:
         if fmt == "workload":
             from baechi_cli.io.workload_json import read_workload_json
 
-            return read_workload_json(path), fmt
+            return LoadedModel(read_workload_json(path), fmt, [])
+        if fmt == "onnx":
+            from baechi_cli.io.onnx import read_onnx_with_notes
+
+            read = read_onnx_with_notes(path, batch_size=batch_size, dims=dims)
+            return LoadedModel(read.graph, fmt, list(read.notes))
         from baechi_cli.io.graphdef import read_graphdef
 
-        return read_graphdef(path, batch_size=batch_size), fmt
+        return LoadedModel(read_graphdef(path, batch_size=batch_size), fmt, [])
     except InputError as err:
         raise err.with_path(path) from None
 
@@ -317,8 +371,9 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
 
     step("load")
     t0 = time.perf_counter()
-    graph, fmt = load_model(path, options.batch_size)
+    graph, fmt, notes = load_model(path, options.batch_size, options.dims)
     sha256 = _sha256(path)
+    model_ops = graph.num_ops
     timings["load"] = time.perf_counter() - t0
 
     step("profile")
@@ -335,7 +390,9 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
     elif fmt != "workload":  # a workload file carries its own measured costs
         from baechi_cli.costs.analytic import estimate_costs
 
-        graph, cost_report = estimate_costs(graph, devices)
+        graph, cost_report = estimate_costs(graph, devices, op_set=OP_SETS[fmt])
+        if cost_report.uncovered:
+            notes.append(uncovered_note(cost_report.coverage["uncovered"]))
     timings["profile"] = time.perf_counter() - t0
 
     step("passes")
@@ -345,6 +402,13 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
     except InputError as err:
         raise err.with_path(path) from None
     timings["passes"] = time.perf_counter() - t0
+
+    training = None
+    if options.training:
+        t0 = time.perf_counter()
+        graph, training, record = training_pass(graph, devices, fmt, options.optimizer, path)
+        passes.append(record)
+        timings["profile"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
     bound, single = bounds(graph, devices)
@@ -368,7 +432,45 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         single,
         placement_graph,
         expands_sequence=not any(p.name == "forward_only" and p.details["enabled"] for p in passes),
+        model_ops=model_ops,
+        training=training,
+        notes=notes,
     )
+
+
+def uncovered_note(uncovered: dict[str, int]) -> str:
+    """The warning for op types without a cost rule: which, how many, what they were costed as."""
+    listed = ", ".join(f"{t} ({n})" for t, n in sorted(uncovered.items(), key=lambda kv: (-kv[1], kv[0])))
+    ops = sum(uncovered.values())
+    return (
+        f"{ops} op{'s' if ops != 1 else ''} of {len(uncovered)} type{'s' if len(uncovered) != 1 else ''} "
+        f"without a cost rule, costed by the bytes they move: {listed}"
+    )
+
+
+def training_pass(
+    graph: OpGraph, devices: DeviceSpec, fmt: str, optimizer: str, path: str
+) -> tuple[OpGraph, TrainingInfo, PassRecord]:
+    """``--training``: synthesize the backward pass and optimizer (:mod:`baechi_cli.passes.training`)."""
+    from baechi_cli.costs.rules import rule_for
+    from baechi_cli.passes.training import synthesize_training
+
+    op_set = OP_SETS[fmt]
+    kinds = [rule_for(t, op_set).kind for t in graph.op_types]
+    try:
+        out, record = run_pass("training", lambda g: synthesize_training(g, devices, kinds, optimizer), graph)
+    except InputError as err:
+        raise err.with_path(path) from None
+    n = graph.num_ops
+    update_ops = sum(1 for v in range(n, out.num_ops) if out.names[v].startswith("optimizer/"))
+    info = TrainingInfo(
+        optimizer,
+        backward_ops=out.num_ops - n - update_ops,
+        update_ops=update_ops,
+        optimizer_state_bytes=sum(out.persistent_bytes[n:]),
+    )
+    record.details["optimizer"] = optimizer
+    return out, info, record
 
 
 def run_candidate(prepared: Prepared, algo: str, options: PlaceOptions) -> Candidate:
@@ -466,10 +568,8 @@ def place_model(
         if target is not None:
             check_writable(target)
     t_start = time.perf_counter()
-    if output is not None and detect_format(path) != "graphdef":
-        raise InputError(
-            f"-o writes a placed GraphDef, but the input is {detect_format(path)}; use --report", path=path
-        )
+    if output is not None:
+        check_output_format(path, output)
     prepared = prepare(path, devices, options, step)
     timings = dict(prepared.timings)
 
@@ -493,9 +593,17 @@ def place_model(
         chosen,
         candidates,
         timings,
-        placement_notes(
-            prepared.graph, prepared.devices, chosen.algorithm, chosen.sim, prepared.single_device, candidates
-        ),
+        [
+            *prepared.notes,
+            *placement_notes(
+                prepared.graph,
+                prepared.devices,
+                chosen.algorithm,
+                chosen.sim,
+                prepared.single_device,
+                candidates,
+            ),
+        ],
     )
     if isinstance(prepared.cost_report, ProfileCosts) and not prepared.cost_report.same_model:
         outcome.notes.append(
@@ -506,12 +614,7 @@ def place_model(
     step("write")
     t0 = time.perf_counter()
     if output is not None:
-        from baechi_cli.io.graphdef import write_placed_graphdef
-
-        graph, names = prepared.graph, prepared.devices.names
-        write_placed_graphdef(
-            path, {graph.names[v]: names[d] for v, d in enumerate(chosen.sim.device_of)}, output
-        )
+        outcome.notes += write_placed_model(prepared, chosen.sim.device_of, output)
     if trace_path is not None:
         from baechi_cli.io.trace import build_trace, write_trace
 
@@ -525,6 +628,42 @@ def place_model(
 
         write_report(report_path, build_report(outcome, options))
     return outcome
+
+
+def check_output_format(path: str, output: str) -> None:
+    """``-o`` writes the input's own format: a placed GraphDef or a placed ONNX model."""
+    fmt = detect_format(path)
+    if fmt == "workload":
+        raise InputError(
+            "-o writes a placed model, but the input is a workload JSON; use --report", path=path
+        )
+    if fmt == "onnx" and detect_format(output) != "onnx":
+        raise InputError("-o must name an .onnx file for an ONNX input (the placed model)", path=output)
+    if fmt == "graphdef" and detect_format(output) != "graphdef":
+        raise InputError("-o must name a .pb or .pbtxt file for a GraphDef input", path=output)
+
+
+def write_placed_model(prepared: Prepared, device_of: list[int], output: str) -> list[str]:
+    """Write the input model with every op's device; returns the writer's notes.
+
+    Only the input's ops are written: with ``--training`` the backward and
+    optimizer ops exist only in the plan.
+    """
+    graph, names = prepared.graph, prepared.devices.names
+    if prepared.input_format == "onnx":
+        from baechi_cli.io.onnx import write_placed_onnx
+
+        nodes = [v for v in range(prepared.model_ops) if "_onnx_node" in graph.attrs[v]]
+        node_device: list[str | None] = [None] * len(nodes)
+        for v in nodes:
+            node_device[graph.attrs[v]["_onnx_node"]] = names[device_of[v]]
+        return write_placed_onnx(prepared.path, node_device, names, output)
+    from baechi_cli.io.graphdef import write_placed_graphdef
+
+    write_placed_graphdef(
+        prepared.path, {graph.names[v]: names[device_of[v]] for v in range(prepared.model_ops)}, output
+    )
+    return []
 
 
 def placement_notes(
@@ -682,7 +821,9 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
     g, spec = prepared.graph, prepared.devices
     step = sim.step_time_us
     cost = prepared.cost_report
-    return {
+    n = prepared.model_ops
+    device_name = [spec.devices[d].name for d in sim.device_of]
+    report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "tool": {"name": "baechi", "version": __version__},
         "input": input_json(prepared),
@@ -719,8 +860,31 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
         ],
         "candidates": [candidate_json(c) for c in outcome.candidates],
         "notes": outcome.notes,
-        "placement": {g.names[v]: spec.devices[d].name for v, d in enumerate(sim.device_of)},
+        "placement": {g.names[v]: device_name[v] for v in range(n)},
     }
+    if prepared.training is not None:
+        report["training"] = {
+            **prepared.training.to_json(),
+            "placement": {g.names[v]: device_name[v] for v in range(n, g.num_ops)},
+        }
+    modules = module_map_of(prepared, device_name)
+    if modules is not None:
+        report["module_map"] = modules.to_json()
+    return report
+
+
+def module_map_of(prepared: Prepared, device_name: list[str]) -> Any:
+    """The PyTorch module map of an ONNX export (None when no op has a module path)."""
+    if prepared.input_format != "onnx":
+        return None
+    from baechi_cli.io.torch_modules import module_map
+
+    g = prepared.graph
+    ops = [v for v in range(prepared.model_ops) if "_onnx_node" in g.attrs[v]]
+    paths = [g.attrs[v].get("_module") for v in ops]
+    if all(p is None for p in paths):
+        return None
+    return module_map(paths, [device_name[v] for v in ops], [g.names[v] for v in ops])
 
 
 COMPARE_SCHEMA = "baechi.compare/v1"
@@ -892,6 +1056,7 @@ class ProfileOutcome:
     profile: Any  # CostProfile
     cost_report: Any  # the analytic CostReport; None for workload JSON
     timings: dict[str, float]
+    notes: list[str] = field(default_factory=list)  # the reader's
 
 
 def analytic_device(devices: DeviceSpec) -> str:
@@ -908,6 +1073,7 @@ def profile_model(
     devices: DeviceSpec,
     *,
     batch_size: int | None = None,
+    dims: dict[str, int] | None = None,
     measure: bool = False,
     warmup: int = 2,
     steps: int = 10,
@@ -941,7 +1107,7 @@ def profile_model(
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     step("load")
-    graph, fmt = load_model(path, batch_size)
+    graph, fmt, notes = load_model(path, batch_size, dims)
     if measure and fmt != "graphdef":
         raise InputError(f"--measure runs TensorFlow GraphDefs; this input is {fmt}", path=path)
     sha256 = _sha256(path)
@@ -956,8 +1122,8 @@ def profile_model(
         source_of, rule_of, flops = [MEASURED] * n, [GIVEN] * n, [0.0] * n
         device = f"the device the workload was profiled on (costs given in {os.path.basename(path)})"
     else:
-        graph, report = estimate_costs(graph, devices)
-        source_of, rule_of, flops = [ANALYTIC] * n, rule_kinds(graph, report), report.flops
+        graph, report = estimate_costs(graph, devices, op_set=OP_SETS[fmt])
+        source_of, rule_of, flops = [ANALYTIC] * n, rule_kinds(graph, report, OP_SETS[fmt]), report.flops
         device = analytic_device(devices)
     timings["profile"] = time.perf_counter() - t0
 
@@ -1007,4 +1173,4 @@ def profile_model(
         write_profile(profile, output)
     timings["write"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
-    return ProfileOutcome(path, fmt, graph, profile, report, timings)
+    return ProfileOutcome(path, fmt, graph, profile, report, timings, notes)

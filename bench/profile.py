@@ -374,7 +374,7 @@ def placement(name: str, profiles: dict[str, str], measured_path: str) -> dict[s
     path = graph_path(name)
     bs = batch_size(path)
     devices = parse_devices(PLACE_DEVICES)
-    graph, fmt = load_model(path, bs)
+    graph, fmt, _ = load_model(path, bs)
     graph = apply_profile(graph, load_profile(measured_path), measured_path, path)
     graph, _ = constraint_passes(graph, fmt)
     single = simulate(graph, devices, [0] * graph.num_ops)

@@ -99,7 +99,7 @@ def test_place_workload_json_writes_report_not_graph(tmp_path):
     assert report["result"]["step_time_us"] <= report["result"]["single_device_us"]
     assert {c["algorithm"] for c in report["candidates"]} == {"single", "topo", "etf", "sct"}
     out = invoke("place", GNMT, "--devices", DEVICES, "-o", str(tmp_path / "p.pb"))
-    assert out.exit_code == 2 and "-o writes a placed GraphDef" in out.stderr
+    assert out.exit_code == 2 and "-o writes a placed model" in out.stderr
     assert not (tmp_path / "p.pb").exists()
 
 

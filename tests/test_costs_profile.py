@@ -86,7 +86,7 @@ def test_same_input_same_bytes_and_round_trip(cnn_profile, tmp_path):
 
 
 def test_applying_a_profile_reproduces_its_costs(cnn_profile):
-    graph, _ = load_model(CNN, None)
+    graph = load_model(CNN, None).graph
     applied = apply_profile(graph, cnn_profile.profile, "costs.json")
     costed = cnn_profile.graph
     assert applied.compute_us == costed.compute_us
@@ -160,7 +160,7 @@ def test_not_json_is_an_input_error():
 
 
 def test_profile_of_another_model_lists_the_first_mismatches(cnn_profile):
-    mlp, _ = load_model(MLP, None)
+    mlp = load_model(MLP, None).graph
     with pytest.raises(InputError) as err:
         apply_profile(mlp, cnn_profile.profile, "costs.json", MLP)
     line = str(err.value)
@@ -169,7 +169,7 @@ def test_profile_of_another_model_lists_the_first_mismatches(cnn_profile):
 
 
 def test_port_count_and_missing_op_mismatches(cnn_profile):
-    graph, _ = load_model(CNN, None)
+    graph = load_model(CNN, None).graph
 
     def drop_port(doc):
         doc["ops"][0]["output_bytes"] = []

@@ -1,0 +1,266 @@
+"""Training synthesis: a training step made from a forward-only (inference) graph.
+
+Most models reach us as inference exports (an ONNX file from PyTorch), but
+what is split over devices is a training step. :func:`synthesize_training`
+appends what a step adds to the forward ops, so every later stage (passes,
+placers, the simulator) sees a training graph like the ones TensorFlow
+writes:
+
+* **Which ops get a gradient.** An op *needs a gradient* when it owns
+  parameters (``persistent_bytes > 0``: the ONNX reader puts initializer
+  bytes on the op that reads them; in TensorFlow, the variable), or when it
+  reads a value that needs one and has a floating-point output; graph inputs (``Input``/``Placeholder`` ops)
+  never do. Integer shape arithmetic and ops upstream of every parameter
+  get none, as in autograd.
+* **One backward op per such op** ``v``, named ``gradients/<name>`` (type
+  ``<type>Grad``), ``is_backward`` with ``forward_op = v``, and in ``v``'s
+  colocation group: the PyTorch autograd engine runs a node's backward on
+  the device its forward ran on, so a plan applied with ``module.to()``
+  cannot put it elsewhere. Its compute time is ``v``'s times a
+  multiplier set by the forward op's cost-rule kind
+  (:data:`BACKWARD_MULTIPLIER`):
+
+  ============  ==========================================================
+  flops         one forward's FLOPs per gradient it produces -- a
+                gradient per input that needs one, plus one for the
+                parameters -- between 1 and 2 (conv/matmul: dX and dW,
+                2x; the first layer: dW only, 1x; Relu: 1x)
+  bytes         1x: the gradient of a copy, transpose, gather or concat is
+                the reverse data movement
+  zero          0x: the gradient of a view (Reshape, Identity) is a view
+  variable      0x
+  uncovered     1x (bytes only, both ways); ``fallback`` likewise
+  ============  ==========================================================
+
+  Its temporary bytes are ``v``'s. Output ports: one gradient per input
+  tensor of ``v`` that needs one (that tensor's bytes), then, when ``v``
+  owns parameters, the parameter gradient buffer (``persistent_bytes[v]``).
+* **Edges.** The data edges reversed: for each consumer ``w`` of a tensor
+  ``(u, p)`` that needs a gradient, ``gradients/w`` sends its gradient of
+  ``(u, p)`` (same bytes) to ``gradients/u``; gradients of a tensor used
+  several times are summed by ``gradients/u`` (the adds are not costed
+  separately). Activations kept alive: the backward op of a ``flops`` or
+  uncovered op reads ``v``'s data inputs again (an edge from each producer
+  tensor), so the simulator keeps them resident until their backward use,
+  which is where a training step's activation memory comes from. A control
+  edge ``v -> gradients/v`` orders a backward op after its forward op (for
+  the graph's outputs, the loss gradient starts there).
+* **Optimizer.** Per op owning parameters, an update op
+  ``optimizer/<name>`` in ``v``'s group (``is_backward``, ``forward_op =
+  v``), fed by the parameter gradient. It is costed by the TensorFlow rule
+  of the same update (``ApplyGradientDescent``, ``ApplyMomentum``,
+  ``ApplyAdam``: FLOPs per element from ``training_ops.cc``, parameters and
+  slots read and written) on each device kind, and holds the optimizer
+  state as persistent bytes: 0 (sgd), 1x (momentum) or 2x (adam) the
+  parameter bytes. Parameters are taken as float32 for the FLOP count.
+
+Names are made unique with a ``_<k>`` suffix when the model already uses
+them. Ops ids of the input graph are unchanged: new ops are appended in
+topological order of their forward ops (backward ops reversed), so
+``graph.names[:n]`` is still the model.
+
+Complexity: O(V + E).
+
+Example:
+    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.devices import parse_devices
+    >>> b = GraphBuilder()
+    >>> x = b.add_op("x", "Input", [400], output_dtypes=["float32"])
+    >>> fc = b.add_op("fc", "Gemm", [40], compute_us=10.0, persistent_bytes=4000,
+    ...               output_dtypes=["float32"])
+    >>> relu = b.add_op("relu", "Relu", [40], compute_us=1.0, output_dtypes=["float32"])
+    >>> _ = b.add_edge(x, fc); _ = b.add_edge(fc, relu)
+    >>> g = synthesize_training(b.build(), parse_devices("2x8GB"), ["zero", "flops", "flops"], "adam")
+    >>> g.names[3:], g.compute_us[3:5]
+    (['gradients/relu', 'gradients/fc', 'optimizer/fc'], [1.0, 10.0])
+    >>> g.forward_op[3:], g.group[3:], g.persistent_bytes[5]
+    ([2, 1, 1], [2, 1, 1], 8000)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from baechi_cli.costs.analytic import op_time_us
+from baechi_cli.costs.rules import RULES, OpCount, OpView
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.errors import InputError
+from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+# The TensorFlow update op whose cost rule times each optimizer, and how many
+# parameter-sized slots of state it keeps.
+_UPDATE_OP = {"sgd": "ApplyGradientDescent", "momentum": "ApplyMomentum", "adam": "ApplyAdam"}
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
+
+# Backward compute as a multiple of forward compute, by the forward op's rule
+# kind; ``flops`` is refined per op (see the module docstring).
+BACKWARD_MULTIPLIER = {
+    "flops": 2.0,
+    "bytes": 1.0,
+    "zero": 0.0,
+    "variable": 0.0,
+    "uncovered": 1.0,
+    "fallback": 1.0,
+}
+# Kinds whose backward reads the forward op's inputs again (dW = X^T dY,
+# d relu = dY * (x > 0), ...). Data movement and views need no activations.
+_SAVES_INPUTS = frozenset({"flops", "uncovered", "fallback"})
+_GRAPH_INPUTS = frozenset({"Input", "Placeholder", "PlaceholderV2", "_Arg"})
+_FLOAT_PREFIXES = ("float", "bfloat", "half", "double")
+_PARAM_ITEMSIZE = 4  # float32 parameters, for the update's FLOP count
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(_FLOAT_PREFIXES)
+
+
+def needs_gradient(graph: OpGraph) -> list[bool]:
+    """Per op: whether autograd would compute a gradient for it (module docstring). O(V + E)."""
+    need = [False] * graph.num_ops
+    for v in graph.topo_order():
+        if graph.op_types[v] in _GRAPH_INPUTS:
+            continue
+        # A parameter owner always does (a TensorFlow variable's output is a
+        # handle, not a float); others when a float output depends on one.
+        need[v] = graph.persistent_bytes[v] > 0 or (
+            any(_is_float(t) for t in graph.output_dtypes[v])
+            and any(need[graph.edge_src[e]] for e in graph.in_edges[v] if graph.edge_port[e] != CONTROL_PORT)
+        )
+    return need
+
+
+def synthesize_training(
+    graph: OpGraph, devices: DeviceSpec, kinds: Sequence[str], optimizer: str = "sgd"
+) -> OpGraph:
+    """``graph`` plus backward and optimizer ops (module docstring).
+
+    ``graph`` must be costed and forward-only; ``kinds[v]`` is the cost-rule
+    kind of op ``v`` (flops, bytes, zero, variable, uncovered, fallback).
+    Raises :class:`InputError` when the graph already has backward ops, has
+    nothing to train (no op owns parameters), or ``optimizer`` is unknown.
+    """
+    if optimizer not in OPTIMIZERS:
+        raise InputError(f"unknown optimizer '{optimizer}' (choose from {', '.join(OPTIMIZERS)})")
+    n_backward = sum(graph.is_backward)
+    if n_backward:
+        raise InputError(
+            f"--training builds the backward pass of a forward-only model, but this graph already "
+            f"has {n_backward} backward ops (it is a training graph); drop --training"
+        )
+    if not any(graph.persistent_bytes):
+        raise InputError("--training: no op holds parameters (weights), so there is nothing to train")
+    need = needs_gradient(graph)
+    order = graph.topo_order()
+    builder = GraphBuilder.from_graph(graph)
+    taken = set(graph.names)
+    by_kind = {kind: list(times) for kind, times in graph.compute_us_by_kind.items()}
+    compute = list(graph.compute_us)
+
+    def add(name: str, op_type: str, *, v: int, scale: float, **columns: object) -> int:
+        new = builder.add_op(_unique(name, taken), op_type, is_backward=True, forward_op=v, **columns)
+        builder.set_group(new, graph.group[v])
+        for times in by_kind.values():
+            times.append(times[v] * scale)
+        compute.append(compute[v] * scale)
+        return new
+
+    # Gradient ports: backward op of v -> {input tensor (u, p): port}.
+    grad_port: dict[int, dict[tuple[int, int], int]] = {}
+    grad_op: dict[int, int] = {}
+    for v in reversed(order):
+        if not need[v]:
+            continue
+        inputs = _data_inputs(graph, v)
+        wanted = [t for t in dict.fromkeys(inputs) if need[t[0]]]
+        owns = graph.persistent_bytes[v] > 0
+        scale = _multiplier(kinds[v], len(wanted) + owns)
+        out_bytes = [graph.output_bytes[u][p] for u, p in wanted] + (
+            [graph.persistent_bytes[v]] if owns else []
+        )
+        b = add(
+            f"gradients/{graph.names[v]}",
+            f"{graph.op_types[v]}Grad",
+            v=v,
+            scale=scale,
+            output_bytes=out_bytes,
+            temporary_bytes=graph.temporary_bytes[v],
+            output_shapes=[graph.output_shapes[u][p] for u, p in wanted] + ([None] if owns else []),
+            output_dtypes=[graph.output_dtypes[u][p] for u, p in wanted] + (["float32"] if owns else []),
+        )
+        grad_op[v] = b
+        grad_port[b] = {t: k for k, t in enumerate(wanted)}
+        builder.add_edge(v, b, CONTROL_PORT)
+        # The gradients of v's outputs, from the backward ops of its consumers.
+        for e in graph.out_edges[v]:
+            w, p = graph.edge_dst[e], graph.edge_port[e]
+            if p != CONTROL_PORT and w in grad_op:
+                gw = grad_op[w]
+                builder.add_edge(gw, b, grad_port[gw][(v, p)])
+        if kinds[v] in _SAVES_INPUTS:
+            for u, p in dict.fromkeys(inputs):
+                builder.add_edge(u, b, p)
+    # Optimizer updates, after every backward op so that ids stay grouped.
+    slots = OPTIMIZER_SLOTS[optimizer]
+    for v in order:
+        if v not in grad_op or graph.persistent_bytes[v] == 0:
+            continue
+        nbytes = graph.persistent_bytes[v]
+        count = _update_count(_UPDATE_OP[optimizer], nbytes, slots)
+        u = add(
+            f"optimizer/{graph.names[v]}",
+            _UPDATE_OP[optimizer],
+            v=v,
+            scale=0.0,
+            persistent_bytes=slots * nbytes,
+        )
+        for kind in by_kind:
+            device = next(d for d in devices.devices if d.kind == kind)
+            by_kind[kind][u] = op_time_us(count, device)
+        compute[u] = op_time_us(count, devices.devices[0])
+        b = grad_op[v]
+        builder.add_edge(b, u, len(grad_port[b]))
+    out = builder.build()
+    return out.replace(compute_us=compute, compute_us_by_kind=by_kind, members=None)
+
+
+def _multiplier(kind: str, gradients: int) -> float:
+    if kind == "flops":
+        return float(min(max(gradients, 1), 2))
+    return BACKWARD_MULTIPLIER.get(kind, 1.0)
+
+
+def _data_inputs(graph: OpGraph, v: int) -> list[tuple[int, int]]:
+    return [
+        (graph.edge_src[e], graph.edge_port[e])
+        for e in graph.in_edges[v]
+        if graph.edge_port[e] != CONTROL_PORT
+    ]
+
+
+def _update_count(op_type: str, param_bytes: int, slots: int) -> OpCount:
+    """The TensorFlow rule's count for one dense update of ``param_bytes`` of float32 parameters."""
+    shape = (max(param_bytes // _PARAM_ITEMSIZE, 1),)
+    # var and slots by reference, then the scalars (lr, momentum, betas, ...) and the gradient.
+    states = 1 + slots
+    n_scalars = {"ApplyGradientDescent": 1, "ApplyMomentum": 2, "ApplyAdam": 6}[op_type]
+    view = OpView(
+        op_type,
+        {},
+        [shape] * states + [()] * n_scalars + [shape],
+        ["float32_ref"] * states + ["float32"] * n_scalars + ["float32"],
+        [param_bytes] * states + [_PARAM_ITEMSIZE] * n_scalars + [param_bytes],
+        [shape],
+        ["float32_ref"],
+        [param_bytes],
+    )
+    return RULES[op_type].fn(view)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, k = name, 0
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}_{k}"
+    taken.add(candidate)
+    return candidate

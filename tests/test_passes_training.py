@@ -1,0 +1,185 @@
+"""baechi_cli.passes.training: a training step synthesized from a forward-only graph."""
+
+from __future__ import annotations
+
+import pytest
+
+from baechi_cli.costs.rules import RULES
+from baechi_cli.devices import parse_devices
+from baechi_cli.errors import InputError
+from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.passes.forward_only import forward_only
+from baechi_cli.passes.training import OPTIMIZER_SLOTS, needs_gradient, synthesize_training
+from baechi_cli.sim import simulate
+
+DEVICES = parse_devices("2x8GB")
+F32 = ["float32"]
+
+
+def cnn() -> tuple[OpGraph, list[str]]:
+    """x -> conv(W) -> relu -> fc(W) -> out, plus an integer Shape op off conv's output.
+
+    Returns the graph and each op's cost-rule kind.
+    """
+    b = GraphBuilder()
+    x = b.add_op("x", "Input", [4000], output_dtypes=F32)
+    conv = b.add_op("conv", "Conv", [8000], compute_us=20.0, persistent_bytes=1200, output_dtypes=F32)
+    relu = b.add_op("relu", "Relu", [8000], compute_us=2.0, output_dtypes=F32)
+    shape = b.add_op("shape", "Shape", [32], output_dtypes=["int64"])
+    reshape = b.add_op("flat", "Reshape", [8000], output_dtypes=F32)
+    fc = b.add_op("fc", "Gemm", [400], compute_us=10.0, persistent_bytes=80_400, output_dtypes=F32)
+    for s, d in ((x, conv), (conv, relu), (relu, shape), (relu, reshape), (shape, reshape), (reshape, fc)):
+        b.add_edge(s, d)
+    return b.build(), ["zero", "flops", "flops", "zero", "zero", "flops"]
+
+
+def test_which_ops_need_a_gradient():
+    g, _ = cnn()
+    # inputs never; integer shape arithmetic never; everything downstream of a weight
+    assert needs_gradient(g) == [False, True, True, False, True, True]
+
+
+def test_backward_ops_mirror_the_forward_graph():
+    g, kinds = cnn()
+    t = synthesize_training(g, DEVICES, kinds, "sgd")
+    n = g.num_ops
+    assert t.names[:n] == g.names and t.op_types[:n] == g.op_types
+    names = t.index()
+    # one backward op per op that needs a gradient, in reverse topological order, then the updates
+    assert t.names[n:] == [
+        "gradients/fc",
+        "gradients/flat",
+        "gradients/relu",
+        "gradients/conv",
+        "optimizer/conv",
+        "optimizer/fc",
+    ]
+    for v in range(n, t.num_ops):
+        f = t.forward_op[v]
+        assert t.is_backward[v] and f >= 0 and not t.is_backward[f]
+        assert t.group[v] == t.group[f]  # autograd runs a backward where its forward ran
+    assert not any(t.is_backward[:n])
+    assert t.op_types[names["gradients/conv"]] == "ConvGrad"
+    assert t.op_types[names["optimizer/fc"]] == "ApplyGradientDescent"
+
+    def edges_into(op: str) -> list[tuple[str, int, int]]:
+        v = names[op]
+        return sorted((t.names[t.edge_src[e]], t.edge_port[e], t.edge_bytes[e]) for e in t.in_edges[v])
+
+    # reversed data edges carry gradients the size of the activations; flops ops re-read their
+    # inputs (activations kept alive); views (Reshape) save nothing; a control edge orders each
+    # backward op after its forward op.
+    assert edges_into("gradients/fc") == [("fc", CONTROL_PORT, 0), ("flat", 0, 8000)]
+    assert edges_into("gradients/flat") == [("flat", CONTROL_PORT, 0), ("gradients/fc", 0, 8000)]
+    assert edges_into("gradients/relu") == [
+        ("conv", 0, 8000),
+        ("gradients/flat", 0, 8000),
+        ("relu", CONTROL_PORT, 0),
+    ]
+    assert edges_into("gradients/conv") == [
+        ("conv", CONTROL_PORT, 0),
+        ("gradients/relu", 0, 8000),
+        ("x", 0, 4000),
+    ]
+    # the parameter gradient buffer is the last port, the size of the parameters
+    assert t.output_bytes[names["gradients/fc"]] == [8000, 80_400]
+    assert t.output_bytes[names["gradients/conv"]] == [1200]  # the input needs no gradient: dW only
+    assert edges_into("optimizer/conv") == [("gradients/conv", 0, 1200)]
+    assert edges_into("optimizer/fc") == [("gradients/fc", 1, 80_400)]
+    t.topo_order()  # still a DAG
+
+
+def test_backward_compute_multipliers():
+    g, kinds = cnn()
+    t = synthesize_training(g, DEVICES, kinds, "sgd")
+    us = dict(zip(t.names, t.compute_us))
+    assert us["gradients/fc"] == 2 * us["fc"]  # dX and dW
+    assert us["gradients/conv"] == us["conv"]  # first layer: dW only
+    assert us["gradients/relu"] == us["relu"]
+    assert us["gradients/flat"] == 0.0  # the gradient of a view is a view
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+def test_optimizer_state_and_update_cost(optimizer: str):
+    g, kinds = cnn()
+    t = synthesize_training(g, DEVICES, kinds, optimizer)
+    names = t.index()
+    slots = OPTIMIZER_SLOTS[optimizer]
+    assert t.persistent_bytes[names["optimizer/fc"]] == slots * 80_400
+    assert t.persistent_bytes[names["optimizer/conv"]] == slots * 1200
+    assert sum(t.persistent_bytes) == (1 + slots) * (80_400 + 1200)
+    # the update is timed by the TensorFlow rule of the same update (training_ops.cc FLOPs:
+    # sgd 2, momentum 4, adam 12 per element): parameters and slots read and written, the
+    # gradient and the scalars read
+    update = t.op_types[names["optimizer/fc"]]
+    assert RULES[update].kind == "flops"
+    flops_per_element = {"sgd": 2, "momentum": 4, "adam": 12}[optimizer]
+    scalars = {"sgd": 1, "momentum": 2, "adam": 6}[optimizer]
+    moved = (2 * (1 + slots) + 1) * 80_400 + 4 * scalars
+    device = DEVICES.devices[0]
+    expected = max(flops_per_element * 80_400 / 4 / device.flops, moved / device.memory_bandwidth)
+    assert t.compute_us[names["optimizer/fc"]] == pytest.approx(expected * 1e6 + device.launch_overhead_us)
+
+
+def test_updates_ordered_by_optimizer_cost():
+    g, kinds = cnn()
+    times = {o: synthesize_training(g, DEVICES, kinds, o).compute_us[-1] for o in ("sgd", "momentum", "adam")}
+    assert times["sgd"] < times["momentum"] < times["adam"]
+
+
+def test_activations_stay_alive_until_their_backward_use():
+    g, kinds = cnn()
+    t = synthesize_training(g, DEVICES, kinds, "sgd")
+    forward = simulate(g, DEVICES, [0] * g.num_ops)
+    step = simulate(t, DEVICES, [0] * t.num_ops)
+    # forward alone frees conv's output once relu has read it; in training it stays for
+    # gradients/relu and x's stays for gradients/conv
+    assert step.peak_bytes[0] >= forward.peak_bytes[0] + 8000
+    assert step.step_time_us > forward.step_time_us
+
+
+def test_forward_only_contracts_back_to_the_model():
+    g, kinds = cnn()
+    t = synthesize_training(g, DEVICES, kinds, "adam")
+    f = forward_only(t)
+    assert f.names == g.names
+    assert sum(f.compute_us) == pytest.approx(sum(t.compute_us))
+
+
+def test_heterogeneous_devices_get_per_kind_times():
+    devices = parse_devices("2x8GB")
+    fast = devices.devices[0].__class__(name="fast", memory_bytes=8_000_000_000, flops=100e12)
+    spec = devices.__class__((devices.devices[0], fast), devices.interconnect)
+    g, kinds = cnn()
+    slow_kind, fast_kind = spec.devices[0].kind, fast.kind
+    g = g.replace(
+        compute_us_by_kind={slow_kind: list(g.compute_us), fast_kind: [c / 2 for c in g.compute_us]}
+    )
+    t = synthesize_training(g, spec, kinds, "momentum")
+    names = t.index()
+    by = t.compute_us_by_kind
+    assert by[fast_kind][names["gradients/fc"]] == 2 * by[fast_kind][names["fc"]]
+    assert len(by[slow_kind]) == len(by[fast_kind]) == t.num_ops
+
+
+def test_names_stay_unique():
+    b = GraphBuilder()
+    x = b.add_op("x", "Input", [40], output_dtypes=F32)
+    fc = b.add_op("fc", "Gemm", [40], compute_us=1.0, persistent_bytes=400, output_dtypes=F32)
+    clash = b.add_op("gradients/fc", "Relu", [40], compute_us=1.0, output_dtypes=F32)
+    b.add_edge(x, fc)
+    b.add_edge(fc, clash)
+    t = synthesize_training(b.build(), DEVICES, ["zero", "flops", "flops"], "sgd")
+    assert len(set(t.names)) == t.num_ops
+    assert "gradients/fc_1" in t.names
+
+
+def test_refuses_a_training_graph_and_a_model_without_weights():
+    g, kinds = cnn()
+    t = synthesize_training(g, DEVICES, kinds, "sgd")
+    with pytest.raises(InputError, match="already has 6 backward ops"):
+        synthesize_training(t, DEVICES, kinds + ["flops"] * 6, "sgd")
+    with pytest.raises(InputError, match="nothing to train"):
+        synthesize_training(g.replace(persistent_bytes=[0] * g.num_ops), DEVICES, kinds, "sgd")
+    with pytest.raises(InputError, match="unknown optimizer 'lamb'"):
+        synthesize_training(g, DEVICES, kinds, "lamb")
