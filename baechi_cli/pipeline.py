@@ -869,7 +869,12 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
         }
     modules = module_map_of(prepared, device_name)
     if modules is not None:
-        report["module_map"] = modules.to_json()
+        from baechi_cli.io.torch_modules import torch_device
+
+        report["module_map"] = {
+            **modules.to_json(),
+            "torch_devices": {d.name: torch_device(d.name) for d in spec.devices},
+        }
     return report
 
 

@@ -169,6 +169,26 @@ def test_module_map_applies_to_the_torch_model(tmp_path):
         if target[device].type == "meta" and n.startswith(f"{path}.")
     }
     assert on_meta == expected and on_meta
+    assert set(report["module_map"]["torch_devices"].values()) == {"cuda:0", "cuda:1", "cuda:2", "cuda:3"}
+
+
+def test_readme_recipe_runs_the_planned_model(tmp_path):
+    """The README's recipe: each planned module moved, its inputs following it (here all on cpu)."""
+    torch = pytest.importorskip("torch")
+    from onnxmodels import _generator
+
+    _, _, report = place(onnx_model("torch_resnet"), tmp_path, "--optimizer", "adam", devices="4x10MB")
+    reference = _generator().torch_resnet().eval()
+    net = _generator().torch_resnet().eval()
+    to_torch = {name: "cpu" for name in report["module_map"]["torch_devices"]}  # no GPUs here
+    for path, device in report["module_map"]["modules"].items():
+        module = net.get_submodule(path).to(to_torch[device])
+        module.register_forward_pre_hook(
+            lambda m, args, d=to_torch[device]: tuple(a.to(d) if torch.is_tensor(a) else a for a in args)
+        )
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(net(x), reference(x))
 
 
 def test_symbolic_dims_need_binding(tmp_path):

@@ -85,10 +85,12 @@ their first op); no module in it is an ancestor of another. ``unmapped_ops``
 is in op order; ``op`` is the op's name (its index as a string when no names
 were given), ``module`` the module it sits directly in (null: none).
 
-To apply a plan to the model it was exported from (``plan`` is the report)::
+To apply a plan to the model it was exported from (``plan`` is the report,
+whose ``module_map`` also maps each device name to a torch device with
+:func:`torch_device`)::
 
     for path, device in plan["module_map"]["modules"].items():
-        model.get_submodule(path).to(device)
+        model.get_submodule(path).to(plan["module_map"]["torch_devices"][device])
     # then feed each input on the device its unmapped entry (module null) names
 
 (tests/test_torch_modules.py does this on a real model.)
@@ -155,6 +157,23 @@ class ModuleMap:
 class _Legacy(NamedTuple):
     path: str | None  # the scopes as written; None when the last one cannot be an attribute name
     first_call: str | None  # the path if the last scope's _N suffix marks a repeated call
+
+
+_TF_DEVICE = re.compile(r"/device:(GPU|CPU):(\d+)")
+
+
+def torch_device(name: str) -> str:
+    """The torch device a device name stands for: ``/device:GPU:k`` is ``cuda:k``, any CPU ``cpu``.
+
+    Other names (``cuda:1``, ``mps``, a YAML file's own names) are kept as they are.
+
+    >>> torch_device("/device:GPU:1"), torch_device("/device:CPU:0"), torch_device("cuda:2")
+    ('cuda:1', 'cpu', 'cuda:2')
+    """
+    match = _TF_DEVICE.fullmatch(name)
+    if match is None:
+        return name
+    return f"cuda:{match.group(2)}" if match.group(1) == "GPU" else "cpu"
 
 
 def module_path(node_name: str, metadata: Mapping[str, str] | None = None) -> str | None:

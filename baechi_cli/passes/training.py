@@ -12,7 +12,8 @@ writes:
   reads a value that needs one and has a floating-point output; graph inputs (``Input``/``Placeholder`` ops)
   never do. Integer shape arithmetic and ops upstream of every parameter
   get none, as in autograd.
-* **One backward op per such op** ``v``, named ``gradients/<name>`` (type
+* **One backward op per such op** ``v``, named ``gradients/<name>`` (a
+  leading ``/`` of the name dropped: ``gradients/fc/Gemm``; type
   ``<type>Grad``), ``is_backward`` with ``forward_op = v``, and in ``v``'s
   colocation group: the PyTorch autograd engine runs a node's backward on
   the device its forward ran on, so a plan applied with ``module.to()``
@@ -46,7 +47,7 @@ writes:
   edge ``v -> gradients/v`` orders a backward op after its forward op (for
   the graph's outputs, the loss gradient starts there).
 * **Optimizer.** Per op owning parameters, an update op
-  ``optimizer/<name>`` in ``v``'s group (``is_backward``, ``forward_op =
+  ``optimizer/<name>`` (likewise) in ``v``'s group (``is_backward``, ``forward_op =
   v``), fed by the parameter gradient. It is costed by the TensorFlow rule
   of the same update (``ApplyGradientDescent``, ``ApplyMomentum``,
   ``ApplyAdam``: FLOPs per element from ``training_ops.cc``, parameters and
@@ -179,7 +180,7 @@ def synthesize_training(
             [graph.persistent_bytes[v]] if owns else []
         )
         b = add(
-            f"gradients/{graph.names[v]}",
+            f"gradients/{graph.names[v].lstrip('/')}",
             f"{graph.op_types[v]}Grad",
             v=v,
             scale=scale,
@@ -208,7 +209,7 @@ def synthesize_training(
         nbytes = graph.persistent_bytes[v]
         count = _update_count(_UPDATE_OP[optimizer], nbytes, slots)
         u = add(
-            f"optimizer/{graph.names[v]}",
+            f"optimizer/{graph.names[v].lstrip('/')}",
             _UPDATE_OP[optimizer],
             v=v,
             scale=0.0,
