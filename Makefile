@@ -33,6 +33,7 @@ bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/passes.py
 	$(BIN)/python bench/profile.py
+	$(BIN)/python bench/onnx_place.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

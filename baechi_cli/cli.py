@@ -358,14 +358,20 @@ def compare(
     "--original",
     type=click.Path(dir_okay=False),
     metavar="MODEL",
-    help="The unplaced GraphDef: PLACED must equal it, device fields aside; --run takes the reference "
-    "loss from it.",
+    help="The unplaced model, of PLACED's format: PLACED must equal it, placement annotations aside; "
+    "--run compares with it.",
 )
-@click.option("--run", is_flag=True, help="Also train PLACED in TensorFlow (needs the tf extra).")
+@click.option(
+    "--run",
+    is_flag=True,
+    help="Also run PLACED: train a GraphDef in TensorFlow (the tf extra), infer an ONNX model in "
+    "onnxruntime (the onnx extra).",
+)
 @click.option(
     "--sidecar",
     type=click.Path(dir_okay=False),
-    help="With --run: inputs, loss, train and init ops (default: <stem>.json beside MODEL, else PLACED).",
+    help="GraphDef, with --run: inputs, loss, train and init ops (default: <stem>.json beside MODEL, "
+    "else PLACED).",
 )
 @click.option(
     "--devices",
@@ -373,11 +379,21 @@ def compare(
     "num_devices",
     type=click.IntRange(min=1),
     metavar="N",
-    help="With --run: devices to emulate (default: as many as PLACED uses).",
+    help="GraphDef, with --run: devices to emulate (default: as many as PLACED uses).",
 )
 @click.option(
-    "--steps", type=click.IntRange(min=1), metavar="K", help="With --run: training steps to run [default: 1]."
+    "--steps",
+    type=click.IntRange(min=1),
+    metavar="K",
+    help="GraphDef, with --run: training steps to run [default: 1].",
 )
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    metavar="SIZE",
+    help="ONNX, with --run: value for symbolic axis-0 dims of the inputs (default 1).",
+)
+@_DIM_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (baechi.verify/v1).")
 def verify(
     placed: str,
@@ -387,44 +403,78 @@ def verify(
     sidecar: str | None,
     num_devices: int | None,
     steps: int | None,
+    batch_size: int | None,
+    dims: dict[str, int] | None,
     as_json: bool,
 ) -> None:
     """Check that PLACED is a correct placement: exit 0 when it is, 1 when not.
 
     \b
-    Without TensorFlow: with --original, PLACED equals MODEL device fields
-    aside; every op has a device; every colocation constraint holds (_class
-    pairs, resource/ref consumers and their producers, TF1 while-loop frames).
-    With --run: TensorFlow trains PLACED on N logical CPU devices standing in
-    for /device:GPU:0..N-1 (strict placement, devices re-applied after
-    import), compares each op's actual device with the request and the loss
-    with MODEL's (else the unplaced PLACED's).
+    A GraphDef (.pb, .pbtxt), without TensorFlow: with --original, PLACED
+    equals MODEL device fields aside; every op has a device; every
+    colocation constraint holds (_class pairs, resource/ref consumers and
+    their producers, TF1 while-loop frames). With --run: TensorFlow trains
+    PLACED on N logical CPU devices standing in for /device:GPU:0..N-1
+    (strict placement, devices re-applied after import), compares each op's
+    actual device with the request and the loss with MODEL's (else the
+    unplaced PLACED's).
 
     \b
-    Example:
+    An ONNX model (.onnx): it passes onnx.checker; every node has a device
+    whose device_configurations and baechi.device metadata agree, on a
+    device of the "baechi" configuration; with --original, PLACED equals
+    MODEL but for baechi's annotations. With --run: onnxruntime runs PLACED
+    and MODEL (else PLACED without its annotations) on the CPU with the
+    same seeded random inputs (symbolic dims from --dim, --batch-size, else
+    1) and every output must be identical.
+
+    \b
+    Examples:
       baechi verify placed.pb --original testdata/cnn.pb --run
+      baechi verify placed.onnx --original testdata/torch_resnet.onnx --run
 
     A second argument SIDECAR is the older spelling of --run --sidecar SIDECAR.
     """
     try:
-        from baechi_cli.errors import InputError
-        from baechi_cli.verify import render_report, verify_graph
+        from baechi_cli.pipeline import detect_format
 
+        onnx = detect_format(placed) == "onnx"
+        if original is not None and (detect_format(original) == "onnx") != onnx:
+            kind = "an ONNX model (.onnx)" if onnx else "a GraphDef (.pb, .pbtxt)"
+            raise InputError(f"--original must be {kind}, as PLACED is", path=original)
         if legacy_sidecar is not None:
             if sidecar is not None:
                 raise InputError("give the sidecar either as SIDECAR or as --sidecar, not both")
             sidecar, run = legacy_sidecar, True
+        if onnx and (sidecar is not None or num_devices is not None or steps is not None):
+            raise InputError(
+                "--sidecar, --devices and --steps apply to GraphDefs only; an ONNX model runs in "
+                "onnxruntime on the CPU (see --dim, --batch-size)"
+            )
+        if not onnx and (batch_size is not None or dims is not None):
+            raise InputError("--batch-size and --dim apply to ONNX models only")
         if not run and (sidecar is not None or num_devices is not None or steps is not None):
             raise InputError("--sidecar, --devices and --steps apply only with --run")
-        report = verify_graph(
-            placed, original=original, run=run, sidecar=sidecar, num_devices=num_devices, steps=steps or 1
-        )
+        if not run and (batch_size is not None or dims is not None):
+            raise InputError("--batch-size and --dim apply only with --run")
+        if onnx:
+            from baechi_cli.verify_onnx import render_onnx_report, verify_onnx
+
+            report: Any = verify_onnx(placed, original=original, run=run, batch_size=batch_size, dims=dims)
+            render: Callable[[Any, Any], None] = render_onnx_report
+        else:
+            from baechi_cli.verify import render_report, verify_graph
+
+            report = verify_graph(
+                placed, original=original, run=run, sidecar=sidecar, num_devices=num_devices, steps=steps or 1
+            )
+            render = render_report
         if as_json:
             import json
 
             click.echo(json.dumps(report.to_json(), indent=2))
         else:
-            render_report(_console(), report)
+            render(_console(), report)
         if not report.ok:
             sys.exit(EXIT_REGRESSION)
     except (BaechiError, Exception) as err:  # noqa: BLE001 - every error becomes one line

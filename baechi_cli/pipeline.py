@@ -453,7 +453,7 @@ def training_pass(
 ) -> tuple[OpGraph, TrainingInfo, PassRecord]:
     """``--training``: synthesize the backward pass and optimizer (:mod:`baechi_cli.passes.training`)."""
     from baechi_cli.costs.rules import rule_for
-    from baechi_cli.passes.training import synthesize_training
+    from baechi_cli.passes.training import UPDATE_OP, synthesize_training
 
     op_set = OP_SETS[fmt]
     kinds = [rule_for(t, op_set).kind for t in graph.op_types]
@@ -462,7 +462,7 @@ def training_pass(
     except InputError as err:
         raise err.with_path(path) from None
     n = graph.num_ops
-    update_ops = sum(1 for v in range(n, out.num_ops) if out.names[v].startswith("optimizer/"))
+    update_ops = sum(1 for v in range(n, out.num_ops) if out.op_types[v] == UPDATE_OP[optimizer])
     info = TrainingInfo(
         optimizer,
         backward_ops=out.num_ops - n - update_ops,

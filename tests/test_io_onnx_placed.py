@@ -235,7 +235,7 @@ def test_external_data_into_another_directory_gives_a_note_and_copies_nothing(tm
     notes = _place(src, PLACEMENT, out)
     assert notes == [
         "the placed model reads its external data from weights.bin beside it: "
-        f"copy or link it from {tmp_path} to {tmp_path / 'out'}"
+        f"copy it from {tmp_path} to {tmp_path / 'out'} (onnx and onnxruntime refuse a symbolic link)"
     ]
     assert sorted(os.listdir(tmp_path / "out")) == ["placed.onnx"]
     assert _external(onnx.load(out, load_external_data=False)) == _external(

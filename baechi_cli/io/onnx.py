@@ -273,7 +273,8 @@ def write_placed_onnx(
     (locations unchanged), so a model whose weight files are absent is still
     placed. The locations are relative to the model file: when ``output`` is
     in another directory than ``src_path`` the note names the files to copy
-    or link there (nothing is copied: weight files can be gigabytes).
+    there (nothing is copied: weight files can be gigabytes; onnx and onnxruntime
+    refuse a symbolic link).
 
     The model is not checked again (:func:`read_onnx` checks it): a model it
     accepts still passes ``onnx.checker`` once placed, and onnxruntime runs it
@@ -316,7 +317,7 @@ def write_placed_onnx(
         index[name] = k
     data = read_input(src_path, "ONNX")
     try:
-        model = _parse(data)
+        model = parse_model(data)
     except InputError as err:
         raise err.with_path(src_path) from None
     nodes = model.graph.node
@@ -386,7 +387,8 @@ def _external_data_notes(model: ModelProto, src_path: str, output: str) -> list[
         return []
     return [
         f"the placed model reads its external data from {', '.join(locations)} beside it: "
-        f"copy or link {'it' if len(locations) == 1 else 'them'} from {src_dir} to {out_dir}"
+        f"copy {'it' if len(locations) == 1 else 'them'} from {src_dir} to {out_dir} "
+        "(onnx and onnxruntime refuse a symbolic link)"
     ]
 
 
@@ -394,11 +396,11 @@ def _external_data_notes(model: ModelProto, src_path: str, output: str) -> list[
 
 
 def _read(path: str, data: bytes, batch_size: int | None, binding: dict[str, int]) -> OnnxRead:
-    model = _parse(data)
+    model = parse_model(data)
     opset = _check_opset(model)
     notes: list[str] = []
     external = _external_data(model, os.path.dirname(os.path.abspath(path)), notes)
-    _check(model, external)
+    check_model(model, external)
     declared = _bind(model.graph, batch_size, binding)
     types = _infer(model)
     graph, guessed = _build(model.graph, types, declared, binding)
@@ -410,7 +412,8 @@ def _read(path: str, data: bytes, batch_size: int | None, binding: dict[str, int
     return OnnxRead(graph, notes, opset)
 
 
-def _parse(data: bytes) -> ModelProto:
+def parse_model(data: bytes) -> ModelProto:
+    """``data`` as a ModelProto with a graph of at least one node, else an InputError."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -475,7 +478,11 @@ def _external_data(model: ModelProto, base_dir: str, notes: list[str]) -> set[st
     return {t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL}
 
 
-def _check(model: ModelProto, external: set[str]) -> None:
+def check_model(model: ModelProto, external: set[str]) -> None:
+    """``onnx.checker`` (not full) on ``model``; the initializers named in ``external`` need no file.
+
+    Its message, on one line, is the InputError.
+    """
     import onnx
 
     checked = model
@@ -495,7 +502,7 @@ def _check(model: ModelProto, external: set[str]) -> None:
     try:
         onnx.checker.check_model(checked, full_check=False)
     except Exception as err:  # ValidationError, or ValueError for a model over 2 GB
-        raise InputError(f"fails the ONNX checker: {_one_line(err)}") from None
+        raise InputError(f"fails the ONNX checker: {one_line(err)}") from None
 
 
 def _bind(graph: GraphProto, batch_size: int | None, binding: dict[str, int]) -> set[str]:
@@ -571,7 +578,7 @@ def _infer(model: ModelProto) -> dict[str, TypeProto]:
             model, check_type=False, strict_mode=False, data_prop=True
         )
     except Exception as err:  # InferenceError, or anything the C++ side raises
-        raise InputError(f"ONNX shape inference failed: {_one_line(err)}") from None
+        raise InputError(f"ONNX shape inference failed: {one_line(err)}") from None
     types: dict[str, TypeProto] = {}
     for values in (inferred.graph.input, inferred.graph.output, inferred.graph.value_info):
         for info in values:
@@ -899,6 +906,7 @@ def _decode_attrs(attributes: Any) -> dict[str, Any]:
     return out
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line, cut to a readable length."""
     text = " ".join(str(err).split()) or type(err).__name__
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."

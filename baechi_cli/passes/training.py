@@ -91,7 +91,7 @@ from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 OPTIMIZERS = ("sgd", "momentum", "adam")
 # The TensorFlow update op whose cost rule times each optimizer, and how many
 # parameter-sized slots of state it keeps.
-_UPDATE_OP = {"sgd": "ApplyGradientDescent", "momentum": "ApplyMomentum", "adam": "ApplyAdam"}
+UPDATE_OP = {"sgd": "ApplyGradientDescent", "momentum": "ApplyMomentum", "adam": "ApplyAdam"}
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
 
 # Backward compute as a multiple of forward compute, by the forward op's rule
@@ -202,23 +202,31 @@ def synthesize_training(
             for u, p in dict.fromkeys(inputs):
                 builder.add_edge(u, b, p)
     # Optimizer updates, after every backward op so that ids stay grouped.
-    slots = OPTIMIZER_SLOTS[optimizer]
+    update_op, slots = UPDATE_OP[optimizer], OPTIMIZER_SLOTS[optimizer]
+    device_of_kind = {kind: next(d for d in devices.devices if d.kind == kind) for kind in by_kind}
+    # Update times depend only on the parameter bytes: many layers share a size.
+    update_us: dict[int, tuple[float, dict[str, float]]] = {}
     for v in order:
-        if v not in grad_op or graph.persistent_bytes[v] == 0:
-            continue
         nbytes = graph.persistent_bytes[v]
-        count = _update_count(_UPDATE_OP[optimizer], nbytes, slots)
+        if v not in grad_op or nbytes == 0:
+            continue
+        if nbytes not in update_us:
+            count = _update_count(update_op, nbytes, slots)
+            update_us[nbytes] = (
+                op_time_us(count, devices.devices[0]),
+                {kind: op_time_us(count, device) for kind, device in device_of_kind.items()},
+            )
+        reference_us, us_by_kind = update_us[nbytes]
         u = add(
             f"optimizer/{graph.names[v].lstrip('/')}",
-            _UPDATE_OP[optimizer],
+            update_op,
             v=v,
             scale=0.0,
             persistent_bytes=slots * nbytes,
         )
-        for kind in by_kind:
-            device = next(d for d in devices.devices if d.kind == kind)
-            by_kind[kind][u] = op_time_us(count, device)
-        compute[u] = op_time_us(count, devices.devices[0])
+        for kind, us in us_by_kind.items():
+            by_kind[kind][u] = us
+        compute[u] = reference_us
         b = grad_op[v]
         builder.add_edge(b, u, len(grad_port[b]))
     out = builder.build()
