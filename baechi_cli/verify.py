@@ -108,6 +108,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -353,6 +354,27 @@ def _structure_graph(graph_def: GraphDef) -> OpGraph:
     return builder.build()
 
 
+def name_differences(placed: list[str], original: list[str], noun: str) -> list[str]:
+    """What tells two name lists (ops or nodes, in order) apart: missing, added, reordered.
+
+    O(n). ``noun`` names an entry in the lines ("op 'x' of the original is missing").
+    """
+    if placed == original:
+        return []
+    placed_set, original_set = set(placed), set(original)
+    lines = [f"{noun} '{name}' of the original is missing" for name in original if name not in placed_set]
+    lines += [f"{noun} '{name}' is not in the original" for name in placed if name not in original_set]
+    if placed_set == original_set:
+        i = next((i for i, (a, b) in enumerate(zip(placed, original)) if a != b), None)
+        if i is None:  # one list is the other plus repeats of its names
+            lines.append(f"the original has {len(original)} entries with these names, this one {len(placed)}")
+        else:
+            lines.append(
+                f"the node order changed: node #{i} is '{placed[i]}', in the original '{original[i]}'"
+            )
+    return lines
+
+
 def _compare_graphs(placed: GraphDef, original: GraphDef) -> tuple[int, list[str]]:
     """(number of differences, the first :data:`KEEP` as lines) between two GraphDefs,
     NodeDef device fields aside. Clears the device fields of both."""
@@ -372,20 +394,8 @@ def _compare_graphs(placed: GraphDef, original: GraphDef) -> tuple[int, list[str
 
     placed_names = [node.name for node in placed.node]
     original_names = [node.name for node in original.node]
-    if placed_names != original_names:
-        placed_set, original_set = set(placed_names), set(original_names)
-        for name in original_names:
-            if name not in placed_set:
-                note(f"op '{name}' of the original is missing")
-        for name in placed_names:
-            if name not in original_set:
-                note(f"op '{name}' is not in the original")
-        if placed_set == original_set:
-            i = next(i for i, (a, b) in enumerate(zip(placed_names, original_names)) if a != b)
-            note(
-                f"the node order changed: node #{i} is '{placed_names[i]}', "
-                f"in the original '{original_names[i]}'"
-            )
+    for line in name_differences(placed_names, original_names, "op"):
+        note(line)
     by_name = {node.name: node for node in original.node}
     for node in placed.node:
         other = by_name.get(node.name)
@@ -753,6 +763,13 @@ def render_report(console: Any, report: VerifyReport, shown: int = SHOWN) -> Non
         verdict(True, "no colocation constraints")
     if run is not None:
         verdict(run.ok, _run_summary(run, static.original is not None))
+    render_outcome(say, report, shown, fancy)
+
+
+def render_outcome(say: Callable[[str], None], report: VerifyReport, shown: int, fancy: bool) -> None:
+    """The end of a verify summary: the first ``shown`` problems, then verified or FAILED."""
+    from rich.markup import escape
+
     problems = report.problems()
     if problems:
         say("problems:")

@@ -75,7 +75,7 @@ from baechi_cli.io.onnx import (
     one_line,
     parse_model,
 )
-from baechi_cli.verify import KEEP, REPORT_SCHEMA, SHOWN
+from baechi_cli.verify import KEEP, SHOWN, VerifyReport, name_differences, render_outcome
 
 if TYPE_CHECKING:
     import numpy as np
@@ -188,33 +188,14 @@ class OnnxRunResult:
 
 
 @dataclass
-class OnnxVerifyReport:
+class OnnxVerifyReport(VerifyReport):
     """What ``baechi verify`` found on an ONNX model: the static check and, with ``--run``, the run."""
 
     static: OnnxStaticResult
     run: OnnxRunResult | None = None
 
-    @property
-    def ok(self) -> bool:
-        return self.static.ok and (self.run is None or self.run.ok)
-
-    def problems(self) -> list[str]:
-        return self.static.problems() + (self.run.problems() if self.run is not None else [])
-
-    def problems_count(self) -> int:
-        run = len(self.run.problems()) if self.run is not None else 0
-        return self.static.problems_count() + run
-
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": REPORT_SCHEMA,
-            "format": "onnx",
-            "ok": self.ok,
-            "placed": self.static.placed,
-            "original": self.static.original,
-            "static": self.static.to_json(),
-            "run": self.run.to_json() if self.run is not None else None,
-        }
+        return {**super().to_json(), "format": "onnx"}
 
 
 # --- entry points -------------------------------------------------------------
@@ -446,22 +427,8 @@ def _compare_models(placed: ModelProto, original: ModelProto) -> tuple[int, list
 
     placed_labels = [_label(n, i) for i, n in enumerate(mine.node)]
     original_labels = [_label(n, i) for i, n in enumerate(theirs.node)]
-    if placed_labels != original_labels:
-        placed_set, original_set = set(placed_labels), set(original_labels)
-        for label in original_labels:
-            if label not in placed_set:
-                note(f"node '{label}' of the original is missing")
-        for label in placed_labels:
-            if label not in original_set:
-                note(f"node '{label}' is not in the original")
-        if placed_set == original_set:
-            pairs = zip(placed_labels, original_labels, strict=False)
-            i = next(
-                (i for i, (a, b) in enumerate(pairs) if a != b), min(len(placed_labels), len(original_labels))
-            )
-            note(
-                f"the node order changed: node #{i} is '{placed_labels[i]}', in the original '{original_labels[i]}'"
-            )
+    for line in name_differences(placed_labels, original_labels, "node"):
+        note(line)
     by_label: dict[str, NodeProto] = {}
     for label, node in zip(original_labels, theirs.node, strict=True):
         by_label.setdefault(label, node)
@@ -745,20 +712,7 @@ def render_onnx_report(console: Any, report: OnnxVerifyReport, shown: int = SHOW
         verdict(True, f"device_configurations and {DEVICE_KEY} agree on every node, devices of {where}")
     if run is not None:
         verdict(run.ok, _run_summary(run, static.original is not None))
-    problems = report.problems()
-    if problems:
-        say("problems:")
-        for line in problems[:shown]:
-            say(f"  {escape(line)}")
-        more = report.problems_count() - min(len(problems), shown)
-        if more > 0:
-            say(f"  ... and {more} more")
-    if report.ok:
-        say("[bold green]verified[/]" if fancy else "verified")
-    else:
-        count = report.problems_count()
-        text = f"FAILED: {count} problem{'s' if count != 1 else ''}"
-        say(f"[bold red]{text}[/]" if fancy else text)
+    render_outcome(say, report, shown, fancy)
 
 
 def _run_summary(run: OnnxRunResult, has_original: bool) -> str:

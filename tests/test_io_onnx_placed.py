@@ -306,46 +306,12 @@ def test_onnxruntime_runs_the_placed_external_data_model(tmp_path):
 
 
 def _torch_resnet_like(tmp_path) -> tuple[str, np.ndarray]:
-    """A small ResNet-like torch model (conv-BN-ReLU stem, two residual blocks, one with a
-    downsample, global pooling, a linear head), exported with the legacy exporter."""
+    """testdata's ResNet-18-style model (testdata/generate_onnx.py), exported afresh in eval mode
+    with the legacy exporter's defaults (BatchNorm folded into Conv), on a small input."""
     torch = pytest.importorskip("torch")
-    nn = torch.nn
+    from onnxmodels import _generator
 
-    class Block(nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int):
-            super().__init__()
-            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(cout)
-            self.relu = nn.ReLU()
-            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = nn.BatchNorm2d(cout)
-            self.downsample = (
-                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                if stride != 1 or cin != cout
-                else None
-            )
-
-        def forward(self, x):
-            identity = x if self.downsample is None else self.downsample(x)
-            y = self.relu(self.bn1(self.conv1(x)))
-            return self.relu(self.bn2(self.conv2(y)) + identity)
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, 8, 3, 1, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(8)
-            self.relu = nn.ReLU()
-            self.layer1 = nn.Sequential(Block(8, 8, 1))
-            self.layer2 = nn.Sequential(Block(8, 16, 2))
-            self.fc = nn.Linear(16, 10)
-
-        def forward(self, x):
-            x = self.layer2(self.layer1(self.relu(self.bn1(self.conv1(x)))))
-            return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
-
-    torch.manual_seed(0)
-    model = Net().eval()
+    model = _generator().torch_resnet().eval()
     x = torch.randn(2, 3, 16, 16)
     path = str(tmp_path / "resnet.onnx")
     torch.onnx.export(model, (x,), path, dynamo=False, input_names=["x"])
