@@ -945,7 +945,8 @@ def _header(console: Any, prepared: Any) -> None:
 
     costs = prepared.cost_report
     if isinstance(costs, ProfileCosts):
-        console.print(f"costs: {costs.path}, a {costs.source} profile for {costs.device}")
+        article = "an" if costs.source[:1] in "aeiou" else "a"
+        console.print(f"costs: {costs.path}, {article} {costs.source} profile for {costs.device}")
     t = prepared.training
     if t is not None:
         console.print(

@@ -3,7 +3,7 @@ training pass at scale.
 
 `make bench` runs this after bench/profile.py (the name keeps it from shadowing the onnx
 package on sys.path). It writes bench/onnx.md (tables,
-committed) and bench/onnx.json (raw numbers). Two sections:
+committed) and bench/onnx.json (raw numbers). Three sections:
 
 1. **The ONNX test models** (tests/onnxmodels.py), each placed as
    ``baechi place MODEL --devices SPEC [--training --optimizer O]`` would
@@ -17,6 +17,13 @@ committed) and bench/onnx.json (raw numbers). Two sections:
    parameters), 1k to 100k ops, median of ``REPEAT`` calls. Target: 100k
    ops in under 5 s (O(V + E); the placers then take longer on the graph
    it returns).
+3. **Synthesized against real**: the same Keras ResNet50 and InceptionV3 as
+   an inference ONNX model with ``--training --optimizer momentum`` and as
+   TensorFlow's own training graph (testdata/resnet50.pb, inception_v3.pb:
+   Momentum, batch 32), both costed analytically, all passes off, on one
+   device: persistent bytes, backward/forward compute ratio, one-device
+   step and peak memory. (tf2onnx folds batch norm into the convolutions,
+   so the ONNX forward pass is the smaller one.)
 
 Targets are reported, not enforced: the script exits 0 either way.
 """
@@ -138,6 +145,45 @@ def scale_rows() -> list[dict[str, Any]]:
     return rows
 
 
+SAME_MODEL = (("keras_resnet50", "resnet50.pb"), ("keras_inception_v3", "inception_v3.pb"))
+
+
+def synthesized_vs_real() -> list[dict[str, Any]]:
+    from baechi_cli.pipeline import prepare
+
+    devices = parse_devices("1x1000GB")
+    bare = {"algo": "single", "coplace": False, "fusion": False, "forward_only": False}
+    rows = []
+    for onnx_name, pb in SAME_MODEL:
+        onnx_path = os.path.join(ROOT, "testdata", f"{onnx_name}.onnx")
+        synthesized = prepare(
+            onnx_path, devices, PlaceOptions(**bare, training=True, optimizer="momentum"), lambda _: None
+        )
+        real = prepare(
+            os.path.join(ROOT, "testdata", pb), devices, PlaceOptions(**bare, batch_size=32), lambda _: None
+        )
+        row: dict[str, Any] = {"model": onnx_name, "tensorflow": pb}
+        for key, p, forward in (
+            ("onnx", synthesized, [v < synthesized.model_ops for v in range(synthesized.graph.num_ops)]),
+            ("tf", real, [not b for b in real.graph.is_backward]),
+        ):
+            g = p.graph
+            fwd = sum(c for c, f in zip(g.compute_us, forward, strict=True) if f)
+            row[key] = {
+                "ops": g.num_ops,
+                "persistent_bytes": sum(g.persistent_bytes),
+                "forward_us": fwd,
+                "step_us": p.single_device.step_time_us,
+                "train_over_forward": sum(g.compute_us) / fwd,
+                "peak_bytes": max(p.single_device.peak_bytes),
+            }
+        rows.append(row)
+        log(
+            f"{onnx_name}: synthesized x{row['onnx']['train_over_forward']:.2f}, real x{row['tf']['train_over_forward']:.2f}"
+        )
+    return rows
+
+
 def ms(us: float | None) -> str:
     return "-" if us is None else f"{us / 1000:.3f}"
 
@@ -159,6 +205,7 @@ def main() -> None:
                     f"{model.name} {devices} {mode}: {record.get('algorithm')} {ms(record.get('step_us'))} ms"
                 )
     scale = scale_rows()
+    same = synthesized_vs_real()
 
     lines = [
         "# ONNX placement",
@@ -252,10 +299,41 @@ def main() -> None:
         + ("PASS" if largest["seconds"] < SCALE_TARGET_S else "MISS"),
         "",
     ]
+    lines += [
+        "## Synthesized against real",
+        "",
+        "The same Keras model as an inference ONNX model placed with `--training --optimizer momentum`,"
+        " and as TensorFlow's own Momentum training graph (batch 32); analytic costs, passes off,"
+        " one device. tf2onnx folds batch norm into the convolutions, so the ONNX forward pass is smaller;"
+        " the ratio (whole step / forward ops) is what the backward multipliers decide.",
+        "",
+    ]
+    same_rows = []
+    for r in same:
+        for key, label in (
+            ("onnx", f"{r['model']}.onnx, synthesized"),
+            ("tf", f"{r['tensorflow']}, TensorFlow's"),
+        ):
+            x = r[key]
+            same_rows.append(
+                [
+                    label,
+                    f"{x['ops']:,}",
+                    f"{x['persistent_bytes'] / 1e6:.1f}",
+                    ms(x["forward_us"]),
+                    ms(x["step_us"]),
+                    f"{x['train_over_forward']:.2f}",
+                    f"{x['peak_bytes'] / 1e9:.2f}",
+                ]
+            )
+    lines += table(
+        ["graph", "ops", "persistent MB", "forward ms", "step ms", "step / forward", "peak GB"], same_rows
+    )
+    lines.append("")
     with open(os.path.join(HERE, "onnx.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
     with open(os.path.join(HERE, "onnx.json"), "w", encoding="utf-8") as f:
-        json.dump({"models": records, "scale": scale}, f, indent=1)
+        json.dump({"models": records, "scale": scale, "synthesized_vs_real": same}, f, indent=1)
     log("wrote bench/onnx.md, bench/onnx.json")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from baechi_cli.costs.rules import RULES
@@ -183,3 +185,32 @@ def test_refuses_a_training_graph_and_a_model_without_weights():
         synthesize_training(g.replace(persistent_bytes=[0] * g.num_ops), DEVICES, kinds, "sgd")
     with pytest.raises(InputError, match="unknown optimizer 'lamb'"):
         synthesize_training(g, DEVICES, kinds, "lamb")
+
+
+@pytest.mark.parametrize(
+    "onnx_name, pb", [("keras_resnet50", "resnet50.pb"), ("keras_inception_v3", "inception_v3.pb")]
+)
+def test_synthesized_step_is_close_to_tensorflows_own(onnx_name: str, pb: str):
+    """The same Keras model: its inference ONNX export with --training against TensorFlow's
+    own Momentum training graph (bench/onnx.md, "Synthesized against real")."""
+    from baechi_cli.pipeline import PlaceOptions, prepare
+
+    testdata = pathlib.Path(__file__).resolve().parent.parent / "testdata"
+    devices = parse_devices("1x1000GB")
+    bare = {"algo": "single", "coplace": False, "fusion": False, "forward_only": False}
+    ours = prepare(
+        str(testdata / f"{onnx_name}.onnx"),
+        devices,
+        PlaceOptions(**bare, training=True, optimizer="momentum"),
+        lambda _: None,
+    )
+    real = prepare(str(testdata / pb), devices, PlaceOptions(**bare, batch_size=32), lambda _: None)
+    # parameters plus one momentum slot each: the same bytes (TensorFlow adds a few counters)
+    assert sum(ours.graph.persistent_bytes) == pytest.approx(sum(real.graph.persistent_bytes), rel=0.01)
+    ratio_ours = sum(ours.graph.compute_us) / sum(ours.graph.compute_us[: ours.model_ops])
+    forward_real = sum(c for c, b in zip(real.graph.compute_us, real.graph.is_backward, strict=True) if not b)
+    ratio_real = sum(real.graph.compute_us) / forward_real
+    assert ratio_ours == pytest.approx(ratio_real, rel=0.25)
+    # activations kept for the backward pass: a peak of the same size
+    peak_ours, peak_real = max(ours.single_device.peak_bytes), max(real.single_device.peak_bytes)
+    assert peak_ours == pytest.approx(peak_real, rel=0.25)

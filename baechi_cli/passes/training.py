@@ -9,7 +9,8 @@ writes:
 * **Which ops get a gradient.** An op *needs a gradient* when it owns
   parameters (``persistent_bytes > 0``: the ONNX reader puts initializer
   bytes on the op that reads them; in TensorFlow, the variable), or when it
-  reads a value that needs one and has a floating-point output; graph inputs (``Input``/``Placeholder`` ops)
+  reads a value that needs one and has a floating-point output (or one of
+  unknown type); graph inputs (``Input``/``Placeholder`` ops)
   never do. Integer shape arithmetic and ops upstream of every parameter
   get none, as in autograd.
 * **One backward op per such op** ``v``, named ``gradients/<name>`` (a
@@ -113,7 +114,8 @@ _PARAM_ITEMSIZE = 4  # float32 parameters, for the update's FLOP count
 
 
 def _is_float(dtype: str) -> bool:
-    return dtype.startswith(_FLOAT_PREFIXES)
+    # An unknown dtype ("": workload JSON, untyped ONNX values) may be a float: assume it is.
+    return dtype == "" or dtype.startswith(_FLOAT_PREFIXES)
 
 
 def needs_gradient(graph: OpGraph) -> list[bool]:
