@@ -215,13 +215,26 @@ class PlaceOutcome:
         return self.prepared.single_device
 
 
+# A serialized ONNX ModelProto starts with its ir_version: field 1, varint (tag 0x08).
+# A binary GraphDef never does: its field 1 is `node`, a message (tag 0x0a).
+_ONNX_FIRST_BYTE = b"\x08"
+
+
 def detect_format(path: str) -> str:
-    """'workload' for .json, 'onnx' for .onnx, 'graphdef' for .pb/.pbtxt (and anything else)."""
+    """'workload' for .json, 'onnx' for .onnx, 'graphdef' for .pb/.pbtxt and anything else,
+    unless the file's first byte says it is an ONNX model (``model.pb`` saved by onnx)."""
     ext = os.path.splitext(path)[1].lower()
     if ext == ".json":
         return "workload"
     if ext == ".onnx":
         return "onnx"
+    if ext != ".pbtxt":
+        try:
+            with open(path, "rb") as f:
+                if f.read(1) == _ONNX_FIRST_BYTE:
+                    return "onnx"
+        except OSError:
+            pass  # reading it fails again, with its error, in the reader
     return "graphdef"
 
 

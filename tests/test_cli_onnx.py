@@ -300,3 +300,18 @@ def test_compare_and_profile_take_onnx(tmp_path):
     out = invoke("place", model.path, "--devices", "4x8GB", "--profile", costs, "--json", *model.cli_args)
     assert out.exit_code == 0, out.stderr
     assert json.loads(out.stdout)["costs"]["model"] == "profile"
+
+
+def test_format_is_read_from_the_bytes_when_the_name_misleads(tmp_path):
+    """An ONNX model saved as model.pb places as ONNX; a GraphDef named .onnx gets a hint."""
+    onnx_as_pb = tmp_path / "model.pb"
+    onnx_as_pb.write_bytes(onnx_model("keras_cnn").path.read_bytes())
+    out = invoke("place", onnx_as_pb, "--devices", "2x8GB", "--json")
+    assert out.exit_code == 0, out.stderr
+    assert json.loads(out.stdout)["input"]["format"] == "onnx"
+    graphdef_as_onnx = tmp_path / "cnn.onnx"
+    graphdef_as_onnx.write_bytes(
+        (pathlib.Path(__file__).resolve().parent.parent / "testdata" / "cnn.pb").read_bytes()
+    )
+    out = invoke("place", graphdef_as_onnx, "--devices", "2x8GB")
+    assert out.exit_code == 2 and "looks like a TensorFlow GraphDef" in out.stderr

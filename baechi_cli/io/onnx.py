@@ -423,7 +423,9 @@ def parse_model(data: bytes) -> ModelProto:
     except (DecodeError, RuntimeError, ValueError):
         raise InputError("not an ONNX model: binary protobuf parse failed") from None
     if not model.HasField("graph"):
-        raise InputError("not an ONNX model: the protobuf holds no model graph")
+        # A GraphDef starts with a node (field 1, a message: tag 0x0a); a ModelProto with ir_version.
+        hint = " (it looks like a TensorFlow GraphDef: name it .pb)" if data[:1] == b"\x0a" else ""
+        raise InputError(f"not an ONNX model: the protobuf holds no model graph{hint}")
     if not model.graph.node:
         raise InputError("not an ONNX model: the graph has no nodes")
     return model
