@@ -648,6 +648,244 @@ def test_every_alias_names_a_tensorflow_rule_of_its_kind():
         assert entry.note.startswith(f"TF rule: {rule_for(alias.rule).note}")
 
 
+# --- control flow: If, Loop, Scan count their subgraphs' nodes --------------------------------
+
+
+def _costed(tmp_path, model, name="m"):
+    path = tmp_path / f"{name}.onnx"
+    onnx.save_model(model, str(path))
+    graph = read_onnx(str(path))
+    costed, report = estimate_costs(graph, SPEC, op_set=ONNX)
+    return graph, costed, report
+
+
+def _branch(name, nodes, output):
+    """An If branch: ``nodes``, no inputs, ``output`` declared without a shape (inference gives it)."""
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(output, F, None)])
+
+
+def test_if_counts_both_branches_and_its_own_bytes(tmp_path):
+    """then: x[4,8] @ W[8,16]; else: Relu(z[4,16]). Both branches' FLOPs and bytes, plus the If's own."""
+    then_g = _branch("then", [helper.make_node("MatMul", ["x", "W"], ["t"])], "t")
+    else_g = _branch("else", [helper.make_node("Relu", ["z"], ["e"])], "e")
+    node = helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g)
+    inputs = [
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        helper.make_tensor_value_info("x", F, [4, 8]),
+        helper.make_tensor_value_info("z", F, [4, 16]),
+    ]
+    model = _model_of(
+        [node],
+        inputs,
+        [helper.make_tensor_value_info("y", F, [4, 16])],
+        [numpy_helper.from_array(zeros(8, 16), "W")],
+    )
+    graph, costed, report = _costed(tmp_path, model)
+    v = graph.names.index("if")
+    matmul = tf_count("BatchMatMulV2", [(4, 8), (8, 16)], (4, 16))
+    relu = tf_count("Relu", [(4, 16)], (4, 16))
+    assert report.flops[v] == matmul.flops + relu.flops == 2 * 4 * 8 * 16 + 4 * 16
+    own = 1 + 4 * 16 * 4  # reads the condition, writes y
+    inner = matmul.bytes_read + matmul.bytes_written + relu.bytes_read + relu.bytes_written
+    assert report.bytes_accessed[v] == own + inner
+    assert report.coverage == {"zero": {"Input": 3}, "flops": {"If": 1, "MatMul": 1, "Relu": 1}}
+    assert report.fallback_ops == [] and rule_kinds(costed, report, ONNX)[v] == "flops"
+    # The registered rule, called on its own, counts the same.
+    view = onnx_view(
+        "If", graph.attrs[v], graph.output_shapes[v], graph.output_dtypes[v], graph.output_bytes[v]
+    )
+    assert rule_for("If", ONNX).fn(view).flops == report.flops[v]
+
+
+def _loop(body_nodes, v_shape, trip_count=3, body_inits=()):
+    """Loop(M, "", v) over a body reading v_in [v_shape] and writing v_out; cond passed through."""
+    body = helper.make_graph(
+        [*body_nodes, helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", F, v_shape),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", F, None),
+        ],
+        list(body_inits),
+    )
+    node = helper.make_node("Loop", ["M", "", "v"], ["y"], name="loop", body=body)
+    return _model_of(
+        [node],
+        [helper.make_tensor_value_info("v", F, [2, 3])],
+        [helper.make_tensor_value_info("y", F, [2, 3])],
+        [numpy_helper.from_array(np.array(trip_count, np.int64), "M")],
+    )
+
+
+@pytest.mark.parametrize("trip_count", [1, 10])
+def test_a_loop_body_is_counted_once_whatever_the_trip_count(tmp_path, trip_count):
+    """Body v_out = v_in[2,3] @ B[3,3]: one MatMul's FLOPs, 1 or 10 iterations alike."""
+    mm = helper.make_node("MatMul", ["v_in", "B"], ["v_out"])
+    model = _loop([mm], [2, 3], trip_count, [numpy_helper.from_array(zeros(3, 3), "B")])
+    graph, costed, report = _costed(tmp_path, model)
+    v = graph.names.index("loop")
+    matmul = tf_count("BatchMatMulV2", [(2, 3), (3, 3)], (2, 3))
+    assert report.flops[v] == matmul.flops == 2 * 2 * 3 * 3
+    own = 8 + 24 + 24  # reads M and v, writes y
+    assert report.bytes_accessed[v] == own + matmul.bytes_read + matmul.bytes_written  # Identity: zero
+    assert report.coverage["flops"] == {"Loop": 1, "MatMul": 1} and report.coverage["zero"]["Identity"] == 1
+    assert costed.persistent_bytes[v] == 8 + 36  # M and the body's B, as the reader put them
+
+
+def test_a_scan_body_is_counted_once(tmp_path):
+    """Scan over xs[5,4]: state s + x_t and x_t[4] @ W[4,3], counted for one step (the body once)."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+            helper.make_node("MatMul", ["x_t", "W"], ["y_t"]),
+        ],
+        "body",
+        [helper.make_tensor_value_info("s_in", F, None), helper.make_tensor_value_info("x_t", F, None)],
+        [helper.make_tensor_value_info("s_out", F, None), helper.make_tensor_value_info("y_t", F, None)],
+    )
+    node = helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], name="scan", num_scan_inputs=1, body=body)
+    model = _model_of(
+        [node],
+        [helper.make_tensor_value_info("s0", F, [4]), helper.make_tensor_value_info("xs", F, [5, 4])],
+        [helper.make_tensor_value_info("s", F, [4]), helper.make_tensor_value_info("ys", F, [5, 3])],
+        [numpy_helper.from_array(zeros(4, 3), "W")],
+    )
+    graph, _, report = _costed(tmp_path, model)
+    # ONNX's Scan inference gives the body its per-step shapes: s_in [4], x_t [4].
+    assert report.flops[graph.names.index("scan")] == 4 + 2 * 4 * 3
+    assert report.fallback_ops == []
+
+
+def _nested(then_op="Relu", v_shape=(2, 3)):
+    """Loop body: m = v_in @ B; v_out = If(cond_in, then: then_op(m), else: Neg(m))."""
+    then_g = _branch("then", [helper.make_node(then_op, ["m"], ["t"])], "t")
+    else_g = _branch("else", [helper.make_node("Neg", ["m"], ["e"])], "e")
+    nodes = [
+        helper.make_node("MatMul", ["v_in", "B"], ["m"]),
+        helper.make_node("If", ["cond_in"], ["v_out"], then_branch=then_g, else_branch=else_g),
+    ]
+    shape = None if v_shape is None else list(v_shape)
+    return _loop(nodes, shape, body_inits=[numpy_helper.from_array(zeros(3, 3), "B")])
+
+
+def test_nested_control_flow_counts_every_level(tmp_path):
+    """The Loop counts its body's MatMul and its nested If's two branches; coverage lists them all."""
+    graph, _, report = _costed(tmp_path, _nested())
+    v = graph.names.index("loop")
+    assert report.flops[v] == 2 * 2 * 3 * 3 + 6 + 6  # MatMul, Relu, Neg
+    assert report.coverage == {
+        "zero": {"Input": 1, "Identity": 1},
+        "flops": {"Loop": 1, "MatMul": 1, "If": 1, "Relu": 1, "Neg": 1},
+    }
+    assert report.fallback_ops == []
+
+
+def test_an_inner_node_without_a_rule_is_uncovered_and_counts_its_bytes(tmp_path):
+    """Det in a branch has no rule: bytes only, listed in coverage and uncovered as a top-level op would be."""
+    det = helper.make_node("Det", ["sq"], ["d"])
+    then_g = _branch("then", [helper.make_node("MatMul", ["x", "x"], ["t"]), det], "t")
+    else_g = _branch("else", [helper.make_node("Neg", ["x"], ["e"])], "e")
+    node = helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g)
+    inputs = [
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        helper.make_tensor_value_info("x", F, [3, 3]),
+        helper.make_tensor_value_info("sq", F, [2, 4, 4]),
+    ]
+    model = _model_of([node], inputs, [helper.make_tensor_value_info("y", F, [3, 3])])
+    graph, _, report = _costed(tmp_path, model)
+    v = graph.names.index("if")
+    assert report.uncovered == ["Det"] and report.coverage[UNCOVERED] == {"Det": 1}
+    assert report.fallback_ops == []
+    assert report.flops[v] == 2 * 3 * 3 * 3 + 9  # MatMul and Neg; Det none
+    det_bytes = 2 * 16 * 4 + 2 * 4  # reads sq, writes d [2]
+    matmul_bytes = 2 * 36 + 36
+    assert report.bytes_accessed[v] == (1 + 36) + det_bytes + matmul_bytes + (36 + 36)
+
+
+def test_an_inner_node_its_rule_cannot_count_falls_back_by_path(tmp_path):
+    """With the loop-carried shape unknown (ONNX's Loop inference drops it), the body's MatMul and the
+    nested branches cannot be counted: bytes only, each in fallback_ops by its path through the ops."""
+    graph, costed, report = _costed(tmp_path, _nested(v_shape=None))
+    v = graph.names.index("loop")
+    assert report.fallback_ops == [
+        "loop/body/MatMul_0",
+        "loop/body/If_1/else_branch/Neg_0",
+        "loop/body/If_1/then_branch/Relu_0",
+    ]
+    assert report.flops[v] == 0
+    # own, B read by the MatMul, the nested If's condition
+    assert report.bytes_accessed[v] == (8 + 24 + 24) + 36 + 1
+    # the top-level op is not a fallback itself: its rule counted it
+    assert rule_kinds(costed, report, ONNX)[v] == "flops"
+
+
+def test_temporary_bytes_are_the_largest_inner_nodes(tmp_path):
+    """Unique over 6 and over 10 elements in the two branches: the If's scratch is the larger, not the sum."""
+    then_g = _branch("then", [helper.make_node("Unique", ["a"], ["ua", "ia", "va", "ca"])], "ua")
+    else_g = _branch("else", [helper.make_node("Unique", ["b"], ["ub", "ib", "vb", "cb"])], "ub")
+    node = helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g)
+    inputs = [
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        helper.make_tensor_value_info("a", F, [6]),
+        helper.make_tensor_value_info("b", F, [10]),
+    ]
+    model = _model_of([node], inputs, [helper.make_tensor_value_info("y", F, [None])])
+    graph, costed, _ = _costed(tmp_path, model)
+    records = graph.attrs[graph.names.index("if")]["_subgraph_nodes"]
+    scratch = [
+        rule_for("Unique", ONNX).fn(
+            onnx_view(r.op_type, r.attrs, r.output_shapes, r.output_dtypes, r.output_bytes)
+        )
+        for r in records
+    ]
+    assert [s.temporary_bytes for s in scratch] == [52 * 10, 52 * 6]  # else first: attribute order
+    assert costed.temporary_bytes[graph.names.index("if")] == 52 * 10
+
+
+def test_torch_scripted_loop_with_an_if_reads_and_costs(tmp_path):
+    """torch.jit.script of a loop over a Linear with an if inside, by the legacy exporter: a Loop whose body
+    holds a nested If; every inner node counted, none falls back."""
+    torch = pytest.importorskip("torch")
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x, n: int):
+            for _ in range(n):
+                x = self.lin(x)
+                if x.sum() > 0:
+                    x = torch.relu(x)
+                else:
+                    x = -x
+            return x
+
+    path = tmp_path / "loop.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
+        torch.onnx.export(
+            torch.jit.script(Model()), (torch.randn(4, 8), 3), str(path), dynamo=False, opset_version=17
+        )
+    # The exporter names the Loop output's dims (data-dependent to it): bind them to [4, 8].
+    out = onnx.load(str(path), load_external_data=False).graph.output[0].type.tensor_type.shape.dim
+    dims = {d.dim_param: size for d, size in zip(out, (4, 8), strict=True) if d.dim_param}
+    graph = read_onnx(str(path), dims=dims)
+    _, report = estimate_costs(graph, SPEC, op_set=ONNX)
+    assert report.uncovered == [] and report.fallback_ops == []
+    assert {"Loop", "Gemm", "If", "Relu", "Neg"} <= set(report.coverage["flops"])
+    loop = graph.op_types.index("Loop")
+    gemm = 2 * 4 * 8 * 8 + 4 * 8  # with its bias
+    branches = 4 * 8 + 4 * 8  # Relu and Neg
+    condition = (4 * 8 - 1) + 1  # ReduceSum to a scalar, Greater
+    assert report.flops[loop] == gemm + branches + condition
+
+
 # --- real exported models ---------------------------------------------------------------------
 
 

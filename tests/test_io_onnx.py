@@ -310,6 +310,146 @@ def test_loop_reads_outer_value_and_initializer(tmp_path):
     assert g.output_bytes[2] == [24]
 
 
+def _record(node):
+    """A SubgraphNode without its attrs' nested records: what a test compares."""
+    return (node.name, node.op_type, node.output_shapes, node.output_dtypes, node.output_bytes)
+
+
+def test_if_records_its_branch_nodes_with_inferred_shapes(tmp_path):
+    """Each branch node is recorded as an op is: shapes inferred inside the branch, outer values and
+    initializers (top-level W, the branch's own V) resolved by name."""
+    then_g = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "W"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", F, None)],  # no shape declared: inference gives [2, 4]
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "V"], ["m"], name="mm"), helper.make_node("Relu", ["m"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", F, None)],
+        [_init("V", np.zeros((3, 4), np.float32))],  # 48 bytes, the branch's own
+    )
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="h"),
+        helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", F, [2, 3]),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+    ]
+    model = _model(
+        nodes,
+        inputs,
+        [helper.make_tensor_value_info("y", F, [2, 4])],
+        [_init("W", np.zeros((3, 4), np.float32))],
+    )
+    got = read_onnx_with_notes(_save(tmp_path, model))
+    g = got.graph
+    records = g.attrs[3]["_subgraph_nodes"]
+    # In attribute order (onnx.helper sorts attributes by name), then node order.
+    assert [_record(r) for r in records] == [
+        ("else_branch/mm", "MatMul", [(2, 4)], ["float32"], [32]),
+        ("else_branch/Relu_1", "Relu", [(2, 4)], ["float32"], [32]),
+        ("then_branch/MatMul_0", "MatMul", [(2, 4)], ["float32"], [32]),
+    ]
+    assert [(r.attrs["_input_shapes"], r.attrs["_input_dtypes"]) for r in records] == [
+        ([(2, 3), (3, 4)], ["float32", "float32"]),  # h from the top-level Relu, V the branch's initializer
+        ([(2, 4)], ["float32"]),  # m from the branch itself
+        ([(2, 3), (3, 4)], ["float32", "float32"]),  # W a top-level initializer
+    ]
+    assert g.attrs[3]["_subgraph_ops"] == 3 and g.attrs[3]["_initializers"] == ["W"]
+    assert g.persistent_bytes == [0, 0, 0, 48 + 48]  # W (its only consumer) and V
+    assert list(zip(g.edge_src, g.edge_port, g.edge_dst)) == [(0, 0, 2), (1, 0, 3), (2, 0, 3)]
+    assert got.notes == []
+
+
+def _loop_with_nested_if(v_shape):
+    """Loop body: m = v_in @ B (B the body's initializer); If(cond_in) then m + h (h a top-level op's
+    output) else -m; the If's output is v_out."""
+    then_g = helper.make_graph(
+        [helper.make_node("Add", ["m", "h"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", F, None)],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", ["m"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, None)]
+    )
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["v_in", "B"], ["m"]),
+            helper.make_node("If", ["cond_in"], ["v_out"], then_branch=then_g, else_branch=else_g),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", F, v_shape),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", F, None),
+        ],
+        [_init("B", np.zeros((3, 3), np.float32))],  # 36 bytes
+    )
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="h"),
+        helper.make_node("Loop", ["M", "c", "x"], ["y"], name="loop", body=body),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", F, [2, 3]),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+    ]
+    outputs = [helper.make_tensor_value_info("y", F, [2, 3])]
+    return _model(nodes, inputs, outputs, [_init("M", np.array(3, np.int64))])
+
+
+def test_loop_records_a_nested_if_with_its_own_branch_nodes(tmp_path):
+    """A nested If's record carries its branches' records; the branches read m from the enclosing body
+    and h from the top-level graph (an implicit edge into the Loop)."""
+    got = read_onnx_with_notes(_save(tmp_path, _loop_with_nested_if([2, 3])))
+    g = got.graph
+    assert g.names == ["x", "c", "h", "loop"]
+    assert g.attrs[3]["_subgraph_ops"] == 5
+    body = g.attrs[3]["_subgraph_nodes"]
+    assert [_record(r) for r in body] == [
+        ("body/MatMul_0", "MatMul", [(2, 3)], ["float32"], [24]),
+        ("body/If_1", "If", [(2, 3)], ["float32"], [24]),
+        ("body/Identity_2", "Identity", [()], ["bool"], [1]),
+    ]
+    assert body[0].attrs["_input_shapes"] == [(2, 3), (3, 3)]  # v_in as the body declares it, B
+    nested = body[1].attrs
+    assert nested["_subgraph_ops"] == 2 and nested["_input_shapes"] == [()]
+    assert [_record(r) for r in nested["_subgraph_nodes"]] == [
+        ("else_branch/Neg_0", "Neg", [(2, 3)], ["float32"], [24]),
+        ("then_branch/Add_0", "Add", [(2, 3)], ["float32"], [24]),
+    ]
+    assert nested["_subgraph_nodes"][1].attrs["_input_shapes"] == [(2, 3), (2, 3)]  # m (body), h (top)
+    # Explicit c and x, then the implicit h; M is an initializer.
+    assert list(zip(g.edge_src, g.edge_port, g.edge_dst)) == [(0, 0, 2), (1, 0, 3), (0, 0, 3), (2, 0, 3)]
+    assert g.persistent_bytes == [0, 0, 0, 8 + 36]  # M and the body's B
+    assert got.notes == []
+
+
+def test_subgraph_values_of_unknown_size_are_flagged_and_noted(tmp_path):
+    """ONNX's Loop inference drops loop-carried shapes: a body input declared without one leaves the
+    nodes computed from it unknown (rank unknown: 0 bytes), flagged on their records and counted in the note."""
+    got = read_onnx_with_notes(_save(tmp_path, _loop_with_nested_if(None)))
+    body = got.graph.attrs[3]["_subgraph_nodes"]
+    assert body[0].output_shapes == [None] and body[0].output_bytes == [0]
+    assert body[0].attrs["_size_unknown"] == [0] and body[0].attrs["_input_shapes"] == [None, (3, 3)]
+    flagged = [r.name for r in body[1].attrs["_subgraph_nodes"] if "_size_unknown" in r.attrs]
+    assert flagged == ["else_branch/Neg_0", "then_branch/Add_0"]
+    assert "_size_unknown" in body[1].attrs and "_size_unknown" not in body[2].attrs
+    assert got.notes == [
+        "4 output(s) (4 of them in If/Loop/Scan subgraphs) have sizes shape inference could not determine "
+        "(data-dependent, or from external data not loaded); counted as 1 per unknown dim, 0 bytes for unknown rank"
+    ]
+
+
 def test_unknown_dtype_names_the_tensor(tmp_path):
     """An element type outside ONNX's DataType enum (99; the checker lets it pass) is an error naming the tensor."""
     x = helper.make_tensor_value_info("x", 99, [2])
@@ -317,3 +457,21 @@ def test_unknown_dtype_names_the_tensor(tmp_path):
     path = _save(tmp_path, _model([helper.make_node("Identity", ["x"], ["y"])], [x], [y]))
     with pytest.raises(InputError, match=r"tensor 'x' has unknown ONNX data type 99"):
         read_onnx(path)
+
+
+def test_dims_named_only_on_outputs_are_guesses_not_errors(tmp_path):
+    """torch's exporter names data-dependent output dims (a Loop's trip count, NonZero's count):
+    there is nothing to bind, so they count as 1 and are noted, like inference's own unknowns."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [2, "nonzero_dim_1"])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("NonZero", ["x"], ["y"], name="nz")], "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    path = tmp_path / "nonzero.onnx"
+    onnx.save(model, str(path))
+    read = read_onnx_with_notes(str(path))
+    nz = read.graph.index()["nz"]
+    assert read.graph.output_shapes[nz] == [(2, 1)]
+    assert read.graph.attrs[nz]["_size_unknown"] == [0]
+    assert any("1 output" in n for n in read.notes), read.notes

@@ -38,7 +38,12 @@ Each op is looked up in its op set's name table and seen through an
 :class:`OpView` of its data inputs: TensorFlow ops through their in-edges
 (control inputs skipped); ONNX ops through the reader's per-input shape and
 dtype attrs (:func:`baechi_cli.costs.onnx_ops.onnx_view`), which also show
-the initializers (weights), for those make no edges.
+the initializers (weights), for those make no edges. An ONNX If, Loop, Scan or
+SequenceMap counts its subgraphs' nodes, each by its own rule
+(:func:`baechi_cli.costs.onnx_ops.count_control_flow`); the report's coverage
+counts those nodes too, each under the kind of the rule that counted it, and
+its ``fallback_ops`` names an inner node whose rule could not count it by its
+path, ``<op>/<graph attribute>/<node>``.
 
 TF2 function graphs capture variables as resource Placeholders; such a
 variable's size is visible only through the ops that use the handle directly:
@@ -46,17 +51,17 @@ a ReadVariableOp's output, an Assign*VariableOp's value, a dense
 ResourceApply*'s gradient. Their maximum becomes the handle owner's persistent
 bytes (a handle passed on through Identity or a function call is not followed).
 
-Complexity: O(V + E) Python with flat lists, one pass to count and one list
-per device kind to time (about 0.3 s per 100k ops).
+Complexity: O(V + E + S) Python with flat lists (S: ONNX subgraph nodes), one
+pass to count and one list per device kind to time (about 0.3 s per 100k ops).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from baechi_cli.costs.onnx_ops import onnx_view
+from baechi_cli.costs.onnx_ops import CONTROL_FLOW, InnerCount, count_control_flow, onnx_view
 from baechi_cli.costs.rules import (
     NO_KERNEL_KINDS,
     NO_RULE,
@@ -67,11 +72,9 @@ from baechi_cli.costs.rules import (
     TENSORFLOW,
     UNCOVERED,
     ZERO,
-    CannotCount,
     OpCount,
     OpView,
-    RuleEntry,
-    bytes_only,
+    count_view,
     is_handle,
     is_state,
     rule_for,
@@ -85,6 +88,7 @@ __all__ = [
     "OP_SETS",
     "RULES",
     "CostReport",
+    "Counted",
     "OpCount",
     "count_ops",
     "estimate_costs",
@@ -106,10 +110,12 @@ class CostReport:
     total_bytes_read: int
     total_bytes_written: int
     total_persistent_bytes: int
-    # rule kind (flops, bytes, zero, variable, uncovered) -> op type -> number of ops
+    # rule kind (flops, bytes, zero, variable, uncovered) -> op type -> number of
+    # ops, ONNX control flow's subgraph nodes included
     coverage: dict[str, dict[str, int]]
     # ops whose rule could not count them (a missing shape or attr, a malformed
-    # attr) and that were costed by bytes only
+    # attr) and that were costed by bytes only; then such subgraph nodes, by
+    # path (``<op>/<graph attribute>/<node>``)
     fallback_ops: list[str]
 
     @property
@@ -118,7 +124,7 @@ class CostReport:
 
     @property
     def uncovered(self) -> list[str]:
-        """Op types that have no rule (they were costed by bytes only)."""
+        """Op types that have no rule (they were costed by bytes only), subgraph nodes' included."""
         return sorted(self.coverage.get(UNCOVERED, {}))
 
     def to_json(self) -> dict[str, Any]:
@@ -151,10 +157,6 @@ def op_time_us(count: OpCount, device: Device, launches_kernel: bool = True) -> 
     return max(compute_s, memory_s) * 1e6 + device.launch_overhead_us
 
 
-# A rule that cannot count an op -- missing shapes, or malformed attrs in the
-# input graph (a stride of 0, a list where an int belongs) -- leaves it to the
-# bytes-only rule; the op is reported in CostReport.fallback_ops.
-_RULE_FAILURES = (CannotCount, IndexError, TypeError, ValueError, ZeroDivisionError)
 # Resource-variable holders whose size may only be known from the handle's users.
 _HANDLE_OWNERS = frozenset({"Placeholder", "_Arg", "VarHandleOp"})
 
@@ -184,15 +186,16 @@ _HANDLE_SIZE_HINTS: dict[str, Callable[[OpView], int]] = {
 }
 
 
-def _count(rule: RuleEntry, view: OpView) -> tuple[OpCount, bool]:
-    """The rule's count of ``view``, or bytes only and True where the rule cannot count it."""
-    try:
-        return rule.fn(view), False
-    except _RULE_FAILURES:
-        return bytes_only(view), True
+class Counted(NamedTuple):
+    """What :func:`count_ops` returns."""
+
+    counts: list[OpCount]
+    kinds: list[str]  # rule kind per op
+    fallbacks: list[int]  # ids of the ops whose rule could not count them
+    subgraph_nodes: list[tuple[int, InnerCount]]  # (op id, what one of its subgraph nodes was counted as)
 
 
-def _count_tensorflow(graph: OpGraph) -> tuple[list[OpCount], list[str], list[int]]:
+def _count_tensorflow(graph: OpGraph) -> Counted:
     """TensorFlow op types; inputs from the in-edges; resource handles sized by their users."""
     n = graph.num_ops
     op_types, attrs = graph.op_types, graph.attrs
@@ -224,7 +227,7 @@ def _count_tensorflow(graph: OpGraph) -> tuple[list[OpCount], list[str], list[in
                 in_dtypes.append(dtypes[s][p])
                 in_bytes.append(obytes[s][p])
         view = OpView(t, attrs[v], in_shapes, in_dtypes, in_bytes, shapes[v], dtypes[v], obytes[v])
-        counts[v], fell_back = _count(entry, view)
+        counts[v], fell_back = count_view(entry, view)
         if fell_back:
             fallbacks.append(v)
         if hint is not None:
@@ -235,15 +238,16 @@ def _count_tensorflow(graph: OpGraph) -> tuple[list[OpCount], list[str], list[in
     for s, size in handle_size.items():
         if op_types[s] in _HANDLE_OWNERS and counts[s].persistent_bytes == 0:
             counts[s] = counts[s]._replace(persistent_bytes=size)
-    return counts, kinds, fallbacks
+    return Counted(counts, kinds, fallbacks, [])
 
 
-def _count_onnx(graph: OpGraph) -> tuple[list[OpCount], list[str], list[int]]:
-    """ONNX op types; inputs (initializers included) from the reader's attrs."""
+def _count_onnx(graph: OpGraph) -> Counted:
+    """ONNX op types; inputs (initializers included) from the reader's attrs; control flow's subgraph nodes."""
     n = graph.num_ops
     counts: list[OpCount] = [OpCount()] * n
     kinds: list[str] = [UNCOVERED] * n
     fallbacks: list[int] = []
+    inner: list[tuple[int, InnerCount]] = []
     for v in range(n):
         t = graph.op_types[v]
         entry = ONNX_RULES.get(t, NO_RULE)
@@ -253,13 +257,17 @@ def _count_onnx(graph: OpGraph) -> tuple[list[OpCount], list[str], list[int]]:
         view = onnx_view(
             t, graph.attrs[v], graph.output_shapes[v], graph.output_dtypes[v], graph.output_bytes[v]
         )
-        counts[v], fell_back = _count(entry, view)
+        if t in CONTROL_FLOW:  # the rule's count, keeping what each subgraph node was counted as
+            counts[v], nodes = count_control_flow(view)
+            inner += [(v, node) for node in nodes]
+            continue
+        counts[v], fell_back = count_view(entry, view)
         if fell_back:
             fallbacks.append(v)
-    return counts, kinds, fallbacks
+    return Counted(counts, kinds, fallbacks, inner)
 
 
-_COUNTERS: dict[str, Callable[[OpGraph], tuple[list[OpCount], list[str], list[int]]]] = {
+_COUNTERS: dict[str, Callable[[OpGraph], Counted]] = {
     TENSORFLOW: _count_tensorflow,
     ONNX: _count_onnx,
 }
@@ -267,12 +275,13 @@ _COUNTERS: dict[str, Callable[[OpGraph], tuple[list[OpCount], list[str], list[in
 _READER_OWNS_PERSISTENT = frozenset({ONNX})
 
 
-def count_ops(graph: OpGraph, op_set: str = TENSORFLOW) -> tuple[list[OpCount], list[str], list[int]]:
-    """Count every op: ``(counts, rule kind per op, ids of ops that fell back)``.
+def count_ops(graph: OpGraph, op_set: str = TENSORFLOW) -> Counted:
+    """Count every op: counts, rule kind per op, ids of ops that fell back, and what
+    each ONNX control-flow op's subgraph nodes were counted as (:class:`Counted`).
 
     ``op_set`` names the table the op types are looked up in (one of
     :data:`OP_SETS`; ValueError for another). Rule kind is ``uncovered`` for
-    op types without a rule. O(V + E).
+    op types without a rule. O(V + E + S) for S subgraph nodes.
     """
     if op_set not in _COUNTERS:
         raise ValueError(f"unknown op set {op_set!r}; expected one of {', '.join(OP_SETS)}")
@@ -284,9 +293,9 @@ def estimate_costs(
 ) -> tuple[OpGraph, CostReport]:
     """Cost every op of ``graph``, of op set ``op_set``, on ``devices``; see the module docstring.
 
-    O(V + E) plus O(V) per distinct device kind.
+    O(V + E + S) plus O(V) per distinct device kind.
     """
-    counts, kinds, fallbacks = count_ops(graph, op_set)
+    counts, kinds, fallbacks, inner = count_ops(graph, op_set)
     launches = [k not in NO_KERNEL_KINDS for k in kinds]
     by_kind: dict[str, list[float]] = {}
     for device in devices.devices:
@@ -298,6 +307,9 @@ def estimate_costs(
     for t, k in zip(graph.op_types, kinds, strict=True):
         per_type = coverage.setdefault(k, {})
         per_type[t] = per_type.get(t, 0) + 1
+    for _, node in inner:
+        per_type = coverage.setdefault(node.kind, {})
+        per_type[node.op_type] = per_type.get(node.op_type, 0) + 1
     persistent = [c.persistent_bytes for c in counts]
     if op_set in _READER_OWNS_PERSISTENT:
         persistent = [
@@ -312,7 +324,8 @@ def estimate_costs(
         total_bytes_written=sum(c.bytes_written for c in counts),
         total_persistent_bytes=sum(persistent),
         coverage=coverage,
-        fallback_ops=[graph.names[v] for v in fallbacks],
+        fallback_ops=[graph.names[v] for v in fallbacks]
+        + [f"{graph.names[v]}/{node.path}" for v, node in inner if node.fell_back],
     )
     costed = graph.replace(
         compute_us=by_kind[reference],

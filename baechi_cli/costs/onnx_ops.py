@@ -29,16 +29,39 @@ op read by :mod:`baechi_cli.io.onnx`: its explicit inputs come from
 no edges, so the in-edges would miss every weight), an omitted optional input
 keeping its position with shape None, dtype "" and 0 bytes.
 
-Complexity: :func:`onnx_view` and every adapter are O(inputs + rank).
+Control flow. :data:`CONTROL_FLOW` (If, Loop, Scan, SequenceMap) are counted
+by :func:`count_control_flow`: the bytes of the op's explicit inputs and
+outputs, plus the count of every node of its subgraphs (the reader's
+``attrs["_subgraph_nodes"]``, :class:`~baechi_cli.io.onnx.SubgraphNode`),
+each seen through :func:`onnx_view` and counted by its own ONNX rule
+(:func:`~baechi_cli.costs.rules.rule_for`); a nested control-flow node
+counts its own bytes and its subgraphs' nodes the same way, recursively.
+An inner node whose rule cannot count it counts its bytes only; an inner op
+type without a rule is bytes only, as at top level. Conventions, since trip
+counts and branches are runtime values:
+
+* a Loop, Scan or SequenceMap body is counted once -- one iteration, as the
+  analytic model counts each op of a TensorFlow while loop's body once;
+* an If counts both branches -- an upper bound on the branch taken;
+* temporary bytes: the largest inner node's (the nodes run one at a time);
+  persistent bytes stay the reader's (subgraph initializers are on the op).
+
+:class:`InnerCount` says what each inner node was counted as, for the cost
+report's coverage and fallbacks.
+
+Complexity: :func:`onnx_view` and every adapter are O(inputs + rank);
+:func:`count_control_flow` is O(subgraph nodes, at every depth, and their
+inputs).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from baechi_cli.costs.rules import (
+    FLOPS,
     ONNX,
     RULES,
     CannotCount,
@@ -46,13 +69,16 @@ from baechi_cli.costs.rules import (
     OpView,
     Rule,
     Shape,
+    bytes_only,
+    count_view,
     has_input,
     known,
     register,
+    rule_for,
 )
-from baechi_cli.io.onnx import DTYPES
+from baechi_cli.io.onnx import DTYPES, SubgraphNode
 
-__all__ = ["ALIASES", "Alias", "Plus", "onnx_view"]
+__all__ = ["ALIASES", "CONTROL_FLOW", "Alias", "InnerCount", "Plus", "count_control_flow", "onnx_view"]
 
 Adapter = Callable[[OpView], OpView]
 
@@ -405,3 +431,71 @@ for _onnx_type, _alias in ALIASES.items():
     register(_onnx_type, kind=RULES[_alias.rule].kind, note=_note(_alias), op_set=ONNX, shares=_alias.rule)(
         _counted_as(_alias)
     )
+
+
+# --- control flow: each subgraph node counted by its own rule ---------------------
+
+#: ONNX op types whose subgraphs' nodes are counted into the op (see the module docstring).
+CONTROL_FLOW = ("If", "Loop", "Scan", "SequenceMap")
+
+
+class InnerCount(NamedTuple):
+    """What one subgraph node of a control-flow op was counted as."""
+
+    path: str  # its SubgraphNode name, through the nested ones: "body/If_1/then_branch/Relu_0"
+    op_type: str
+    kind: str  # the kind of the rule that counted it; uncovered: none
+    fell_back: bool  # its rule could not count it: bytes only
+
+
+def _subgraph_nodes(attrs: Mapping[str, Any]) -> Sequence[SubgraphNode]:
+    return attrs.get("_subgraph_nodes", ())
+
+
+def _inner_counts(nodes: Sequence[SubgraphNode], prefix: str) -> Iterator[tuple[InnerCount, OpCount]]:
+    """Every node of ``nodes``, nested ones after their control-flow node, with its own count."""
+    for node in nodes:
+        path = prefix + node.name
+        entry = rule_for(node.op_type, ONNX)
+        view = onnx_view(node.op_type, node.attrs, node.output_shapes, node.output_dtypes, node.output_bytes)
+        if node.op_type in CONTROL_FLOW:
+            yield InnerCount(path, node.op_type, entry.kind, False), bytes_only(view)
+            yield from _inner_counts(_subgraph_nodes(node.attrs), f"{path}/")
+        else:
+            count, fell_back = count_view(entry, view)
+            yield InnerCount(path, node.op_type, entry.kind, fell_back), count
+
+
+def count_control_flow(view: OpView) -> tuple[OpCount, list[InnerCount]]:
+    """An If/Loop/Scan/SequenceMap's count, and what each of its subgraph nodes was counted as.
+
+    Explicit inputs' and outputs' bytes plus every subgraph node's count
+    (FLOPs and bytes summed, temporary bytes the largest); conventions in the
+    module docstring. O(subgraph nodes at every depth and their inputs).
+    """
+    own = bytes_only(view)
+    flops, read, written, temporary = own.flops, own.bytes_read, own.bytes_written, 0
+    inner: list[InnerCount] = []
+    for item, count in _inner_counts(_subgraph_nodes(view.attrs), ""):
+        inner.append(item)
+        flops += count.flops
+        read += count.bytes_read
+        written += count.bytes_written
+        temporary = max(temporary, count.temporary_bytes)
+    return OpCount(flops, read, written, temporary), inner
+
+
+def _control_flow(view: OpView) -> OpCount:
+    return count_control_flow(view)[0]
+
+
+register(
+    *CONTROL_FLOW,
+    kind=FLOPS,
+    op_set=ONNX,
+    note=(
+        "explicit inputs' and outputs' bytes + each subgraph node counted by its own rule (nested ones too; "
+        "bytes only where it cannot be counted); a Loop/Scan/SequenceMap body once (one iteration: trip "
+        "counts are runtime values), an If both branches (an upper bound); scratch: the largest inner node's"
+    ),
+)(_control_flow)

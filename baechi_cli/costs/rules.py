@@ -8,8 +8,9 @@ each data input and each output -- and returns an :class:`OpCount`: FLOPs
 persistent bytes. Rules count; they know nothing about devices (turning counts
 into time is :mod:`baechi_cli.costs.analytic`'s job, as in XLA's
 HloCostAnalysis). A rule that lacks the shapes or attrs it needs raises
-:class:`CannotCount`; the caller then uses :func:`bytes_only` and reports the
-op (it does the same for IndexError, TypeError, ValueError and
+:class:`CannotCount`; :func:`count_view` then counts :func:`bytes_only` and
+says so, for the caller to report the op (it does the same for the
+:data:`RULE_FAILURES` IndexError, TypeError, ValueError and
 ZeroDivisionError, so malformed attrs in an input graph never crash costing).
 
 Op sets. One registry, two name tables: an op type means something only
@@ -36,8 +37,8 @@ model both read:
 
 * ``flops``    -- FLOPs counted from shapes (convolutions, matmuls, einsum,
   recurrent blocks, batch norm, losses, pooling, reductions, elementwise
-  math, optimizer updates, scatters and segment reductions); bytes as in
-  ``bytes``.
+  math, optimizer updates, scatters and segment reductions; ONNX control
+  flow: its subgraphs' nodes, each by its own rule); bytes as in ``bytes``.
 * ``bytes``    -- memory-bound: no FLOPs, only the bytes the op moves.
 * ``zero``     -- bookkeeping that launches no kernel (NoOp, Const,
   Placeholder, Identity, Reshape, ReadVariableOp, control-flow plumbing,
@@ -274,6 +275,20 @@ def bytes_only(view: OpView) -> OpCount:
 
 # What :func:`rule_for` gives an op type that has no rule.
 NO_RULE = RuleEntry("", UNCOVERED, bytes_only, "no rule: bytes only")
+
+# What a rule raises when it cannot count an op: a missing shape or attr
+# (CannotCount), or malformed attrs in the input graph (a stride of 0, a list
+# where an int belongs). The op is then counted by bytes only.
+RULE_FAILURES = (CannotCount, IndexError, TypeError, ValueError, ZeroDivisionError)
+
+
+def count_view(rule: RuleEntry, view: OpView) -> tuple[OpCount, bool]:
+    """``rule``'s count of ``view`` and False; :func:`bytes_only` and True where the rule
+    raises one of :data:`RULE_FAILURES`. The caller reports the op as a fallback."""
+    try:
+        return rule.fn(view), False
+    except RULE_FAILURES:
+        return bytes_only(view), True
 
 
 def _with_flops(view: OpView, flops: float) -> OpCount:
@@ -1344,17 +1359,8 @@ def _fused_attention(view: OpView) -> OpCount:
     return _with_flops(view, projection + core)
 
 
-# Control flow: a subgraph's trip count or branch is a runtime value, so its
-# nodes (attrs["_subgraph_ops"]) are not costed.
-register(
-    "If",
-    "Loop",
-    "Scan",
-    "SequenceMap",
-    kind=BYTES,
-    op_set=ONNX,
-    note="memory-bound on its explicit inputs and outputs; the subgraphs' nodes are not costed",
-)(bytes_only)
+# Control flow (If, Loop, Scan, SequenceMap) counts its subgraphs' nodes, each
+# by its own ONNX rule: in onnx_ops.py, next to onnx_view.
 
 register(
     *(

@@ -42,10 +42,12 @@ naming the file (and the op or tensor when there is one):
      axis 0); so is an unknown rank. Inputs whose element size is 0
      (strings, sequences) are exempt.
    * After inference, a tensor whose shape still holds a ``dim_param``
-     declared on a graph input or output of the file is an error naming the
-     tensor, its op and the dim. Dims that inference could not determine
-     (its own ``unk__N`` names, unnamed or value_info-only dims: sizes that
-     depend on data, like NonZero's, or on external data not loaded) count
+     declared on a graph input of the file is an error naming the tensor,
+     its op and the dim. Dims that inference could not determine (its own
+     ``unk__N`` names, unnamed dims, dims named only on graph outputs or
+     value_info -- sizes that depend on data, like NonZero's or a Loop's
+     trip count as torch's exporter names them, or on external data not
+     loaded) count
      as 1; an unknown rank or a tensor inference gave no type counts 0
      bytes. Such ports are listed in ``attrs["_size_unknown"]`` and a note
      counts them.
@@ -70,12 +72,27 @@ Graph mapping:
   initializers make no edge: see persistent bytes. ONNX has no control
   edges.
 * If, Loop, Scan (any node with a graph attribute) are single ops: their
-  subgraph nodes are not ops. ``attrs["_subgraph_ops"]`` counts the nodes of
-  all their subgraphs, recursively, for the cost model. Values the
-  subgraphs read from the outer scope (at any depth) are implicit data
-  inputs: one edge from each such value's producer, in first-use order,
-  skipping values already explicit inputs. Initializers inside the
-  subgraphs add to the op's persistent bytes.
+  subgraph nodes are not ops. Values the subgraphs read from the outer scope
+  (at any depth) are implicit data inputs: one edge from each such value's
+  producer, in first-use order, skipping values already explicit inputs.
+  Initializers inside the subgraphs add to the op's persistent bytes.
+  ``attrs["_subgraph_ops"]`` counts the nodes of all its subgraphs,
+  recursively. ``attrs["_subgraph_nodes"]`` records each node of its
+  subgraphs for the cost model, as a :class:`SubgraphNode` -- what an op
+  of the graph carries: name, op type (domain-prefixed as an op's), attrs
+  decoded as an op's (``_input_shapes``, ``_input_dtypes``,
+  ``_size_unknown``; a nested If/Loop/Scan node has its own
+  ``_subgraph_nodes`` and ``_subgraph_ops``), output shapes, dtypes and
+  bytes -- in attribute order, then node order. Its values are sized as
+  the top-level graph's are, from what shape inference recorded in that
+  subgraph (its inputs, outputs and value_info); a name it does not define
+  is looked up in the enclosing subgraphs, then in the top-level graph
+  (node outputs, graph inputs, initializers). ONNX's Loop inference does
+  not pass the loop-carried values' shapes into the body (they may change
+  between iterations): a body input declared without a shape has unknown
+  rank (0 bytes, and so have the values computed from it); torch's
+  exporter declares them. Inner output ports whose size is a guess are in
+  the node's ``_size_unknown`` and in the note's count.
 * ``output_bytes[v][p]`` = ceil(elements x bits per element / 8) (ONNX packs
   4-bit types two to a byte); ``output_shapes`` tuples of ints (None when
   the rank is unknown); ``output_dtypes`` numpy-style names as the GraphDef
@@ -98,8 +115,9 @@ Graph mapping:
   is omitted and leaves ``x_shape`` (so a Constant has
   ``attrs["value_shape"]``) and ``x_dtype``; graph and type attributes
   are omitted. Private keys: ``_onnx_node`` / ``_onnx_input``,
-  ``_subgraph_ops``, ``_initializers``, ``_size_unknown``, ``_module``, and
-  ``_input_shapes`` / ``_input_dtypes`` (per explicit node input, None /
+  ``_subgraph_ops``, ``_subgraph_nodes``, ``_initializers``,
+  ``_size_unknown``, ``_module``, and ``_input_shapes`` /
+  ``_input_dtypes`` (per explicit node input, None /
   ``""`` when omitted; initializer inputs included, which is how a cost rule
   sees a Conv's kernel shape).
 * ``attrs[v]["_module"]``: for a PyTorch export, the qualified name of the
@@ -113,9 +131,10 @@ Graph mapping:
 
 Deterministic: the same file and options give the same graph.
 
-Complexity: O(V + E + S + I) for V nodes, E node inputs, S subgraph nodes and
-I initializers, besides the checker and shape inference (onnx's own, roughly
-linear in the model size; inference copies the model once).
+Complexity: O(V + E + S + I) for V nodes, E node inputs, S subgraph nodes
+and their inputs and I initializers (a subgraph's look-up of an outer value
+costs its nesting depth), besides the checker and shape inference (onnx's
+own, roughly linear in the model size; inference copies the model once).
 
 Example:
     >>> import tempfile, os, onnx
@@ -136,6 +155,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -145,7 +165,7 @@ from baechi_cli.io.files import read_input, write_atomic
 from baechi_cli.io.torch_modules import module_paths
 
 if TYPE_CHECKING:
-    from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto
+    from onnx import GraphProto, ModelProto, NodeProto, TensorProto, TypeProto
 
 #: ONNX TensorProto.DataType value -> (numpy-style name, bits per element).
 #: Names follow the GraphDef reader (``tf.DType.name`` / ml_dtypes).
@@ -207,6 +227,20 @@ class _Tensor(NamedTuple):
     dtype: str
     nbytes: int
     guessed: bool
+
+
+_OMITTED = _Tensor(None, "", 0, False)  # an omitted optional input or output
+
+
+class SubgraphNode(NamedTuple):
+    """One node of an If/Loop/Scan subgraph, as the cost model sees an op (``attrs["_subgraph_nodes"]``)."""
+
+    name: str  # "<graph attribute>/<node name, or <op_type>_<index in its graph>>": "then_branch/MatMul_0"
+    op_type: str  # domain-prefixed as an op's
+    attrs: dict[str, Any]  # decoded as an op's; see the module docstring
+    output_shapes: list[tuple[int, ...] | None]
+    output_dtypes: list[str]
+    output_bytes: list[int]
 
 
 def read_onnx(path: str, *, batch_size: int | None = None, dims: Mapping[str, int] | None = None) -> OpGraph:
@@ -402,11 +436,11 @@ def _read(path: str, data: bytes, batch_size: int | None, binding: dict[str, int
     external = _external_data(model, os.path.dirname(os.path.abspath(path)), notes)
     check_model(model, external)
     declared = _bind(model.graph, batch_size, binding)
-    types = _infer(model)
-    graph, guessed = _build(model.graph, types, declared, binding)
+    graph, guessed, inner = _build(_infer(model), declared, binding)
     if guessed:
+        within = f" ({inner} of them in If/Loop/Scan subgraphs)" if inner else ""
         notes.append(
-            f"{guessed} output(s) have sizes shape inference could not determine (data-dependent, "
+            f"{guessed} output(s){within} have sizes shape inference could not determine (data-dependent, "
             "or from external data not loaded); counted as 1 per unknown dim, 0 bytes for unknown rank"
         )
     return OnnxRead(graph, notes, opset)
@@ -515,7 +549,9 @@ def _bind(graph: GraphProto, batch_size: int | None, binding: dict[str, int]) ->
     inits = _initializer_names(graph)
     declared: set[str] = set()
     everywhere: set[str] = set()
-    for values, into in ((graph.input, declared), (graph.output, declared), (graph.value_info, everywhere)):
+    # Dims named only on outputs or value_info are the exporter's names for sizes that depend on
+    # data (a Loop's trip count, NonZero's count): nothing to bind, so a guess, not an error.
+    for values, into in ((graph.input, declared), (graph.output, everywhere), (graph.value_info, everywhere)):
         for info in values:
             if info.name in inits:
                 continue
@@ -571,8 +607,8 @@ def _check_feed(info: Any) -> None:
         raise InputError(f"graph input '{info.name}' has an unknown dim at axis {axis}; {fix}")
 
 
-def _infer(model: ModelProto) -> dict[str, TypeProto]:
-    """Value name -> its type after shape inference (top-level graph)."""
+def _infer(model: ModelProto) -> GraphProto:
+    """The model's graph after shape inference: the same nodes, with the types it inferred."""
     import onnx
 
     try:
@@ -581,8 +617,13 @@ def _infer(model: ModelProto) -> dict[str, TypeProto]:
         )
     except Exception as err:  # InferenceError, or anything the C++ side raises
         raise InputError(f"ONNX shape inference failed: {one_line(err)}") from None
+    return inferred.graph
+
+
+def _types(graph: GraphProto) -> dict[str, TypeProto]:
+    """Value name -> its type, from one (inferred) graph's inputs, outputs and value_info."""
     types: dict[str, TypeProto] = {}
-    for values in (inferred.graph.input, inferred.graph.output, inferred.graph.value_info):
+    for values in (graph.input, graph.output, graph.value_info):
         for info in values:
             if info.HasField("type"):
                 types[info.name] = info.type
@@ -592,10 +633,10 @@ def _infer(model: ModelProto) -> dict[str, TypeProto]:
 # ----------------------------------------------------------------- building
 
 
-def _build(
-    graph: GraphProto, types: dict[str, TypeProto], declared: set[str], binding: dict[str, int]
-) -> tuple[OpGraph, int]:
-    """The OpGraph and the number of output ports whose size is a guess."""
+def _build(graph: GraphProto, declared: set[str], binding: dict[str, int]) -> tuple[OpGraph, int, int]:
+    """The OpGraph of the inferred ``graph``, the number of output ports whose size is a guess,
+    and how many of those are subgraph nodes'."""
+    types = _types(graph)
     inits = _initializers(graph)
     feeds = [(i, info) for i, info in enumerate(graph.input) if info.name not in inits]
     nodes = list(graph.node)
@@ -610,7 +651,8 @@ def _build(
     producer: dict[str, tuple[int, int]] = {}  # value name -> (op id, port)
     produced: dict[str, _Tensor] = {}  # value name -> its tensor
     consumers: dict[str, list[int]] = {}  # initializer name -> op ids, in op order
-    guessed = 0
+    outer_scope = ChainMap(produced, inits)  # what a subgraph may read from the top-level graph
+    guessed = inner_guessed = 0
 
     for index, info in feeds:
         v = builder.num_ops
@@ -628,10 +670,7 @@ def _build(
     for index, node in enumerate(nodes):
         v = len(feeds) + index
         name = names[v]
-        outs = [
-            _value(o, types.get(o), name, declared, binding) if o else _Tensor(None, "", 0, False)
-            for o in node.output
-        ]
+        outs = [_value(o, types.get(o), name, declared, binding) if o else _OMITTED for o in node.output]
         attrs = _decode_attrs(node.attribute)
         attrs["_onnx_node"] = index
         if modules[index] is not None:
@@ -665,25 +704,21 @@ def _build(
                     f"input '{value}' is produced by no node, graph input or initializer", op=name
                 )
         persistent = 0
-        subgraphs = [g for a in node.attribute for g in _attr_graphs(a)]
+        subgraphs = _node_graphs(node)
         if subgraphs:
-            count, inner_bytes, outer = _subgraphs(subgraphs, name)
-            attrs["_subgraph_ops"] = count
-            persistent += inner_bytes
+            walk = _SubgraphWalk(name, outer_scope, declared, binding)
+            attrs["_subgraph_nodes"] = walk.graphs(subgraphs, ChainMap())
+            attrs["_subgraph_ops"] = walk.count
+            persistent += walk.initializer_bytes
+            inner_guessed += walk.guessed
             explicit = set(node.input)
-            for value in outer:
+            for value in walk.outer:
                 if value in explicit:
                     continue
                 if value in producer:
                     edges.append(producer[value])
-                elif value in inits:
-                    if value not in used:
-                        used.append(value)
-                else:
-                    raise InputError(
-                        f"a subgraph reads '{value}', which no outer node, input or initializer defines",
-                        op=name,
-                    )
+                elif value not in used:  # an initializer (the walk checked it is defined)
+                    used.append(value)
         for value in used:
             consumers.setdefault(value, []).append(v)
         if used:
@@ -709,7 +744,7 @@ def _build(
             builder.add_edge(src, v, port)
 
     built = builder.build()
-    return _own_initializers(built, inits, consumers), guessed
+    return _own_initializers(built, inits, consumers), guessed + inner_guessed, inner_guessed
 
 
 def _own_initializers(graph: OpGraph, inits: dict[str, _Tensor], consumers: dict[str, list[int]]) -> OpGraph:
@@ -759,41 +794,94 @@ def _unique_names(original: list[str], n_feeds: int, nodes: list[NodeProto]) -> 
     return names  # type: ignore[return-value]
 
 
-def _subgraphs(graphs: list[GraphProto], op: str) -> tuple[int, int, list[str]]:
-    """(nodes in all subgraphs recursively, their initializer bytes, outer values read in first-use order)."""
-    count = nbytes = 0
-    outer: list[str] = []
-    seen: set[str] = set()
-    for graph in graphs:
-        local = set(_initializer_names(graph)) | {i.name for i in graph.input}
-        for t in graph.initializer:
-            nbytes += _tensor_bytes(t, f"subgraph initializer '{t.name}'")
-        for s in graph.sparse_initializer:
-            nbytes += _tensor_bytes(s.values, f"subgraph initializer '{s.values.name}'")
-            nbytes += _tensor_bytes(s.indices, f"subgraph initializer '{s.values.name}'")
-        for node in graph.node:
-            count += 1
-            reads = [x for x in node.input if x]
-            inner = [g for a in node.attribute for g in _attr_graphs(a)]
-            if inner:
-                c, b, o = _subgraphs(inner, op)
-                count += c
-                nbytes += b
-                reads += o
-            for value in reads:
-                if value not in local and value not in seen:
-                    seen.add(value)
-                    outer.append(value)
-            local.update(o for o in node.output if o)
-    return count, nbytes, outer
+class _SubgraphWalk:
+    """One op's subgraphs, walked once: their nodes' records and what the op owes the outer scope.
+
+    After :meth:`graphs`: ``count`` nodes at every depth, ``initializer_bytes``
+    of the subgraphs' initializers, ``guessed`` inner output ports whose size
+    is a guess, and ``outer``: the top-level values read, in first-use order.
+    """
+
+    def __init__(
+        self, op: str, top: Mapping[str, _Tensor], declared: set[str], binding: dict[str, int]
+    ) -> None:
+        self.op = op  # the op's name, for error messages
+        self.top = top  # the top-level graph's values defined before the op
+        self.declared = declared
+        self.binding = binding
+        self.count = self.initializer_bytes = self.guessed = 0
+        self.outer: dict[str, None] = {}  # an insertion-ordered set
+
+    def graphs(
+        self, graphs: list[tuple[str, GraphProto]], scope: ChainMap[str, _Tensor]
+    ) -> list[SubgraphNode]:
+        """The records of the nodes of ``graphs`` (labelled by attribute name), whose enclosing
+        subgraphs' values are ``scope``. O(their nodes, inputs and value_info)."""
+        records: list[SubgraphNode] = []
+        for label, graph in graphs:
+            local: dict[str, _Tensor] = dict(_initializers(graph))
+            self.initializer_bytes += sum(t.nbytes for t in local.values())
+            types = _types(graph)
+            for info in graph.input:
+                local[info.name] = self._value(info.name, types.get(info.name, info.type))
+            inner = scope.new_child(local)  # lookups see this graph first, then the enclosing ones
+            records += [
+                self._node(f"{label}/{n.name or f'{n.op_type}_{k}'}", n, types, inner)
+                for k, n in enumerate(graph.node)
+            ]
+        return records
+
+    def _node(
+        self, name: str, node: NodeProto, types: dict[str, TypeProto], scope: ChainMap[str, _Tensor]
+    ) -> SubgraphNode:
+        """The record of ``node``, labelled ``name``; its outputs join ``scope``'s innermost graph."""
+        self.count += 1
+        attrs = _decode_attrs(node.attribute)
+        inputs = [self._read(value, scope) if value else _OMITTED for value in node.input]
+        attrs["_input_shapes"] = [t.shape for t in inputs]
+        attrs["_input_dtypes"] = [t.dtype for t in inputs]
+        nested = _node_graphs(node)
+        if nested:
+            before = self.count
+            attrs["_subgraph_nodes"] = self.graphs(nested, scope)
+            attrs["_subgraph_ops"] = self.count - before
+        outs = [self._value(o, types.get(o)) if o else _OMITTED for o in node.output]
+        unknown = [p for p, t in enumerate(outs) if t.guessed]
+        if unknown:
+            attrs["_size_unknown"] = unknown
+            self.guessed += len(unknown)
+        scope.maps[0].update((o, t) for o, t in zip(node.output, outs) if o)
+        op_type = node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
+        return SubgraphNode(
+            name, op_type, attrs, [t.shape for t in outs], [t.dtype for t in outs], [t.nbytes for t in outs]
+        )
+
+    def _read(self, value: str, scope: ChainMap[str, _Tensor]) -> _Tensor:
+        """``value`` from the innermost subgraph that defines it, else from the top-level graph."""
+        tensor = scope.get(value)
+        if tensor is not None:
+            return tensor
+        tensor = self.top.get(value)
+        if tensor is None:
+            raise InputError(
+                f"a subgraph reads '{value}', which no outer node, input or initializer defines", op=self.op
+            )
+        self.outer.setdefault(value)
+        return tensor
+
+    def _value(self, name: str, t: TypeProto | None) -> _Tensor:
+        return _value(name, t, self.op, self.declared, self.binding)
 
 
-def _attr_graphs(attr: AttributeProto) -> list[GraphProto]:
-    if attr.type == 5:  # GRAPH
-        return [attr.g]
-    if attr.type == 10:  # GRAPHS
-        return list(attr.graphs)
-    return []
+def _node_graphs(node: NodeProto) -> list[tuple[str, GraphProto]]:
+    """A node's subgraphs, labelled by attribute name (``name[i]`` in a GRAPHS attribute)."""
+    graphs: list[tuple[str, GraphProto]] = []
+    for a in node.attribute:
+        if a.type == 5:  # GRAPH
+            graphs.append((a.name, a.g))
+        elif a.type == 10:  # GRAPHS
+            graphs += [(f"{a.name}[{i}]", g) for i, g in enumerate(a.graphs)]
+    return graphs
 
 
 # ----------------------------------------------------------------- values
