@@ -354,6 +354,19 @@ def _structure_graph(graph_def: GraphDef) -> OpGraph:
     return builder.build()
 
 
+class Differences:
+    """Counts differences and keeps the first :data:`KEEP` of them as lines."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.found: list[str] = []
+
+    def note(self, line: str) -> None:
+        self.count += 1
+        if len(self.found) < KEEP:
+            self.found.append(line)
+
+
 def name_differences(placed: list[str], original: list[str], noun: str) -> list[str]:
     """What tells two name lists (ops or nodes, in order) apart: missing, added, reordered.
 
@@ -378,14 +391,8 @@ def name_differences(placed: list[str], original: list[str], noun: str) -> list[
 def _compare_graphs(placed: GraphDef, original: GraphDef) -> tuple[int, list[str]]:
     """(number of differences, the first :data:`KEEP` as lines) between two GraphDefs,
     NodeDef device fields aside. Clears the device fields of both."""
-    found: list[str] = []
-    count = 0
-
-    def note(line: str) -> None:
-        nonlocal count
-        count += 1
-        if len(found) < KEEP:
-            found.append(line)
+    differences = Differences()
+    note = differences.note
 
     for descriptor in type(placed).DESCRIPTOR.fields:
         name = descriptor.name
@@ -405,7 +412,7 @@ def _compare_graphs(placed: GraphDef, original: GraphDef) -> tuple[int, list[str
         other.device = ""
         if node != other:
             note(f"op '{node.name}': {_node_difference(node, other)}")
-    return count, found
+    return differences.count, differences.found
 
 
 def _field_difference(placed: GraphDef, original: GraphDef, name: str) -> str:

@@ -75,7 +75,7 @@ from baechi_cli.io.onnx import (
     one_line,
     parse_model,
 )
-from baechi_cli.verify import KEEP, SHOWN, VerifyReport, name_differences, render_outcome
+from baechi_cli.verify import KEEP, SHOWN, Differences, VerifyReport, name_differences, render_outcome
 
 if TYPE_CHECKING:
     import numpy as np
@@ -397,14 +397,8 @@ def _compare_models(placed: ModelProto, original: ModelProto) -> tuple[int, list
     Strips both models' annotations and sets placed's ``ir_version`` to the
     original's, in place. O(model size).
     """
-    found: list[str] = []
-    count = 0
-
-    def note(line: str) -> None:
-        nonlocal count
-        count += 1
-        if len(found) < KEEP:
-            found.append(line)
+    differences = Differences()
+    note = differences.note
 
     expected_ir = max(original.ir_version, MULTI_DEVICE_IR_VERSION)
     if placed.ir_version != expected_ir:
@@ -436,7 +430,7 @@ def _compare_models(placed: ModelProto, original: ModelProto) -> tuple[int, list
         other = by_label.pop(label, None)
         if other is not None and node != other:
             note(f"node '{label}': {_node_difference(node, other)}")
-    return count, found
+    return differences.count, differences.found
 
 
 def _graph_field_difference(mine: Any, theirs: Any, name: str) -> str:
