@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from baechi_cli.devices import DeviceSpec, Interconnect
 from baechi_cli.graph import CONTROL_PORT, OpGraph, TensorTable
@@ -70,6 +70,16 @@ class Transfer:
     send_start: float
     recv_start: float  # equals send_start in parallel mode
     end: float  # the tensor is present on dst_device from here on
+    # How long each channel is busy. Kept as the simulator computed it: recomputed as
+    # end - recv_start it can differ in the last bit, and then a send would seem to
+    # overlap the next one on its channel.
+    length: float | None = field(default=None, compare=False)
+
+    @property
+    def send_end(self) -> float:
+        """When the sender's channel is free again (sequential mode)."""
+        length = self.length if self.length is not None else self.end - self.recv_start
+        return self.send_start + length
 
 
 @dataclass
@@ -219,7 +229,7 @@ def simulate(
             for e in group:
                 edge_transfer[e] = len(transfers)
                 release(e, t)
-            transfers.append(Transfer(u, port, src, dst, nbytes, send, recv, t))
+            transfers.append(Transfer(u, port, src, dst, nbytes, send, recv, t, length))
             i = j
 
     while events:
@@ -441,7 +451,17 @@ class ListSchedule:
                         sent[key] = len(transfers)
                         self.edge_transfer[e] = len(transfers)
                         transfers.append(
-                            Transfer(u, g.edge_port[e], du, d, self.tensors.nbytes[tid], send, recv, arrival)
+                            Transfer(
+                                u,
+                                g.edge_port[e],
+                                du,
+                                d,
+                                self.tensors.nbytes[tid],
+                                send,
+                                recv,
+                                arrival,
+                                length,
+                            )
                         )
                     else:
                         tentative[key] = arrival
@@ -527,7 +547,7 @@ def _memory(
             local_free[key] = max(local_free.get(key, end[u]), end[v])
         else:
             copy_free[x] = max(copy_free[x], end[v])
-            send_end = transfers[x].send_start + (transfers[x].end - transfers[x].recv_start)
+            send_end = transfers[x].send_end
             key = (u, port)
             local_free[key] = max(local_free.get(key, end[u]), send_end)
     for u in range(graph.num_ops):

@@ -416,6 +416,27 @@ def placed_graphs(draw):
     return b.build(), spec(ndev, mode, latency), place, cache
 
 
+def test_back_to_back_sends_share_one_channel_track():
+    """Found by the property test below: three sends queued on device 0's channel, each
+    starting where the one before ends. Recomputed as send_start + (end - recv_start), the
+    second's end came out one bit above the third's start (27.000500000000002 against
+    27.0005), rounded a nanosecond later, and opened a second channel track."""
+    b = GraphBuilder()
+    ops = [
+        b.add_op(f"op{i}", "A", [0] if i == 6 else [], compute_us=0.0005 if i == 6 else 0.0) for i in range(7)
+    ]
+    b.add_edge(ops[6], ops[1], 0, transfer_us=7.0)
+    b.add_edge(ops[1], ops[2], CONTROL_PORT)
+    b.add_edge(ops[1], ops[4], CONTROL_PORT)
+    b.add_edge(ops[6], ops[3], 0)
+    b.add_edge(ops[1], ops[3], CONTROL_PORT)
+    r, trace = run(b.build(), spec(3, "sequential"), [0, 0, 1, 1, 1, 0, 2], cache_transfers=False)
+    sends = [t for t in r.transfers if t.src_device == 0]
+    assert len(sends) == 3
+    assert all(b.send_start == a.send_end for a, b in zip(sends, sends[1:]))
+    assert threads_of(trace, 1).count("channel") == 1 and "channel 2" not in threads_of(trace, 1)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(placed_graphs())
 def test_properties_on_random_dags(case):

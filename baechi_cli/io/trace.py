@@ -123,8 +123,7 @@ def _build(graph: OpGraph, devices: DeviceSpec, sim: SimResult, title: str) -> d
     for t in xfers:
         recv = (t.dst_device, round(t.recv_start * 1000), round(t.end * 1000))
         if sequential:
-            send_end = t.send_start + (t.end - t.recv_start)
-            send = (t.src_device, round(t.send_start * 1000), round(send_end * 1000))
+            send = (t.src_device, round(t.send_start * 1000), round(t.send_end * 1000))
             slices.append(((*send, "send"), (*recv, "recv")))
         else:
             slices.append(((*recv, "transfer"),))
