@@ -895,14 +895,17 @@ def module_map_of(prepared: Prepared, device_name: list[str]) -> Any:
     """The PyTorch module map of an ONNX export (None when no op has a module path)."""
     if prepared.input_format != "onnx":
         return None
-    from baechi_cli.io.torch_modules import module_map
+    from baechi_cli.io.torch_modules import module_map, parameter_module
 
     g = prepared.graph
     ops = [v for v in range(prepared.model_ops) if "_onnx_node" in g.attrs[v]]
     paths = [g.attrs[v].get("_module") for v in ops]
     if all(p is None for p in paths):
         return None
-    return module_map(paths, [device_name[v] for v in ops], [g.names[v] for v in ops])
+    owners = [
+        [m for m in map(parameter_module, g.attrs[v].get("_initializers", ())) if m is not None] for v in ops
+    ]
+    return module_map(paths, [device_name[v] for v in ops], [g.names[v] for v in ops], owners)
 
 
 COMPARE_SCHEMA = "baechi.compare/v1"

@@ -315,3 +315,26 @@ def test_format_is_read_from_the_bytes_when_the_name_misleads(tmp_path):
     )
     out = invoke("place", graphdef_as_onnx, "--devices", "2x8GB")
     assert out.exit_code == 2 and "looks like a TensorFlow GraphDef" in out.stderr
+
+
+def test_dynamo_export_module_map_covers_every_parameter(tmp_path):
+    """torch.onnx.export's default exporter (dynamo) folds BatchNorm into Conv: every parameter and
+    buffer of the model must still fall under exactly one module of the plan."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    from onnxmodels import _generator
+
+    net = _generator().torch_resnet().eval()
+    path = tmp_path / "dynamo_resnet.onnx"
+    torch.onnx.export(net, (torch.randn(32, 3, 64, 64),), str(path), dynamo=True, verbose=False)
+    report_path = tmp_path / "r.json"
+    out = invoke("place", path, "--devices", "4x6MB", "--training", "--report", report_path, "-q")
+    assert out.exit_code == 0, out.stderr
+    report = json.loads(report_path.read_text())
+    modules = report["module_map"]["modules"]
+    assert len(set(modules.values())) > 1
+    for name, _ in [*net.named_parameters(), *net.named_buffers()]:
+        owners = [m for m in modules if m == "" or name.startswith(f"{m}.")]
+        assert len(owners) == 1, (name, owners)
+    for m in modules:
+        net.get_submodule(m)

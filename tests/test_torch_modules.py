@@ -12,9 +12,10 @@ import itertools
 import json
 import random
 
+import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from baechi_cli.io.onnx import read_onnx
 from baechi_cli.io.torch_modules import (
@@ -388,3 +389,66 @@ def test_dynamo_export_paths_are_real_submodules(tmp_path):
     devices = ["gpu0" if p is None or p < "layer2" else "gpu1" for p in paths]
     plan = module_map(paths, devices, g.names)
     assert plan.modules["layer2"] == "gpu1"
+
+
+def test_parameters_read_by_a_fused_node_place_their_module():
+    """The dynamo exporter folds BatchNorm into the Conv before it and scopes the fused node to
+    the batch norm; the conv module has no node left, only its weight, read by that node."""
+    paths = ["bn1", "relu", "layer1.conv", "layer1.relu"]
+    owners = [["conv1"], [], ["layer1.conv"], []]
+    devices = ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+    plan = module_map(paths, devices, parameter_modules=owners)
+    assert plan.modules == {"bn1": "cuda:0", "conv1": "cuda:0", "relu": "cuda:0", "layer1": "cuda:1"}
+    # without the weights' owners conv1 would stay behind
+    assert "conv1" not in module_map(paths, devices).modules
+    # an op of no module still places the module of the parameters it reads
+    assert module_map([None, "a"], ["cuda:1", "cuda:0"], ["w_reader", "x"], [["b"], []]).modules == {
+        "b": "cuda:1",
+        "a": "cuda:0",
+    }
+    with pytest.raises(ValueError, match="parameter module lists"):
+        module_map(paths, devices, parameter_modules=owners[:2])
+
+
+def test_dynamo_style_export_maps_the_folded_modules(tmp_path):
+    """A model shaped like the dynamo exporter's output (node metadata scopes, initializers named
+    after parameters), through the pipeline: the conv whose batch norm absorbed it is mapped."""
+    from baechi_cli.devices import parse_devices
+    from baechi_cli.pipeline import PlaceOptions, module_map_of, prepare
+
+    def scoped(node, *scopes):
+        entry = node.metadata_props.add()
+        entry.key, entry.value = NAME_SCOPES_KEY, repr(["", *scopes, node.name])
+        return node
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    inits = [
+        numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "conv1.weight"),
+        numpy_helper.from_array(np.ones(4, np.float32), "bn1.bias"),
+        numpy_helper.from_array(np.ones((4, 4), np.float32), "fc.weight"),
+    ]
+    nodes = [
+        scoped(
+            helper.make_node(
+                "Conv", ["x", "conv1.weight", "bn1.bias"], ["c"], name="node_Conv_0", pads=[1] * 4
+            ),
+            "bn1",
+        ),
+        scoped(helper.make_node("Relu", ["c"], ["r"], name="node_relu"), "relu"),
+        scoped(helper.make_node("GlobalAveragePool", ["r"], ["p"], name="node_pool"), "pool"),
+        scoped(helper.make_node("Flatten", ["p"], ["f"], name="node_flatten")),
+        scoped(helper.make_node("MatMul", ["f", "fc.weight"], ["y"], name="node_fc"), "fc"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 20)]
+    )
+    path = tmp_path / "dynamo_like.onnx"
+    onnx.save(model, str(path))
+    prepared = prepare(str(path), parse_devices("2x8GB"), PlaceOptions(), lambda _: None)
+    names = prepared.graph.names
+    # a made-up split: the fused conv and relu on one device, the rest on the other
+    device_name = ["gpu1" if n in ("x", "node_Conv_0", "node_relu") else "gpu0" for n in names]
+    plan = module_map_of(prepared, device_name)
+    assert plan.modules == {"bn1": "gpu1", "conv1": "gpu1", "relu": "gpu1", "pool": "gpu0", "fc": "gpu0"}
+    assert [u.op for u in plan.unmapped_ops] == ["node_flatten"]

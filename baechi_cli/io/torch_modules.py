@@ -50,12 +50,17 @@ called itself (``self.blocks.a`` with ``blocks`` a plain container) gets the
 path ``X.a``, not ``X.blocks.a``; two attributes ``conv`` and ``conv_1``
 without parameters both map to ``conv`` (harmless for ``.to()``: such
 modules hold nothing to move); and a module none of whose ops survive the
-export has no path. The last matters: the legacy exporter in eval mode folds
-BatchNorm into the preceding Conv (``training=TrainingMode.EVAL``, the
-default for a model in eval mode) and the dynamo exporter's optimizer does
-the same, so a BatchNorm's parameters are moved only when an ancestor's
-entry covers them. Export with ``training=torch.onnx.TrainingMode.PRESERVE``
-(legacy) to keep BatchNormalization nodes.
+export has no path of its own. The last matters where an exporter fuses
+modules: the dynamo exporter folds BatchNorm into the preceding Conv and
+scopes the fused node to the batch norm, so the conv module has no node;
+but the node still reads the initializer ``conv1.weight``, and
+:func:`module_map` places the modules whose parameters an op reads
+(``parameter_modules``, from :func:`parameter_module`) with it. The legacy
+exporter in eval mode (``training=TrainingMode.EVAL``, the default) folds
+the other way and renames the folded weights (``onnx::Conv_12``), so a
+BatchNorm's parameters then move only when an ancestor's entry covers
+them; export with ``training=torch.onnx.TrainingMode.PRESERVE`` to keep
+BatchNormalization nodes.
 
 Module map
 ----------
@@ -238,19 +243,51 @@ def module_paths(
     return out
 
 
+def parameter_module(initializer: str) -> str | None:
+    """The module owning a parameter or buffer, from its initializer's name (None: not a module path).
+
+    Exporters name initializers after the parameters they hold
+    (``layer1.0.conv1.weight``); generated names (``onnx::MatMul_12``,
+    TensorFlow-style ``a/b:0``) and root-level parameters give None.
+
+    >>> parameter_module("layer1.0.conv1.weight"), parameter_module("bn1.running_mean")
+    ('layer1.0.conv1', 'bn1')
+    >>> parameter_module("onnx::Conv_12"), parameter_module("pos_embedding")
+    (None, None)
+    """
+    if not _SCOPE.fullmatch(initializer):
+        return None
+    module, dot, _ = initializer.rpartition(".")
+    return module if dot else None
+
+
 def module_map(
-    paths: Sequence[str | None], devices: Sequence[str], names: Sequence[str] | None = None
+    paths: Sequence[str | None],
+    devices: Sequence[str],
+    names: Sequence[str] | None = None,
+    parameter_modules: Sequence[Collection[str]] | None = None,
 ) -> ModuleMap:
     """The coarsest modules ``.to(device)`` can place, and the ops it cannot.
 
     ``paths[i]`` is op i's module path (None: none), ``devices[i]`` its
     device, ``names[i]`` its name for :class:`UnmappedOp` (default: the
-    index as a string). See the module docstring. O(N x D). Raises
+    index as a string). ``parameter_modules[i]`` are the modules whose
+    parameters op i reads (:func:`parameter_module` of its initializers):
+    the op's device counts for them too. That matters where an exporter
+    fused two modules' ops into one node: the dynamo exporter's Conv with a
+    folded BatchNorm is scoped to the batch norm but reads the conv's
+    weight, and without this the conv module would have no entry and its
+    weight would not move. See the module docstring. O(N x D). Raises
     ValueError when the sequences differ in length.
     """
-    if len(devices) != len(paths) or (names is not None and len(names) != len(paths)):
+    if (
+        len(devices) != len(paths)
+        or (names is not None and len(names) != len(paths))
+        or (parameter_modules is not None and len(parameter_modules) != len(paths))
+    ):
         raise ValueError(
-            f"module_map: {len(paths)} paths but {len(devices)} devices or {len(names or ())} names"
+            f"module_map: {len(paths)} paths but {len(devices)} devices, {len(names or ())} names "
+            f"or {len(parameter_modules or ())} parameter module lists"
         )
     mixed = object()  # a subtree holding several devices
     device_of: dict[str, Any] = {}  # module -> its subtree's one device, or mixed
@@ -258,24 +295,14 @@ def module_map(
     direct: dict[str, list[int]] = {}  # module -> ops directly in it
     unmapped: list[int] = []
     for i, path in enumerate(paths):
+        claimed = list(parameter_modules[i]) if parameter_modules is not None else []
         if path is None:
             unmapped.append(i)
-            continue
-        direct.setdefault(path, []).append(i)
-        module = path
-        while True:  # up the ancestors, until one that this op changes nothing for
-            seen = device_of.get(module)
-            if seen is None:
-                device_of[module] = devices[i]
-                if module:
-                    children.setdefault(module.rpartition(".")[0], []).append(module)
-            elif seen is not mixed and seen != devices[i]:
-                device_of[module] = mixed
-            else:
-                break
-            if not module:
-                break
-            module = module.rpartition(".")[0]
+        else:
+            direct.setdefault(path, []).append(i)
+            claimed.insert(0, path)
+        for module in dict.fromkeys(claimed):
+            _claim(module, devices[i], device_of, children, mixed)
 
     modules: dict[str, str] = {}
     if device_of:
@@ -290,6 +317,25 @@ def module_map(
             stack.extend(reversed(children.get(module, ())))
     label = names if names is not None else [str(i) for i in range(len(paths))]
     return ModuleMap(modules, tuple(UnmappedOp(label[i], paths[i], devices[i]) for i in sorted(unmapped)))
+
+
+def _claim(
+    module: str, device: str, device_of: dict[str, Any], children: dict[str, list[str]], mixed: object
+) -> None:
+    """Record that ``module`` (and so each ancestor) holds an op on ``device``. O(depth)."""
+    while True:  # up the ancestors, until one that this op changes nothing for
+        seen = device_of.get(module)
+        if seen is None:
+            device_of[module] = device
+            if module:
+                children.setdefault(module.rpartition(".")[0], []).append(module)
+        elif seen is not mixed and seen != device:
+            device_of[module] = mixed
+        else:
+            return
+        if not module:
+            return
+        module = module.rpartition(".")[0]
 
 
 # ----------------------------------------------------------------- parsing
