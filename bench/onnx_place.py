@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, HERE)
+sys.path.append(HERE)  # after the stdlib: bench/profile.py would shadow profile
 
 from onnxmodels import ONNX_MODELS  # noqa: E402
 from synthetic import layered_dag  # noqa: E402

@@ -13,7 +13,7 @@ from baechi_cli.graph import CONTROL_PORT
 from baechi_cli.placers import get_placer
 from baechi_cli.sim import lower_bound, simulate
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
 from synthetic import layered_dag  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from baechi_cli.graph import CONTROL_PORT, GraphBuilder
 from baechi_cli.placers import sct_lp
 from baechi_cli.placers.sct_lp import LPResult, favorite_children, lp_edges, solve_favorite_lp
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
 from synthetic import layered_dag  # noqa: E402
 
 SPEC = parse_devices("4x8GB")
