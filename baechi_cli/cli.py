@@ -1033,11 +1033,7 @@ MODULE_MAP_SHOWN = 12
 
 def _render_module_map(console: Any, outcome: Any) -> None:
     """A PyTorch export's plan as ``module -> device`` lines (the report's ``module_map``)."""
-    from baechi_cli.pipeline import module_map_of
-
-    modules = module_map_of(
-        outcome.prepared, [outcome.devices.devices[d].name for d in outcome.sim.device_of]
-    )
+    modules = outcome.module_map
     if modules is None:
         return
     entries = list(modules.to_json()["modules"].items())

@@ -8,6 +8,7 @@ so the CLI can draw a progress bar.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -209,6 +210,12 @@ class PlaceOutcome:
     @property
     def lower_bound_us(self) -> float:
         return self.prepared.lower_bound_us
+
+    @functools.cached_property
+    def module_map(self) -> Any:
+        """The PyTorch module map of the chosen placement (None unless an ONNX model has module paths)."""
+        names = self.devices.names
+        return module_map_of(self.prepared, [names[d] for d in self.sim.device_of])
 
     @property
     def single_device(self) -> SimResult | None:
@@ -880,7 +887,7 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
             **prepared.training.to_json(),
             "placement": {g.names[v]: device_name[v] for v in range(n, g.num_ops)},
         }
-    modules = module_map_of(prepared, device_name)
+    modules = outcome.module_map
     if modules is not None:
         from baechi_cli.io.torch_modules import torch_device
 

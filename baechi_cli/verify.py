@@ -108,7 +108,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -732,18 +731,9 @@ def render_report(console: Any, report: VerifyReport, shown: int = SHOWN) -> Non
     """
     from rich.markup import escape
 
-    fancy = console.is_terminal
+    printer = SummaryPrinter(console)
+    say, verdict = printer.say, printer.verdict
     static, run = report.static, report.run
-
-    def say(text: str) -> None:
-        console.print(text, soft_wrap=True)  # long op names stay on one line
-
-    def verdict(ok: bool, text: str) -> None:
-        if fancy:
-            mark = "[green]✓[/]" if ok else "[bold red]✗[/]"
-        else:
-            mark = "ok  " if ok else "FAIL"
-        say(f"{mark} {text}")
 
     devices = ", ".join(f"{escape(d)} {n}" for d, n in static.devices.items()) or "none"
     say(
@@ -770,27 +760,49 @@ def render_report(console: Any, report: VerifyReport, shown: int = SHOWN) -> Non
         verdict(True, "no colocation constraints")
     if run is not None:
         verdict(run.ok, _run_summary(run, static.original is not None))
-    render_outcome(say, report, shown, fancy)
+    printer.outcome(report, shown)
 
 
-def render_outcome(say: Callable[[str], None], report: VerifyReport, shown: int, fancy: bool) -> None:
-    """The end of a verify summary: the first ``shown`` problems, then verified or FAILED."""
-    from rich.markup import escape
+class SummaryPrinter:
+    """The lines of a ``baechi verify`` summary (GraphDef or ONNX) on a rich console.
 
-    problems = report.problems()
-    if problems:
-        say("problems:")
-        for line in problems[:shown]:
-            say(f"  {escape(line)}")
-        more = report.problems_count() - min(len(problems), shown)
-        if more > 0:
-            say(f"  ... and {more} more")
-    if report.ok:
-        say("[bold green]verified[/]" if fancy else "verified")
-    else:
-        count = report.problems_count()
-        text = f"FAILED: {count} problem{'s' if count != 1 else ''}"
-        say(f"[bold red]{text}[/]" if fancy else text)
+    On a terminal verdicts are coloured marks; elsewhere plain ``ok`` / ``FAIL``
+    words, so logs stay greppable. Text is rich markup: callers escape names.
+    """
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.fancy = console.is_terminal
+
+    def say(self, text: str) -> None:
+        self.console.print(text, soft_wrap=True)  # long op names stay on one line
+
+    def verdict(self, ok: bool, text: str) -> None:
+        if self.fancy:
+            mark = "[green]✓[/]" if ok else "[bold red]✗[/]"
+        else:
+            mark = "ok  " if ok else "FAIL"
+        self.say(f"{mark} {text}")
+
+    def outcome(self, report: VerifyReport, shown: int) -> None:
+        """The end of a summary: the first ``shown`` problems, then verified or FAILED."""
+        from rich.markup import escape
+
+        say, fancy = self.say, self.fancy
+        problems = report.problems()
+        if problems:
+            say("problems:")
+            for line in problems[:shown]:
+                say(f"  {escape(line)}")
+            more = report.problems_count() - min(len(problems), shown)
+            if more > 0:
+                say(f"  ... and {more} more")
+        if report.ok:
+            say("[bold green]verified[/]" if fancy else "verified")
+        else:
+            count = report.problems_count()
+            text = f"FAILED: {count} problem{'s' if count != 1 else ''}"
+            say(f"[bold red]{text}[/]" if fancy else text)
 
 
 def _run_summary(run: VerifyResult, has_original: bool) -> str:

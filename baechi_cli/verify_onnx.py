@@ -75,7 +75,7 @@ from baechi_cli.io.onnx import (
     one_line,
     parse_model,
 )
-from baechi_cli.verify import KEEP, SHOWN, Differences, VerifyReport, name_differences, render_outcome
+from baechi_cli.verify import KEEP, SHOWN, Differences, SummaryPrinter, VerifyReport, name_differences
 
 if TYPE_CHECKING:
     import numpy as np
@@ -672,15 +672,12 @@ def render_onnx_report(console: Any, report: OnnxVerifyReport, shown: int = SHOW
     GraphDef's: one line per check, then the problems (the first ``shown``), then the verdict."""
     from rich.markup import escape
 
-    fancy = console.is_terminal
+    printer = SummaryPrinter(console)
+    say = printer.say
     static, run = report.static, report.run
 
-    def say(text: str) -> None:
-        console.print(text, soft_wrap=True)  # long node names stay on one line
-
     def verdict(ok: bool, text: str) -> None:
-        mark = ("[green]✓[/]" if ok else "[bold red]✗[/]") if fancy else ("ok  " if ok else "FAIL")
-        say(f"{mark} {escape(text)}")
+        printer.verdict(ok, escape(text))
 
     devices = ", ".join(f"{d} {n}" for d, n in static.devices.items()) or "none"
     plural = "s" if len(static.devices) != 1 else ""
@@ -706,7 +703,7 @@ def render_onnx_report(console: Any, report: OnnxVerifyReport, shown: int = SHOW
         verdict(True, f"device_configurations and {DEVICE_KEY} agree on every node, devices of {where}")
     if run is not None:
         verdict(run.ok, _run_summary(run, static.original is not None))
-    render_outcome(say, report, shown, fancy)
+    printer.outcome(report, shown)
 
 
 def _run_summary(run: OnnxRunResult, has_original: bool) -> str:

@@ -81,7 +81,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from baechi_cli.costs.analytic import op_time_us
 from baechi_cli.costs.rules import RULES, OpCount, OpView
@@ -158,14 +159,13 @@ def synthesize_training(
     builder = GraphBuilder.from_graph(graph)
     taken = set(graph.names)
     by_kind = {kind: list(times) for kind, times in graph.compute_us_by_kind.items()}
-    compute = list(graph.compute_us)
 
-    def add(name: str, op_type: str, *, v: int, scale: float, **columns: object) -> int:
+    def add(name: str, op_type: str, *, v: int, us_by_kind: Mapping[str, float], **columns: Any) -> int:
+        """Append a backward or update op of ``v``, in ``v``'s group, timed per device kind."""
         new = builder.add_op(_unique(name, taken), op_type, is_backward=True, forward_op=v, **columns)
         builder.set_group(new, graph.group[v])
-        for times in by_kind.values():
-            times.append(times[v] * scale)
-        compute.append(compute[v] * scale)
+        for kind, times in by_kind.items():
+            times.append(us_by_kind[kind])
         return new
 
     # Gradient ports: backward op of v -> {input tensor (u, p): port}.
@@ -185,7 +185,8 @@ def synthesize_training(
             f"gradients/{graph.names[v].lstrip('/')}",
             f"{graph.op_types[v]}Grad",
             v=v,
-            scale=scale,
+            compute_us=graph.compute_us[v] * scale,
+            us_by_kind={kind: times[v] * scale for kind, times in by_kind.items()},
             output_bytes=out_bytes,
             temporary_bytes=graph.temporary_bytes[v],
             output_shapes=[graph.output_shapes[u][p] for u, p in wanted] + ([None] if owns else []),
@@ -223,16 +224,13 @@ def synthesize_training(
             f"optimizer/{graph.names[v].lstrip('/')}",
             update_op,
             v=v,
-            scale=0.0,
+            compute_us=reference_us,
+            us_by_kind=us_by_kind,
             persistent_bytes=slots * nbytes,
         )
-        for kind, us in us_by_kind.items():
-            by_kind[kind][u] = us
-        compute[u] = reference_us
         b = grad_op[v]
         builder.add_edge(b, u, len(grad_port[b]))
-    out = builder.build()
-    return out.replace(compute_us=compute, compute_us_by_kind=by_kind, members=None)
+    return builder.build().replace(compute_us_by_kind=by_kind)
 
 
 def _multiplier(kind: str, gradients: int) -> float:
