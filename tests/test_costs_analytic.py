@@ -11,7 +11,7 @@ import pytest
 from realgraphs import REAL_GRAPHS, real_graph
 
 from baechi_cli.costs.analytic import RULES, estimate_costs
-from baechi_cli.costs.rules import ZERO, dtype_size, register, rules_markdown
+from baechi_cli.costs.registry import ZERO, dtype_size, register, rules_markdown
 from baechi_cli.devices import Device, DeviceSpec, parse_devices
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 

@@ -24,9 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxmodels import ONNX_MODELS
 
 from baechi_cli.costs.analytic import count_ops, estimate_costs
-from baechi_cli.costs.onnx_ops import ALIASES, onnx_view
 from baechi_cli.costs.profile import rule_kinds
-from baechi_cli.costs.rules import (
+from baechi_cli.costs.registry import (
     NO_RULE,
     ONNX,
     ONNX_RULES,
@@ -37,6 +36,7 @@ from baechi_cli.costs.rules import (
     rule_for,
     rules_markdown,
 )
+from baechi_cli.costs.rules_onnx import ALIASES, onnx_view
 from baechi_cli.devices import parse_devices
 from baechi_cli.io.onnx import read_onnx
 

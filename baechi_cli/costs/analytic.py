@@ -4,7 +4,7 @@ Contract. :func:`estimate_costs` takes an OpGraph whose ops carry op types,
 output shapes/dtypes/bytes and decoded attrs (as the GraphDef and ONNX readers
 produce them), a DeviceSpec and the op set its op types belong to
 (``tensorflow`` for GraphDefs and workload JSON, ``onnx`` for ONNX models;
-see :mod:`baechi_cli.costs.rules`), and returns a NEW graph with these
+see :mod:`baechi_cli.costs.registry`), and returns a NEW graph with these
 columns replaced -- the model owns them, whatever the input held:
 
 * ``compute_us``          -- µs on the first device's kind;
@@ -21,7 +21,7 @@ columns replaced -- the model owns them, whatever the input held:
 plus a :class:`CostReport` (per-op FLOPs and bytes, totals, coverage).
 
 Counting is kept apart from the device model (as XLA's HloCostAnalysis is):
-rules in :mod:`baechi_cli.costs.rules` give device-independent
+rules in :mod:`baechi_cli.costs.registry` give device-independent
 :class:`OpCount` s; :func:`op_time_us` turns one into time on one device:
 
     time_us = max(flops / device.flops, bytes moved / device.memory_bandwidth) * 1e6
@@ -37,10 +37,10 @@ placers. Uncovered op types are timed by their bytes plus the overhead.
 Each op is looked up in its op set's name table and seen through an
 :class:`OpView` of its data inputs: TensorFlow ops through their in-edges
 (control inputs skipped); ONNX ops through the reader's per-input shape and
-dtype attrs (:func:`baechi_cli.costs.onnx_ops.onnx_view`), which also show
+dtype attrs (:func:`baechi_cli.costs.rules_onnx.onnx_view`), which also show
 the initializers (weights), for those make no edges. An ONNX If, Loop, Scan or
 SequenceMap counts its subgraphs' nodes, each by its own rule
-(:func:`baechi_cli.costs.onnx_ops.count_control_flow`); the report's coverage
+(:func:`baechi_cli.costs.rules_onnx.count_control_flow`); the report's coverage
 counts those nodes too, each under the kind of the rule that counted it, and
 its ``fallback_ops`` names an inner node whose rule could not count it by its
 path, ``<op>/<graph attribute>/<node>``.
@@ -61,12 +61,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from baechi_cli.costs.onnx_ops import CONTROL_FLOW, InnerCount, count_control_flow, onnx_view
-from baechi_cli.costs.rules import (
+from baechi_cli.costs.registry import (
     NO_KERNEL_KINDS,
     NO_RULE,
     ONNX,
-    ONNX_RULES,
     OP_SETS,
     RULES,
     TENSORFLOW,
@@ -77,10 +75,12 @@ from baechi_cli.costs.rules import (
     count_view,
     is_handle,
     is_state,
+    name_table,
     rule_for,
     rule_table,
     rules_markdown,
 )
+from baechi_cli.costs.rules_onnx import CONTROL_FLOW, InnerCount, count_control_flow, onnx_view
 from baechi_cli.devices import Device, DeviceSpec
 from baechi_cli.graph import OpGraph
 
@@ -182,7 +182,7 @@ _HANDLE_SIZE_HINTS: dict[str, Callable[[OpView], int]] = {
     "AssignVariableOp": _assigned_size,
     "AssignAddVariableOp": _assigned_size,
     "AssignSubVariableOp": _assigned_size,
-    **{t: _gradient_size for t in RULES if t.startswith("ResourceApply")},
+    **{t: _gradient_size for t in name_table(TENSORFLOW) if t.startswith("ResourceApply")},
 }
 
 
@@ -201,7 +201,7 @@ def _count_tensorflow(graph: OpGraph) -> Counted:
     op_types, attrs = graph.op_types, graph.attrs
     shapes, dtypes, obytes = graph.output_shapes, graph.output_dtypes, graph.output_bytes
     edge_src, edge_port, in_edges = graph.edge_src, graph.edge_port, graph.in_edges
-    rules, hints = RULES, _HANDLE_SIZE_HINTS
+    rules, hints = name_table(TENSORFLOW), _HANDLE_SIZE_HINTS
     nothing = OpCount()
     counts: list[OpCount] = [nothing] * n
     kinds: list[str] = [UNCOVERED] * n
@@ -248,9 +248,10 @@ def _count_onnx(graph: OpGraph) -> Counted:
     kinds: list[str] = [UNCOVERED] * n
     fallbacks: list[int] = []
     inner: list[tuple[int, InnerCount]] = []
+    rules = name_table(ONNX)
     for v in range(n):
         t = graph.op_types[v]
-        entry = ONNX_RULES.get(t, NO_RULE)
+        entry = rules.get(t, NO_RULE)
         kinds[v] = entry.kind
         if entry.kind == ZERO:
             continue

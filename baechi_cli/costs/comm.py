@@ -111,7 +111,6 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import statistics
@@ -122,8 +121,9 @@ from typing import Any
 
 import numpy as np
 
+from baechi_cli import tfsupport
 from baechi_cli.devices import COMM_MODES, DeviceSpec
-from baechi_cli.errors import InputError, MissingDependencyError
+from baechi_cli.errors import InputError
 
 WEIGHTINGS = ("ols", "relative")
 # Sizes up to this many bytes are timed at least SMALL_REPEATS times.
@@ -425,7 +425,7 @@ _LOCAL_DEVICE_RE = re.compile(r"/device:(CPU|GPU):(\d+)")
 def normalize_device(name: str) -> tuple[str, int]:
     """``"gpu:1"``, ``"/GPU:1"``, ``"/job:localhost/.../device:GPU:1"`` -> ``("GPU", 1)``.
 
-    Spellings are unified by :func:`baechi_cli.verify.normalize_device`;
+    Spellings are unified by :func:`baechi_cli.tfsupport.normalize_device`;
     anything but a local CPU or GPU is an InputError.
 
     Example:
@@ -436,19 +436,16 @@ def normalize_device(name: str) -> tuple[str, int]:
         ...
         baechi_cli.errors.InputError: device 'TPU:0' is not a local CPU or GPU (use e.g. /device:GPU:0 or CPU:1)
     """
-    from baechi_cli.verify import normalize_device as one_spelling
-
-    m = _LOCAL_DEVICE_RE.fullmatch(one_spelling(name))
+    m = _LOCAL_DEVICE_RE.fullmatch(tfsupport.normalize_device(name))
     if not m:
         raise InputError(f"device '{name}' is not a local CPU or GPU (use e.g. /device:GPU:0 or CPU:1)")
     return m.group(1), int(m.group(2))
 
 
 def _import_tensorflow() -> Any:
-    if importlib.util.find_spec("tensorflow") is None:
-        raise MissingDependencyError(
-            "profile --comm needs TensorFlow to time transfers: install the tf extra: pip install 'baechi[tf]'"
-        )
+    tfsupport.require_tensorflow(
+        "profile --comm needs TensorFlow to time transfers: install the tf extra: pip install 'baechi[tf]'"
+    )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # only effective before TF's first import
     import tensorflow as tf
 
@@ -465,16 +462,12 @@ def local_device_pair() -> tuple[str, str]:
 
 
 def _session_config(tf: Any, num_cpus: int, single_inter_op_thread: bool) -> Any:
-    config = tf.compat.v1.ConfigProto(
-        allow_soft_placement=False, log_device_placement=False, device_count={"CPU": num_cpus}
-    )
+    config = tfsupport.as_written_config(tf, cpus=num_cpus)
     if single_inter_op_thread:
         # A session-owned pool: the process-wide one keeps the first session's size.
         config.use_per_session_threads = True
         config.inter_op_parallelism_threads = 1
     config.gpu_options.allow_growth = True  # do not grab all GPU memory up front
-    config.graph_options.rewrite_options.disable_meta_optimizer = True
-    config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
     config.graph_options.optimizer_options.do_constant_folding = False
     return config
 
@@ -596,9 +589,7 @@ def measure_transfers(
                 if progress is not None:
                     progress(done, len(sizes))
     except tf.errors.OpError as err:
-        from baechi_cli.verify import shorten_tf_message
-
-        first = shorten_tf_message(err.message or "") or type(err).__name__
+        first = tfsupport.shorten_tf_message(err.message or "") or type(err).__name__
         raise InputError(f"TensorFlow failed timing {src_name} -> {dst_name}: {first}") from None
     return fit_samples(
         samples,

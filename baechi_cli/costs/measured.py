@@ -155,7 +155,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from baechi_cli.errors import InputError, MissingDependencyError
-from baechi_cli.verify import normalize_device, shorten_tf_message
+from baechi_cli.tfsupport import as_written_config, normalize_device, shorten_tf_message
 
 if TYPE_CHECKING:
     import numpy as np
@@ -467,7 +467,9 @@ def _import_graph(tf: Any, graph_def: Any, path: str) -> Any:
         with graph.as_default():
             tf.compat.v1.import_graph_def(graph_def, name="")
     except (ValueError, TypeError, tf.errors.OpError) as err:  # unknown op types, bad inputs, ...
-        raise InputError(f"TensorFlow cannot import the graph: {_one_line(str(err))}", path=path) from None
+        raise InputError(
+            f"TensorFlow cannot import the graph: {shorten_tf_message(str(err), MESSAGE_LIMIT)}", path=path
+        ) from None
     return graph
 
 
@@ -479,12 +481,10 @@ def _session_config(tf: Any) -> Any:
     # default inter-op pool, independent ops overlap and each one's wall time
     # absorbs the others' contention for the cores (gnmt_dynamic on 2 cores:
     # per-op times summing to 3x the step). Each op keeps the intra-op pool.
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=False, inter_op_parallelism_threads=1)
-    rewrite = config.graph_options.rewrite_options
-    rewrite.disable_meta_optimizer = True
-    rewrite.constant_folding = rewriter_config_pb2.RewriterConfig.OFF
+    config = as_written_config(tf)
+    config.inter_op_parallelism_threads = 1
+    config.graph_options.rewrite_options.constant_folding = rewriter_config_pb2.RewriterConfig.OFF
     optimizer = config.graph_options.optimizer_options
-    optimizer.opt_level = tf.compat.v1.OptimizerOptions.L0
     optimizer.do_constant_folding = False
     optimizer.do_common_subexpression_elimination = False
     return config
@@ -539,7 +539,9 @@ def _run(
         except tf.errors.OpError as err:
             raise _run_error(err, path) from None
         except (ValueError, TypeError) as err:  # feeds or fetches TensorFlow rejects
-            raise InputError(f"TensorFlow rejected the run: {_one_line(str(err))}", path=path) from None
+            raise InputError(
+                f"TensorFlow rejected the run: {shorten_tf_message(str(err), MESSAGE_LIMIT)}", path=path
+            ) from None
     return tallies, walls
 
 
@@ -650,14 +652,11 @@ def _run_error(err: Any, path: str) -> InputError:
         match = _NODE_IN_MESSAGE_RE.search(message)
         op = (match.group(1) or match.group(2)) if match else None
     return InputError(
-        f"TensorFlow failed running the graph ({type(err).__name__}): {_one_line(message)}", path=path, op=op
+        f"TensorFlow failed running the graph ({type(err).__name__}): "
+        f"{shorten_tf_message(message, MESSAGE_LIMIT)}",
+        path=path,
+        op=op,
     )
-
-
-def _one_line(message: str) -> str:
-    """TensorFlow's informative line, at most :data:`MESSAGE_LIMIT` characters."""
-    text = shorten_tf_message(message)
-    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
 
 
 def _describe_device(tf: Any, onednn: bool) -> str:

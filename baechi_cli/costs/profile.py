@@ -6,7 +6,7 @@ persistent bytes and where those came from (``analytic`` or ``measured``),
 plus measured transfer times of edges where known. The schema is
 ``proto/profile.proto``; the file is that message through protobuf's JSON
 mapping with the proto field names kept, written one op per line so a diff
-of two profiles reads op by op. The keys DESIGN.md lists are a contract.
+of two profiles reads op by op. The keys docs/DESIGN.md lists ("Outputs") are a contract.
 
 * :func:`build_profile` turns a costed graph (analytic, merged with
   measurements by :func:`merge_measurements`, or a workload's given costs)
@@ -87,9 +87,9 @@ def rule_kinds(graph: OpGraph, report: CostReport, op_set: str = "tensorflow") -
     """The analytic rule kind that costed each op: flops | bytes | zero | variable | uncovered,
     or ``fallback`` where the rule lacked a shape or attr and bytes alone were counted.
 
-    ``op_set`` is the one ``report`` was counted with (see :func:`~baechi_cli.costs.rules.rule_for`).
+    ``op_set`` is the one ``report`` was counted with (see :func:`~baechi_cli.costs.registry.rule_for`).
     """
-    from baechi_cli.costs.rules import rule_for
+    from baechi_cli.costs.registry import rule_for
 
     kinds = [rule_for(t, op_set).kind for t in graph.op_types]
     if report.fallback_ops:
@@ -329,7 +329,7 @@ def dumps(profile: CostProfile) -> str:
     lines = ["{"]
     keys = [k for k in _HEAD if k in doc] + [k for k in doc if k not in _HEAD and k not in _LISTS]
     for key in keys:
-        lines.append(f"  {json.dumps(key)}: {_one_line(doc[key])},")
+        lines.append(f"  {json.dumps(key)}: {_json_line(doc[key])},")
     for i, key in enumerate(_LISTS):
         items = doc.get(key, [])
         tail = "," if i + 1 < len(_LISTS) else ""
@@ -337,7 +337,9 @@ def dumps(profile: CostProfile) -> str:
             lines.append(f"  {json.dumps(key)}: []{tail}")
             continue
         lines.append(f"  {json.dumps(key)}: [")
-        lines += [f"    {_one_line(item)}{',' if j + 1 < len(items) else ''}" for j, item in enumerate(items)]
+        lines += [
+            f"    {_json_line(item)}{',' if j + 1 < len(items) else ''}" for j, item in enumerate(items)
+        ]
         lines.append(f"  ]{tail}")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -351,7 +353,8 @@ def _compact(value: Any) -> Any:
     return value
 
 
-def _one_line(value: Any) -> str:
+def _json_line(value: Any) -> str:
+    """``value`` as JSON on one line; a dict's integral floats are written as integers."""
     if isinstance(value, dict):
         value = {k: _compact(v) for k, v in value.items()}
     return json.dumps(value, ensure_ascii=False, allow_nan=False)

@@ -1,311 +1,56 @@
-"""Per-op-type counting rules for the analytic cost model: the registry.
+"""The TensorFlow op rules of the analytic cost model (op set ``tensorflow``).
 
-Contract. A rule is a small function keyed by an op type (tf2onnx-handler
-style: ``@register("Conv2D", kind=FLOPS)``). It sees one op through an
-:class:`OpView` -- op type, decoded attrs, and the shape, dtype and bytes of
-each data input and each output -- and returns an :class:`OpCount`: FLOPs
-(2 per multiply-add), bytes read, bytes written, temporary bytes and
-persistent bytes. Rules count; they know nothing about devices (turning counts
-into time is :mod:`baechi_cli.costs.analytic`'s job, as in XLA's
-HloCostAnalysis). A rule that lacks the shapes or attrs it needs raises
-:class:`CannotCount`; :func:`count_view` then counts :func:`bytes_only` and
-says so, for the caller to report the op (it does the same for the
-:data:`RULE_FAILURES` IndexError, TypeError, ValueError and
-ZeroDivisionError, so malformed attrs in an input graph never crash costing).
+Contract. Importing this module registers a rule for every TensorFlow op type
+it covers into :data:`~baechi_cli.costs.registry.RULES`: a table of small
+functions keyed by op type, each seeing one op through an
+:class:`~baechi_cli.costs.registry.OpView` in TensorFlow's conventions (NHWC
+unless ``data_format`` says otherwise, ``transpose_a``, ``ksize``, ...) and
+returning its :class:`~baechi_cli.costs.registry.OpCount`. The rule contract,
+the kinds and the lookups are :mod:`baechi_cli.costs.registry`'s, which loads
+this module on the first lookup; callers look rules up there rather than
+import this module. :mod:`baechi_cli.costs.rules_onnx` reuses these rules for
+the ONNX ops TensorFlow has a counterpart for, so each formula here is the one
+both op sets count with.
 
-Op sets. One registry, two name tables: an op type means something only
-within its *op set* -- TensorFlow's ``Sum`` is a reduction, ONNX's a
-variadic add -- so every name is registered in one op set's table
-(:data:`OP_SETS`) and looked up with :func:`rule_for` ``(op_type, op_set)``:
-
-* ``tensorflow`` (:data:`RULES`): TensorFlow op types, as GraphDefs and
-  workload JSON files name them. The rules below are written in their
-  conventions (NHWC unless ``data_format`` says otherwise, ``transpose_a``,
-  ``ksize``, ...).
-* ``onnx`` (:data:`ONNX_RULES`): ONNX op types, non-default domains
-  prefixed (``com.microsoft.Attention``). An ONNX op with a TensorFlow
-  counterpart is counted by that counterpart's rule, through an adapter that
-  restates the ONNX op in the TensorFlow op's conventions
-  (:mod:`baechi_cli.costs.onnx_ops`; its entries name the rule in
-  :attr:`RuleEntry.shares`), so the two dialects share every FLOP and byte
-  formula. ONNX ops TensorFlow has no op for (LayerNormalization, Gelu,
-  Attention, ...) have rules of their own in the last section of this
-  module, counted on the ONNX function body that defines them.
-
-Every registered rule has a *kind*, which the coverage report and the device
-model both read:
-
-* ``flops``    -- FLOPs counted from shapes (convolutions, matmuls, einsum,
-  recurrent blocks, batch norm, losses, pooling, reductions, elementwise
-  math, optimizer updates, scatters and segment reductions; ONNX control
-  flow: its subgraphs' nodes, each by its own rule); bytes as in ``bytes``.
-* ``bytes``    -- memory-bound: no FLOPs, only the bytes the op moves.
-* ``zero``     -- bookkeeping that launches no kernel (NoOp, Const,
-  Placeholder, Identity, Reshape, ReadVariableOp, control-flow plumbing,
-  host-side shape arithmetic, TensorArray and stack references); such an op
-  costs ``OpCount()`` by definition, so the counting loop may skip calling
-  its rule.
-* ``variable`` -- holds a variable (or optimizer slot): persistent bytes only.
-
-Op types with no rule in their op set are *uncovered*; :func:`rule_for`
-gives them :data:`NO_RULE`, which counts :func:`bytes_only`.
-
-Temporary bytes are set only where TensorFlow's (GPU) kernel allocates
-scratch of a size known from shapes: the fused LSTM/GRU cells' gate buffers,
-the softmax cross-entropies' per-row scratch, Unique's sort buffers and
-batch norm's NCHW copies in training; COVERAGE.md lists them.
-
-Shapes are tuples of ints; ``None`` (unknown rank) or a negative dimension
-(unknown size) makes a shape unknown. Every rule is O(rank + inputs);
-:func:`rule_for` is one dict lookup.
+FLOPs are 2 per multiply-add. Elementwise ops, reductions and pooling are
+counted as ``tf.compat.v1.profiler`` counts them ("tf" in a rule's note) or,
+where it does not, at one FLOP per elementwise operation ("ours"); fused
+kernels (convolutions, recurrent blocks, batch norm, softmax cross-entropies,
+optimizer updates) as their TensorFlow kernels write them, with the derivation
+next to each rule. ``COVERAGE.md`` lists every rule. Every rule is
+O(rank + inputs).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
-
-import numpy as np
-
-Shape = tuple[int, ...]
-
-FLOPS = "flops"
-BYTES = "bytes"
-ZERO = "zero"
-VARIABLE = "variable"
-UNCOVERED = "uncovered"
-KINDS = (FLOPS, BYTES, ZERO, VARIABLE)
-# Kinds whose ops run no kernel: the device model charges them nothing.
-NO_KERNEL_KINDS = frozenset({ZERO, VARIABLE})
-
-
-# OpCount and OpView are NamedTuples, not frozen dataclasses: one of each is
-# built per op, and a frozen dataclass's __init__ is several times slower.
-class OpCount(NamedTuple):
-    """What one op costs, device-independently. Memory in bytes."""
-
-    flops: float = 0.0
-    bytes_read: int = 0
-    bytes_written: int = 0
-    temporary_bytes: int = 0
-    persistent_bytes: int = 0
-
-
-class OpView(NamedTuple):
-    """One op as a rule sees it: data inputs only (no control inputs), in NodeDef order."""
-
-    op_type: str
-    attrs: Mapping[str, Any]
-    input_shapes: Sequence[Shape | None]
-    input_dtypes: Sequence[str]
-    input_bytes: Sequence[int]
-    output_shapes: Sequence[Shape | None]
-    output_dtypes: Sequence[str]
-    output_bytes: Sequence[int]
-
-
-class CannotCount(Exception):
-    """A rule lacks a shape or attr it needs; the op falls back to :func:`bytes_only`."""
-
-
-Rule = Callable[[OpView], OpCount]
-
-
-@dataclass(frozen=True, slots=True)
-class RuleEntry:
-    op_type: str
-    kind: str
-    fn: Rule
-    note: str  # one line for the coverage table
-    # For an ONNX op counted by a TensorFlow op's rule: that TensorFlow op type.
-    shares: str = ""
-
-
-TENSORFLOW = "tensorflow"
-ONNX = "onnx"
-OP_SETS = (TENSORFLOW, ONNX)
-
-# The name tables, op type -> rule, one per op set (see the module docstring).
-RULES: dict[str, RuleEntry] = {}
-ONNX_RULES: dict[str, RuleEntry] = {}
-_NAME_TABLES = {TENSORFLOW: RULES, ONNX: ONNX_RULES}
-
-
-def _table(op_set: str) -> dict[str, RuleEntry]:
-    """The name table of ``op_set``; ValueError for a name not in :data:`OP_SETS`."""
-    table = _NAME_TABLES.get(op_set)
-    if table is None:
-        raise ValueError(f"unknown op set {op_set!r}; expected one of {', '.join(OP_SETS)}")
-    return table
-
-
-def register(
-    *op_types: str, kind: str, note: str | None = None, op_set: str = TENSORFLOW, shares: str = ""
-) -> Callable[[Rule], Rule]:
-    """Decorator: register ``fn`` as the rule for ``op_types`` of ``op_set``.
-
-    ``note`` (default: the first line of ``fn``'s docstring) documents the rule
-    in :func:`rule_table`; ``shares`` names the TensorFlow op type whose rule
-    an ONNX entry adapts. Registering an op type twice in one op set is an
-    error, so two modules cannot silently fight over one op type.
-    """
-    if kind not in KINDS:
-        raise ValueError(f"unknown rule kind {kind!r}")
-    table = _table(op_set)
-
-    def deco(fn: Rule) -> Rule:
-        text = note if note is not None else (fn.__doc__ or "").strip().split("\n")[0]
-        for t in op_types:
-            if t in table:
-                raise ValueError(f"op type {t!r} already has a rule")
-            table[t] = RuleEntry(t, kind, fn, text, shares)
-        return fn
-
-    return deco
-
-
-def rule_for(op_type: str, op_set: str = TENSORFLOW) -> RuleEntry:
-    """The rule that counts ``op_type`` of ``op_set``; :data:`NO_RULE` (kind ``uncovered``) if none. O(1)."""
-    return _table(op_set).get(op_type, NO_RULE)
-
-
-def rule_table(op_set: str = TENSORFLOW) -> list[tuple[str, str, str]]:
-    """``(op type, kind, note)`` for every rule of ``op_set``, by kind then op type."""
-    order = {k: i for i, k in enumerate(KINDS)}
-    rows = sorted(_table(op_set).values(), key=lambda r: (order[r.kind], r.op_type))
-    return [(r.op_type, r.kind, r.note) for r in rows]
-
-
-def rules_markdown(op_set: str = TENSORFLOW) -> str:
-    """The rule table of ``op_set`` as Markdown, one row per (kind, rule); COVERAGE.md embeds both.
-
-    An ONNX op type counted by a TensorFlow op's rule under another name is
-    listed with that name in parentheses: ``Add (AddV2)``.
-    """
-    table = _table(op_set)
-    groups: dict[tuple[str, str], list[str]] = {}
-    for op_type, kind, note in rule_table(op_set):
-        shares = table[op_type].shares
-        groups.setdefault((kind, note), []).append(
-            f"{op_type} ({shares})" if shares not in ("", op_type) else op_type
-        )
-    lines = ["| rule | what is counted | op types |", "|---|---|---|"]
-    lines += [f"| {kind} | {note} | {', '.join(types)} |" for (kind, note), types in groups.items()]
-    return "\n".join(lines) + "\n"
-
-
-# --- helpers ----------------------------------------------------------------------
-
-_ITEMSIZE = {
-    "bfloat16": 2,
-    "half": 2,
-    "qint8": 1,
-    "quint8": 1,
-    "qint16": 2,
-    "quint16": 2,
-    "qint32": 4,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "int4": 1,
-    "uint4": 1,
-    # Handles and opaque values: their storage is not the tensor's to count.
-    "resource": 0,
-    "variant": 0,
-    "string": 0,
-}
-
-
-def dtype_size(dtype: str) -> int:
-    """Bytes per element of a numpy-style dtype name (``float32_ref`` as ``float32``); 0 if unknown."""
-    name = dtype.removesuffix("_ref")
-    size = _ITEMSIZE.get(name)
-    if size is None:
-        try:
-            size = np.dtype(name).itemsize
-        except TypeError:
-            size = 0
-        _ITEMSIZE[name] = size
-    return size
-
-
-def is_handle(dtype: str) -> bool:
-    """A resource handle: its bytes are not the variable's, so reading it moves nothing."""
-    return dtype == "resource"
-
-
-def is_state(dtype: str) -> bool:
-    """A variable passed by handle or by reference (an update writes it in place)."""
-    return dtype == "resource" or dtype.endswith("_ref")
-
-
-def known(shape: Shape | None) -> bool:
-    return shape is not None and (not shape or min(shape) >= 0)
-
-
-def has_input(view: OpView, i: int) -> bool:
-    """Whether optional input ``i`` is there (ONNX marks an omitted one with dtype "")."""
-    return i < len(view.input_dtypes) and bool(view.input_dtypes[i])
-
-
-def _shape(shapes: Sequence[Shape | None], i: int, what: str) -> Shape:
-    """Shape ``i`` of ``shapes``, fully known, or :class:`CannotCount`."""
-    s = shapes[i] if i < len(shapes) else None
-    if not known(s):
-        raise CannotCount(f"{what} shape unknown")
-    return s  # type: ignore[return-value]
-
-
-def _numel(shape: Shape) -> int:
-    return math.prod(shape)
-
-
-def data_bytes_read(view: OpView) -> int:
-    """Bytes of the data inputs, resource handles excluded."""
-    if "resource" not in view.input_dtypes:
-        return sum(view.input_bytes)
-    return sum(b for b, dt in zip(view.input_bytes, view.input_dtypes, strict=True) if not is_handle(dt))
-
-
-def bytes_only(view: OpView) -> OpCount:
-    """memory-bound: reads its data inputs (handles excluded), writes its outputs"""
-    return OpCount(0.0, data_bytes_read(view), sum(view.output_bytes))
-
-
-# What :func:`rule_for` gives an op type that has no rule.
-NO_RULE = RuleEntry("", UNCOVERED, bytes_only, "no rule: bytes only")
-
-# What a rule raises when it cannot count an op: a missing shape or attr
-# (CannotCount), or malformed attrs in the input graph (a stride of 0, a list
-# where an int belongs). The op is then counted by bytes only.
-RULE_FAILURES = (CannotCount, IndexError, TypeError, ValueError, ZeroDivisionError)
-
-
-def count_view(rule: RuleEntry, view: OpView) -> tuple[OpCount, bool]:
-    """``rule``'s count of ``view`` and False; :func:`bytes_only` and True where the rule
-    raises one of :data:`RULE_FAILURES`. The caller reports the op as a fallback."""
-    try:
-        return rule.fn(view), False
-    except RULE_FAILURES:
-        return bytes_only(view), True
-
-
-def _with_flops(view: OpView, flops: float) -> OpCount:
-    return OpCount(float(flops), data_bytes_read(view), sum(view.output_bytes))
-
-
-def _out_or_in_numel(view: OpView) -> int:
-    """Elements of output 0, else of input 0 (elementwise ops keep the shape)."""
-    if view.output_shapes and known(view.output_shapes[0]):
-        return _numel(view.output_shapes[0])  # type: ignore[arg-type]
-    return _numel(_shape(view.input_shapes, 0, "input 0"))
-
+from baechi_cli.costs.registry import (
+    BYTES,
+    FLOPS,
+    VARIABLE,
+    ZERO,
+    CannotCount,
+    OpCount,
+    OpView,
+    Shape,
+    bytes_only,
+    data_bytes_read,
+    dtype_size,
+    is_handle,
+    is_state,
+    known,
+    known_shape,
+    no_kernel,
+    numel,
+    out_or_in_numel,
+    per_element,
+    register,
+    with_flops,
+)
 
 # --- zero-compute bookkeeping -----------------------------------------------------
 
 
-@register(
+register(
     *(
         # graph inputs, constants, no-ops
         "NoOp Const HostConst Placeholder PlaceholderV2 PlaceholderWithDefault _Arg _Retval "
@@ -331,10 +76,7 @@ def _out_or_in_numel(view: OpView) -> int:
         "StackCloseV2"
     ).split(),
     kind=ZERO,
-)
-def _no_kernel(view: OpView) -> OpCount:
-    """no kernel: no FLOPs, no bytes moved"""
-    return OpCount()
+)(no_kernel)
 
 
 # --- variables --------------------------------------------------------------------
@@ -345,7 +87,7 @@ def _variable(view: OpView) -> OpCount:
     """persistent bytes = attr shape x dtype size (else the output's bytes)"""
     shape, dtype = view.attrs.get("shape"), view.attrs.get("dtype")
     if known(shape) and isinstance(dtype, str) and dtype_size(dtype):
-        return OpCount(persistent_bytes=_numel(shape) * dtype_size(dtype))
+        return OpCount(persistent_bytes=numel(shape) * dtype_size(dtype))
     # A ref variable's output is the variable itself; a handle's output is 0
     # bytes, and analytic.py then sizes it from the ops that read it.
     return OpCount(persistent_bytes=sum(view.output_bytes))
@@ -360,8 +102,8 @@ def _conv_forward_out_numel(view: OpView) -> int:
     Used only when the output shape is unknown; this is where data_format,
     strides, dilations and padding matter (TF's output-size formulas).
     """
-    x = _shape(view.input_shapes, 0, "input")
-    f = _shape(view.input_shapes, 1, "filter")
+    x = known_shape(view.input_shapes, 0, "input")
+    f = known_shape(view.input_shapes, 1, "filter")
     rank = len(x)
     fmt = str(view.attrs.get("data_format", "NHWC"))
     channels_first = fmt.startswith("NC")
@@ -395,17 +137,17 @@ def _conv_flops(fwd_out_numel: int, filt: Shape, depthwise: bool) -> int:
     # A depthwise filter [*spatial, in, multiplier] has no channel sum.
     if len(filt) < 3:
         raise CannotCount("filter rank < 3")
-    window = _numel(filt[:-2]) * (1 if depthwise else filt[-2])
+    window = numel(filt[:-2]) * (1 if depthwise else filt[-2])
     return 2 * fwd_out_numel * window
 
 
 @register("Conv2D", "Conv3D", "DepthwiseConv2dNative", kind=FLOPS)
 def _conv(view: OpView) -> OpCount:
     """2 * out elements * Kh*Kw(*Kd) * Cin/groups (depthwise: no Cin sum)"""
-    filt = _shape(view.input_shapes, 1, "filter")
+    filt = known_shape(view.input_shapes, 1, "filter")
     out = view.output_shapes[0] if view.output_shapes else None
-    out_numel = _numel(out) if known(out) else _conv_forward_out_numel(view)  # type: ignore[arg-type]
-    return _with_flops(view, _conv_flops(out_numel, filt, view.op_type.startswith("Depthwise")))
+    out_numel = numel(out) if known(out) else _conv_forward_out_numel(view)  # type: ignore[arg-type]
+    return with_flops(view, _conv_flops(out_numel, filt, view.op_type.startswith("Depthwise")))
 
 
 @register(
@@ -415,9 +157,9 @@ def _conv(view: OpView) -> OpCount:
 )
 def _conv_backprop_input(view: OpView) -> OpCount:
     """input gradient = forward FLOPs (filter = input 1, out_backprop = input 2)"""
-    filt = _shape(view.input_shapes, 1, "filter")
-    dy = _shape(view.input_shapes, 2, "out_backprop")
-    return _with_flops(view, _conv_flops(_numel(dy), filt, view.op_type.startswith("Depthwise")))
+    filt = known_shape(view.input_shapes, 1, "filter")
+    dy = known_shape(view.input_shapes, 2, "out_backprop")
+    return with_flops(view, _conv_flops(numel(dy), filt, view.op_type.startswith("Depthwise")))
 
 
 @register(
@@ -429,15 +171,15 @@ def _conv_backprop_filter(view: OpView) -> OpCount:
     """filter gradient = forward FLOPs (filter shape = the output, out_backprop = input 2)"""
     # The output is the filter gradient, so its shape is the filter's (and
     # equals the filter_sizes Const input of the V1 ops).
-    dy = _shape(view.input_shapes, 2, "out_backprop")
+    dy = known_shape(view.input_shapes, 2, "out_backprop")
     filt = view.output_shapes[0] if view.output_shapes else None
     if not known(filt):
         # Input 1 is the filter itself only in the V2 ops; in V1 it is the
         # filter_sizes vector, whose value the view does not carry.
-        filt = _shape(view.input_shapes, 1, "filter")
+        filt = known_shape(view.input_shapes, 1, "filter")
         if len(filt) != len(dy):  # type: ignore[arg-type]
             raise CannotCount("filter shape unknown")
-    return _with_flops(view, _conv_flops(_numel(dy), filt, view.op_type.startswith("Depthwise")))  # type: ignore[arg-type]
+    return with_flops(view, _conv_flops(numel(dy), filt, view.op_type.startswith("Depthwise")))  # type: ignore[arg-type]
 
 
 # --- matrix products --------------------------------------------------------------
@@ -446,20 +188,20 @@ def _conv_backprop_filter(view: OpView) -> OpCount:
 @register("MatMul", "SparseMatMul", kind=FLOPS)
 def _matmul(view: OpView) -> OpCount:
     """2 * M * N * K, K from input a (transpose_a aware); gradients are MatMuls too"""
-    a = _shape(view.input_shapes, 0, "a")
+    a = known_shape(view.input_shapes, 0, "a")
     if len(a) != 2:
         raise CannotCount("a is not a matrix")
     ta, tb = bool(view.attrs.get("transpose_a")), bool(view.attrs.get("transpose_b"))
     k = a[0] if ta else a[1]
     out = view.output_shapes[0] if view.output_shapes else None
     if known(out):
-        mn = _numel(out)  # type: ignore[arg-type]
+        mn = numel(out)  # type: ignore[arg-type]
     else:
-        b = _shape(view.input_shapes, 1, "b")
+        b = known_shape(view.input_shapes, 1, "b")
         if len(b) != 2:
             raise CannotCount("b is not a matrix")
         mn = (a[1] if ta else a[0]) * (b[0] if tb else b[1])
-    return _with_flops(view, 2 * mn * k)
+    return with_flops(view, 2 * mn * k)
 
 
 def _broadcast(a: Shape, b: Shape) -> Shape:
@@ -473,20 +215,20 @@ def _broadcast(a: Shape, b: Shape) -> Shape:
 @register("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", kind=FLOPS)
 def _batch_matmul(view: OpView) -> OpCount:
     """2 * batch * M * N * K with broadcast batch dims (adj_x/adj_y aware)"""
-    x = _shape(view.input_shapes, 0, "x")
+    x = known_shape(view.input_shapes, 0, "x")
     adj_x, adj_y = bool(view.attrs.get("adj_x")), bool(view.attrs.get("adj_y"))
     if len(x) < 2:
         raise CannotCount("x has rank < 2")
     k = x[-2] if adj_x else x[-1]
     out = view.output_shapes[0] if view.output_shapes else None
     if known(out):
-        out_numel = _numel(out)  # type: ignore[arg-type]
+        out_numel = numel(out)  # type: ignore[arg-type]
     else:
-        y = _shape(view.input_shapes, 1, "y")
+        y = known_shape(view.input_shapes, 1, "y")
         m = x[-1] if adj_x else x[-2]
         n = y[-2] if adj_y else y[-1]
-        out_numel = _numel(_broadcast(x[:-2], y[:-2])) * m * n
-    return _with_flops(view, 2 * out_numel * k)
+        out_numel = numel(_broadcast(x[:-2], y[:-2])) * m * n
+    return with_flops(view, 2 * out_numel * k)
 
 
 @register("Einsum", kind=FLOPS)
@@ -500,7 +242,7 @@ def _einsum(view: OpView) -> OpCount:
     sizes: dict[str, int] = {}
     ellipsis: Shape = ()
     for i, term in enumerate(terms):
-        shape = _shape(view.input_shapes, i, f"operand {i}")
+        shape = known_shape(view.input_shapes, i, f"operand {i}")
         head, dots, tail = term.partition("...")
         n_ell = len(shape) - len(head) - len(tail)
         if n_ell < 0 or (n_ell and not dots):
@@ -510,13 +252,13 @@ def _einsum(view: OpView) -> OpCount:
                 sizes[letter] = max(sizes.get(letter, 1), dim)
         if dots:
             ellipsis = _broadcast(ellipsis, tuple(shape[len(head) : len(head) + n_ell]))
-    products = _numel(tuple(sizes.values())) * _numel(ellipsis)
+    products = numel(tuple(sizes.values())) * numel(ellipsis)
     summed = bool(set(sizes) - set(rhs)) or (bool(ellipsis) and "..." not in rhs)
     if len(terms) == 1:
         flops = products if summed else 0  # a transpose, or a reduction's adds
     else:
         flops = 2 * products if summed else products
-    return _with_flops(view, flops)
+    return with_flops(view, flops)
 
 
 # --- elementwise math, reductions, pooling (TF profiler conventions) -------------
@@ -549,28 +291,19 @@ _ELEMENTWISE: dict[str, tuple[int, str]] = {
 }
 
 
-def _per_element(table: Mapping[str, tuple[int, str]]) -> Rule:
-    """The rule counting ``table[op type][0]`` FLOPs per element of output 0 (of input 0 if unknown)."""
-
-    def count(view: OpView) -> OpCount:
-        return _with_flops(view, table[view.op_type][0] * _out_or_in_numel(view))
-
-    return count
-
-
-_elementwise = _per_element(_ELEMENTWISE)
+_elementwise = per_element(_ELEMENTWISE)
 for _t, (_k, _src) in _ELEMENTWISE.items():
     register(_t, kind=FLOPS, note=f"{_k} FLOP{'s' if _k > 1 else ''}/element ({_src})")(_elementwise)
 
 
 @register("AddN", kind=FLOPS, note="(inputs - 1) FLOPs/element (tf)")
 def _add_n(view: OpView) -> OpCount:
-    return _with_flops(view, max(len(view.input_shapes) - 1, 0) * _out_or_in_numel(view))
+    return with_flops(view, max(len(view.input_shapes) - 1, 0) * out_or_in_numel(view))
 
 
 @register("L2Loss", kind=FLOPS, note="3 * input elements - 1 (tf)")
 def _l2_loss(view: OpView) -> OpCount:
-    return _with_flops(view, 3 * _numel(_shape(view.input_shapes, 0, "input")) - 1)
+    return with_flops(view, 3 * numel(known_shape(view.input_shapes, 0, "input")) - 1)
 
 
 # (reduce FLOPs per input element, finalize FLOPs per output element, source)
@@ -590,9 +323,9 @@ _REDUCTIONS: dict[str, tuple[int, int, str]] = {
 
 def _reduction(view: OpView) -> OpCount:
     reduce, finalize, _ = _REDUCTIONS[view.op_type]
-    n_in = _numel(_shape(view.input_shapes, 0, "input"))
-    n_out = _numel(_shape(view.output_shapes, 0, "output"))
-    return _with_flops(view, n_in * reduce + n_out * (finalize - reduce))
+    n_in = numel(known_shape(view.input_shapes, 0, "input"))
+    n_out = numel(known_shape(view.output_shapes, 0, "output"))
+    return with_flops(view, n_in * reduce + n_out * (finalize - reduce))
 
 
 for _t, (_r, _f, _src) in _REDUCTIONS.items():
@@ -604,25 +337,25 @@ def _ksize_area(view: OpView) -> int:
     ksize = view.attrs.get("ksize")
     if not ksize or any(k < 1 for k in ksize):
         raise CannotCount("ksize attr missing")
-    return _numel(tuple(ksize))
+    return numel(tuple(ksize))
 
 
 @register("MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D", kind=FLOPS)
 def _pool(view: OpView) -> OpCount:
     """window area * output elements (tf)"""
-    return _with_flops(view, _ksize_area(view) * _numel(_shape(view.output_shapes, 0, "output")))
+    return with_flops(view, _ksize_area(view) * numel(known_shape(view.output_shapes, 0, "output")))
 
 
 @register("AvgPoolGrad", "AvgPool3DGrad", kind=FLOPS)
 def _avg_pool_grad(view: OpView) -> OpCount:
     """2 * window area * out_backprop elements (tf)"""
-    return _with_flops(view, 2 * _ksize_area(view) * _numel(_shape(view.input_shapes, 1, "grad")))
+    return with_flops(view, 2 * _ksize_area(view) * numel(known_shape(view.input_shapes, 1, "grad")))
 
 
 @register("MaxPoolGrad", "MaxPool3DGrad", kind=FLOPS)
 def _max_pool_grad(view: OpView) -> OpCount:
     """(window area + 1) * forward output elements (tf)"""
-    return _with_flops(view, (_ksize_area(view) + 1) * _numel(_shape(view.input_shapes, 1, "orig_output")))
+    return with_flops(view, (_ksize_area(view) + 1) * numel(known_shape(view.input_shapes, 1, "orig_output")))
 
 
 # --- normalisation and losses ------------------------------------------------------
@@ -652,8 +385,8 @@ def _fused_batch_norm(view: OpView) -> OpCount:
     # y = centered * scale/sqrt(var + eps) + offset (2; the centered values are
     # shared). Inference: y = (x - mean) * a + offset with a per channel (3).
     # Per-channel work (O(channels)) is not counted.
-    n = _numel(_shape(view.input_shapes, 0, "x"))
-    count = _with_flops(view, (6 if _is_training(view) else 3) * n)
+    n = numel(known_shape(view.input_shapes, 0, "x"))
+    count = with_flops(view, (6 if _is_training(view) else 3) * n)
     return count._replace(temporary_bytes=_nhwc_on_cudnn_temp(view, 2))
 
 
@@ -664,8 +397,8 @@ def _fused_batch_norm_grad(view: OpView) -> OpCount:
     # scale_grad = sum(dy * c) * rsqrt(var + eps) (2); x_grad = k1 * (dy -
     # mean(dy) - c * k2) with per-channel k1, k2 (4). Inference: offset_grad
     # (1), scale_grad = sum(dy * (x - mean)) * rsqrt(...) (3), x_grad = dy * k (1).
-    n = _numel(_shape(view.input_shapes, 0, "y_backprop"))
-    count = _with_flops(view, (8 if _is_training(view) else 5) * n)
+    n = numel(known_shape(view.input_shapes, 0, "y_backprop"))
+    count = with_flops(view, (8 if _is_training(view) else 5) * n)
     return count._replace(temporary_bytes=_nhwc_on_cudnn_temp(view, 3))
 
 
@@ -673,7 +406,7 @@ def _rows_cols(view: OpView) -> tuple[int, int]:
     """[batch, classes] of a softmax cross-entropy: its backprop output (input 0 if unknown)."""
     shape = view.output_shapes[1] if len(view.output_shapes) > 1 else None
     if not known(shape):
-        shape = _shape(view.input_shapes, 0, "features")
+        shape = known_shape(view.input_shapes, 0, "features")
     if len(shape) != 2:  # type: ignore[arg-type]
         raise CannotCount("logits are not a matrix")
     return shape[0], shape[1]  # type: ignore[index]
@@ -687,7 +420,7 @@ def _softmax_xent(view: OpView) -> OpCount:
     # the kernel recomputes exp). Per row: log(sum).
     rows, cols = _rows_cols(view)
     itemsize = dtype_size(view.input_dtypes[0])
-    return _with_flops(view, 10 * rows * cols + rows)._replace(temporary_bytes=rows * itemsize)
+    return with_flops(view, 10 * rows * cols + rows)._replace(temporary_bytes=rows * itemsize)
 
 
 @register("SparseSoftmaxCrossEntropyWithLogits", kind=FLOPS)
@@ -698,7 +431,7 @@ def _sparse_softmax_xent(view: OpView) -> OpCount:
     # loss log(sum) - shifted[label] (2).
     rows, cols = _rows_cols(view)
     itemsize = dtype_size(view.input_dtypes[0])
-    return _with_flops(view, 8 * rows * cols + 2 * rows)._replace(temporary_bytes=rows * itemsize)
+    return with_flops(view, 8 * rows * cols + 2 * rows)._replace(temporary_bytes=rows * itemsize)
 
 
 # --- recurrent blocks ---------------------------------------------------------------
@@ -712,8 +445,8 @@ _LSTM_CELL_CLIP_DEFAULT = {"LSTMBlockCell": 3.0, "BlockLSTM": 3.0, "BlockLSTMV2"
 
 def _lstm_sizes(view: OpView, x_index: int) -> tuple[int, int, int]:
     """(batch, input size, cell size) from x [.., batch, input] and cs_prev [batch, cell]."""
-    x = _shape(view.input_shapes, x_index, "x")
-    cs_prev = _shape(view.input_shapes, x_index + 1, "cs_prev")
+    x = known_shape(view.input_shapes, x_index, "x")
+    cs_prev = known_shape(view.input_shapes, x_index + 1, "cs_prev")
     if len(x) < 2 or len(cs_prev) != 2:
         raise CannotCount("LSTM operands have the wrong rank")
     return cs_prev[0], x[-1], cs_prev[1]
@@ -745,7 +478,7 @@ def _lstm_block_cell(view: OpView) -> OpCount:
     b, i, h = _lstm_sizes(view, 0)
     itemsize = dtype_size(view.input_dtypes[0])
     temp = (b * (i + h) + b * 4 * h) * itemsize  # xh and the gate pre-activations
-    return _with_flops(view, _lstm_fprop(view, b, i, h))._replace(temporary_bytes=temp)
+    return with_flops(view, _lstm_fprop(view, b, i, h))._replace(temporary_bytes=temp)
 
 
 @register("LSTMBlockCellGrad", kind=FLOPS)
@@ -754,13 +487,13 @@ def _lstm_block_cell_grad(view: OpView) -> OpCount:
     b, _, h = _lstm_sizes(view, 0)
     itemsize = dtype_size(view.input_dtypes[0])
     temp = 5 * b * h * itemsize  # do, dcs, dci, df, di
-    return _with_flops(view, _lstm_cell_bprop(view, b, h))._replace(temporary_bytes=temp)
+    return with_flops(view, _lstm_cell_bprop(view, b, h))._replace(temporary_bytes=temp)
 
 
 def _timesteps(view: OpView) -> int:
     # x is [time, batch, input]; the kernel runs seq_len_max <= time steps,
     # a runtime value, so the full length is counted (an upper bound).
-    x = _shape(view.input_shapes, 1, "x")
+    x = known_shape(view.input_shapes, 1, "x")
     if len(x) != 3:
         raise CannotCount("x is not [time, batch, input]")
     return x[0]
@@ -772,7 +505,7 @@ def _block_lstm(view: OpView) -> OpCount:
     b, i, h = _lstm_sizes(view, 1)
     itemsize = dtype_size(view.input_dtypes[1])
     temp = (b * (i + h) + b * 4 * h) * itemsize  # reused by every step
-    return _with_flops(view, _timesteps(view) * _lstm_fprop(view, b, i, h))._replace(temporary_bytes=temp)
+    return with_flops(view, _timesteps(view) * _lstm_fprop(view, b, i, h))._replace(temporary_bytes=temp)
 
 
 @register("BlockLSTMGrad", "BlockLSTMGradV2", kind=FLOPS)
@@ -787,12 +520,12 @@ def _block_lstm_grad(view: OpView) -> OpCount:
     itemsize = dtype_size(view.input_dtypes[1])
     # xh, xh_grad; do, dcs, dci, df, di, cs_grad, h_grad; dgates
     temp = (2 * b * (i + h) + 7 * b * h + b * 4 * h) * itemsize
-    return _with_flops(view, _timesteps(view) * step)._replace(temporary_bytes=temp)
+    return with_flops(view, _timesteps(view) * step)._replace(temporary_bytes=temp)
 
 
 def _gru_sizes(view: OpView) -> tuple[int, int, int]:
-    x = _shape(view.input_shapes, 0, "x")
-    h_prev = _shape(view.input_shapes, 1, "h_prev")
+    x = known_shape(view.input_shapes, 0, "x")
+    h_prev = known_shape(view.input_shapes, 1, "h_prev")
     if len(x) != 2 or len(h_prev) != 2:
         raise CannotCount("GRU operands are not matrices")
     return x[0], x[1], h_prev[1]
@@ -806,7 +539,7 @@ def _gru_block_cell(view: OpView) -> OpCount:
     b, i, h = _gru_sizes(view)
     itemsize = dtype_size(view.input_dtypes[0])
     temp = (2 * b * (i + h) + 2 * b * h) * itemsize
-    return _with_flops(view, 2 * b * (i + h) * 3 * h + 10 * b * h)._replace(temporary_bytes=temp)
+    return with_flops(view, 2 * b * (i + h) * 3 * h + 10 * b * h)._replace(temporary_bytes=temp)
 
 
 @register("GRUBlockCellGrad", kind=FLOPS)
@@ -817,7 +550,7 @@ def _gru_block_cell_grad(view: OpView) -> OpCount:
     b, i, h = _gru_sizes(view)
     itemsize = dtype_size(view.input_dtypes[0])
     temp = (3 * b * h + 2 * b * (i + h)) * itemsize  # d_r_bar, d_u_bar, d_hr, two [b, i+h] GEMM results
-    return _with_flops(view, 2 * b * (i + h) * 3 * h + 18 * b * h + b * i)._replace(temporary_bytes=temp)
+    return with_flops(view, 2 * b * (i + h) * 3 * h + 18 * b * h + b * i)._replace(temporary_bytes=temp)
 
 
 # cuDNN RNN modes: (gates, forward FLOPs, backward FLOPs per (batch, hidden unit,
@@ -839,15 +572,15 @@ def _cudnn_rnn_flops(view: OpView, backward: bool) -> int:
     gates, forward_ew, backward_ew = _CUDNN_MODES[mode]
     # The backward pass runs the data-gradient and the weight-gradient GEMMs.
     gemm_passes, elementwise = (2, backward_ew) if backward else (1, forward_ew)
-    x = _shape(view.input_shapes, 0, "input")
-    h0 = _shape(view.input_shapes, 1, "input_h")
+    x = known_shape(view.input_shapes, 0, "input")
+    h0 = known_shape(view.input_shapes, 1, "input_h")
     if len(x) != 3 or len(h0) != 3:
         raise CannotCount("cuDNN RNN operands have the wrong rank")
     steps, batch = (x[0], x[1]) if attrs.get("time_major", True) else (x[1], x[0])
     dirs = 2 if attrs.get("direction", "unidirectional") == "bidirectional" else 1
     layers = h0[0] // dirs
     proj = int(attrs.get("num_proj", 0))  # LSTM projection: h has proj units, the cell state hidden
-    hidden = _shape(view.input_shapes, 2, "input_c")[-1] if proj else h0[-1]
+    hidden = known_shape(view.input_shapes, 2, "input_c")[-1] if proj else h0[-1]
     rec = proj or hidden
     flops = 0
     for layer in range(layers):
@@ -865,13 +598,13 @@ def _cudnn_rnn_flops(view: OpView, backward: bool) -> int:
 @register("CudnnRNN", "CudnnRNNV2", "CudnnRNNV3", kind=FLOPS)
 def _cudnn_rnn(view: OpView) -> OpCount:
     """per layer, direction, step: gates * 2*b*h*(fan_in + h) + 21 (LSTM) / 17 (GRU) / 4 FLOPs per (b, h)"""
-    return _with_flops(view, _cudnn_rnn_flops(view, backward=False))
+    return with_flops(view, _cudnn_rnn_flops(view, backward=False))
 
 
 @register("CudnnRNNBackprop", "CudnnRNNBackpropV2", "CudnnRNNBackpropV3", kind=FLOPS)
 def _cudnn_rnn_backprop(view: OpView) -> OpCount:
     """2 x the forward GEMMs (data and weight gradients) + 31 (LSTM) / 25 (GRU) / 6 / 4 FLOPs per (b, h)"""
-    return _with_flops(view, _cudnn_rnn_flops(view, backward=True))
+    return with_flops(view, _cudnn_rnn_flops(view, backward=True))
 
 
 # --- in-place updates -------------------------------------------------------------
@@ -959,7 +692,7 @@ def _update_numel(view: OpView) -> int:
     plain = [s for s, dt in zip(view.input_shapes, view.input_dtypes, strict=True) if not is_state(dt)]
     if not plain or not all(known(s) for s in plain):
         raise CannotCount("update shape unknown")
-    return max(_numel(s) for s in plain)  # type: ignore[arg-type]
+    return max(numel(s) for s in plain)  # type: ignore[arg-type]
 
 
 def _apply(view: OpView) -> OpCount:
@@ -985,8 +718,8 @@ for _algo, _k in _OPTIMIZER_FLOPS.items():
 @register("AssignAdd", "AssignSub", "AssignAddVariableOp", "AssignSubVariableOp", kind=FLOPS)
 def _assign_update(view: OpView) -> OpCount:
     """1 FLOP/element; reads and writes the variable (tf for AssignAdd/AssignSub)"""
-    value = _shape(view.input_shapes, 1, "value")
-    return _stateful(view, reads_state=True, flops=_numel(value))
+    value = known_shape(view.input_shapes, 1, "value")
+    return _stateful(view, reads_state=True, flops=numel(value))
 
 
 @register("Assign", "AssignVariableOp", kind=BYTES)
@@ -1014,7 +747,7 @@ def _scatter_into_variable(view: OpView, flops_per_update: int) -> OpCount:
     # at the updates' size; a ref input's bytes (the whole table) are not read.
     updates = view.input_bytes[2]
     plain = sum(b for b, dt in zip(view.input_bytes, view.input_dtypes, strict=True) if not is_state(dt))
-    flops = flops_per_update * _numel(_shape(view.input_shapes, 2, "updates"))
+    flops = flops_per_update * numel(known_shape(view.input_shapes, 2, "updates"))
     return OpCount(float(flops), plain + (updates if flops_per_update else 0), updates)
 
 
@@ -1042,7 +775,7 @@ def _scatter_update(view: OpView) -> OpCount:
 @register("TensorScatterAdd", "TensorScatterSub", "TensorScatterMin", "TensorScatterMax", kind=FLOPS)
 def _tensor_scatter(view: OpView) -> OpCount:
     """1 FLOP/update element; reads all inputs, writes the (copied) tensor"""
-    return _with_flops(view, _numel(_shape(view.input_shapes, 2, "updates")))
+    return with_flops(view, numel(known_shape(view.input_shapes, 2, "updates")))
 
 
 @register(
@@ -1058,23 +791,23 @@ def _tensor_scatter(view: OpView) -> OpCount:
 )
 def _segment_reduction(view: OpView) -> OpCount:
     """1 FLOP per data element (each is combined into its segment)"""
-    return _with_flops(view, _numel(_shape(view.input_shapes, 0, "data")))
+    return with_flops(view, numel(known_shape(view.input_shapes, 0, "data")))
 
 
 @register("SegmentMean", kind=FLOPS)
 def _segment_mean(view: OpView) -> OpCount:
     """data elements + output elements (the division by the segment size)"""
-    data = _numel(_shape(view.input_shapes, 0, "data"))
-    return _with_flops(view, data + _numel(_shape(view.output_shapes, 0, "output")))
+    data = numel(known_shape(view.input_shapes, 0, "data"))
+    return with_flops(view, data + numel(known_shape(view.output_shapes, 0, "output")))
 
 
 def _gathered_rows(view: OpView) -> tuple[int, int]:
     """(elements, bytes) of the rows a sparse segment op reads: one row of input 0 per index."""
-    data = _shape(view.input_shapes, 0, "data")
-    indices = _numel(_shape(view.input_shapes, 1, "indices"))
+    data = known_shape(view.input_shapes, 0, "data")
+    indices = numel(known_shape(view.input_shapes, 1, "indices"))
     if not data or not data[0]:
         raise CannotCount("data has no rows")
-    elements = indices * (_numel(data) // data[0])
+    elements = indices * (numel(data) // data[0])
     return elements, elements * dtype_size(view.input_dtypes[0])
 
 
@@ -1085,7 +818,7 @@ def _sparse_segment(view: OpView, flops_per_row_element: int, per_output: int) -
     out = sum(view.output_bytes)
     flops = flops_per_row_element * elements
     if per_output:
-        flops += per_output * _numel(_shape(view.output_shapes, 0, "output"))
+        flops += per_output * numel(known_shape(view.output_shapes, 0, "output"))
     return OpCount(float(flops), row_bytes + sum(view.input_bytes[1:]), out)
 
 
@@ -1126,7 +859,7 @@ def _unique(view: OpView) -> OpCount:
     # its permutation and prefix-sums segment ids: three input-sized buffers.
     # Then up to three (four with counts) buffers of the unique count U, which
     # is known only at run time; U <= N gives the bound used here.
-    n = _numel(_shape(view.input_shapes, 0, "x"))
+    n = numel(known_shape(view.input_shapes, 0, "x"))
     value = dtype_size(view.input_dtypes[0])
     index = dtype_size(view.output_dtypes[1]) if len(view.output_dtypes) > 1 else 4
     unique_sized = 4 if view.op_type == "UniqueWithCounts" else 3
@@ -1173,224 +906,3 @@ register(
     ).split(),
     kind=BYTES,
 )(bytes_only)
-
-
-# --- ONNX op types TensorFlow has no op for (op set "onnx") ------------------------
-#
-# Counted on the ONNX function body that defines each op (onnx/defs), node by
-# node with this module's conventions: one FLOP per elementwise operation on a
-# tensor (erf, tanh, sigmoid, exp included), a ReduceMean or ReduceSum one per
-# input element (as Mean and Sum above); operations on scalars (epsilon,
-# constants) are not counted. A model exported with the fused op and one that
-# spells out its body node by node (an older opset) so cost the same. The ONNX
-# names of ops TensorFlow does have are in onnx_ops.py.
-
-
-# FLOPs per output element, and the function body they are counted on.
-_ONNX_ELEMENTWISE: dict[str, tuple[int, str]] = {
-    "HardSigmoid": (4, "Mul, Add, Min, Max"),
-    "HardSwish": (5, "HardSigmoid, Mul"),
-    "Mish": (3, "Softplus, Tanh, Mul"),
-    "Celu": (3, "Div, Elu, Mul"),
-    "ThresholdedRelu": (2, "Less, Where"),
-    "Shrink": (6, "Less, Add, Sub, Less, Where, Where"),
-    "PRelu": (3, "Less, Mul, Where"),
-    "Swish": (3, "Mul, Sigmoid, Mul"),
-    "SwiGLU": (4, "Swish of one half of the input, Mul by the other"),
-    "RotaryEmbedding": (3, "x * cos + rotated x * sin"),
-    "Hardmax": (1, "a compare: argmax along the axis, written one-hot"),
-    "CumSum": (1, "an add"),
-    "CumProd": (1, "a multiply"),
-    **dict.fromkeys(
-        "BitShift BitwiseAnd BitwiseOr BitwiseXor BitwiseNot".split(), (1, "an integer operation")
-    ),
-    "DequantizeLinear": (2, "Sub zero point, Mul scale"),
-    "QuantizeLinear": (5, "Div scale, Round, Add zero point, saturating Clip 2"),
-    "DynamicQuantizeLinear": (7, "ReduceMin, ReduceMax, then QuantizeLinear 5"),
-    "com.microsoft.Gelu": (5, "as Gelu"),
-    "com.microsoft.BiasGelu": (6, "Add bias, then Gelu 5"),
-    "com.microsoft.QuickGelu": (3, "Mul alpha, Sigmoid, Mul"),
-}
-
-_onnx_elementwise = _per_element(_ONNX_ELEMENTWISE)
-for _t, (_k, _body) in _ONNX_ELEMENTWISE.items():
-    register(_t, kind=FLOPS, op_set=ONNX, note=f"{_k} FLOP{'s' if _k > 1 else ''}/element ({_body})")(
-        _onnx_elementwise
-    )
-
-# Gelu's body: none: Div, Erf, Add, Mul, Mul; tanh: Pow, Mul, Add, Mul, Tanh, Add, Mul, Mul.
-_GELU_FLOPS = {"none": 5, "tanh": 8}
-
-
-@register("Gelu", kind=FLOPS, op_set=ONNX)
-def _gelu(view: OpView) -> OpCount:
-    """5 FLOPs/element (Div, Erf, Add, Mul, Mul); approximate=tanh: 8 (Pow, Mul, Add, Mul, Tanh, Add, Mul, Mul)"""
-    per_element = _GELU_FLOPS.get(str(view.attrs.get("approximate", "none")))
-    if per_element is None:
-        raise CannotCount("unknown Gelu approximation")
-    return _with_flops(view, per_element * _out_or_in_numel(view))
-
-
-@register("com.microsoft.FastGelu", kind=FLOPS, op_set=ONNX)
-def _fast_gelu(view: OpView) -> OpCount:
-    """8 FLOPs/element (Gelu with approximate=tanh), 9 with a bias input"""
-    return _with_flops(view, (_GELU_FLOPS["tanh"] + has_input(view, 1)) * _out_or_in_numel(view))
-
-
-class _Normalization(NamedTuple):
-    per_element: int  # FLOPs per element of X, every optional input given
-    element_body: str
-    per_row: int  # FLOPs per normalized row (the statistics' scalar work)
-    row_body: str
-    rows: Callable[[OpView, Shape], int]  # how many rows X has
-    optional: tuple[int, ...] = ()  # optional inputs that add one FLOP per element each
-
-
-def _rows_before_axis(view: OpView, x: Shape) -> int:
-    return _numel(x[: int(view.attrs.get("axis", -1))])
-
-
-def _rows_per_group(view: OpView, x: Shape) -> int:
-    groups = view.attrs.get("num_groups")
-    if not isinstance(groups, int):
-        raise CannotCount("num_groups attr missing")
-    return x[0] * groups
-
-
-def _rows_per_channel(view: OpView, x: Shape) -> int:
-    return x[0] * x[1]
-
-
-def _rows_outside_axes(view: OpView, x: Shape) -> int:
-    axes = view.attrs.get("axes", [0, 2, 3])
-    return _numel(x) // _numel(tuple(x[a] for a in axes))
-
-
-def _rows_along_axis(view: OpView, x: Shape) -> int:
-    return _numel(x) // x[int(view.attrs.get("axis", -1))]
-
-
-_LAYER_NORM_BODY = "ReduceMean, Mul, ReduceMean, Sub, Div, Mul, Add bias"
-_LAYER_NORM_ROW = "Mul, Sub, Add, Sqrt, Reciprocal"
-_RMS_NORM_BODY = "Mul, ReduceMean, Div, Mul"
-_NORMALIZATIONS: dict[str, _Normalization] = {
-    "LayerNormalization": _Normalization(7, _LAYER_NORM_BODY, 5, _LAYER_NORM_ROW, _rows_before_axis, (2,)),
-    "GroupNormalization": _Normalization(7, _LAYER_NORM_BODY, 4, "Mul, Sub, Add, Sqrt", _rows_per_group),
-    "InstanceNormalization": _Normalization(7, _LAYER_NORM_BODY, 4, "Mul, Sub, Add, Sqrt", _rows_per_channel),
-    "RMSNormalization": _Normalization(4, _RMS_NORM_BODY, 2, "Add, Sqrt", _rows_before_axis),
-    # onnxruntime's RMS norm, registered in the default domain
-    "SimplifiedLayerNormalization": _Normalization(4, _RMS_NORM_BODY, 2, "Add, Sqrt", _rows_before_axis),
-    "MeanVarianceNormalization": _Normalization(
-        5, "ReduceMean, Pow, ReduceMean, Sub, Div", 4, "Pow, Sub, Add, Sqrt", _rows_outside_axes
-    ),
-    "LpNormalization": _Normalization(3, "Abs or Mul, ReduceSum, Div", 1, "Sqrt", _rows_along_axis),
-    "com.microsoft.SkipLayerNormalization": _Normalization(
-        9, f"Add skip, Add bias, {_LAYER_NORM_BODY}", 5, _LAYER_NORM_ROW, _rows_before_axis, (3, 4)
-    ),
-    "com.microsoft.SkipSimplifiedLayerNormalization": _Normalization(
-        6, f"Add skip, Add bias, {_RMS_NORM_BODY}", 2, "Add, Sqrt", _rows_before_axis, (3,)
-    ),
-}
-
-
-def _normalization(view: OpView) -> OpCount:
-    norm = _NORMALIZATIONS[view.op_type]
-    x = _shape(view.input_shapes, 0, "X")
-    per_element = norm.per_element - sum(not has_input(view, i) for i in norm.optional)
-    return _with_flops(view, per_element * _numel(x) + norm.per_row * norm.rows(view, x))
-
-
-for _t, _norm in _NORMALIZATIONS.items():
-    _less = f"; 1 less per absent input {', '.join(map(str, _norm.optional))}" if _norm.optional else ""
-    _note = (
-        f"{_norm.per_element} FLOPs/element ({_norm.element_body}{_less}) "
-        f"+ {_norm.per_row}/normalized row ({_norm.row_body})"
-    )
-    register(_t, kind=FLOPS, op_set=ONNX, note=_note)(_normalization)
-
-
-# Per attention score: the scale (1) and TensorFlow's Softmax (5).
-_SCORE_FLOPS = 6
-
-
-def _attention_flops(
-    query_elements: int, output_elements: int, kv_len: int, scores: int, per_score: int
-) -> int:
-    """Q @ K^T and softmax(scores) @ V, 2 FLOPs per (element, key) each, plus ``per_score`` per score."""
-    return 2 * kv_len * (query_elements + output_elements) + per_score * scores
-
-
-@register("Attention", kind=FLOPS, op_set=ONNX)
-def _attention(view: OpView) -> OpCount:
-    """2 * keys * (Q + Y elements) (Q@K^T, P@V) + 6 FLOPs/score (scale, Softmax 5), +1 masked or causal, +3 softcap"""
-    q = _shape(view.input_shapes, 0, "Q")
-    k = _shape(view.input_shapes, 1, "K")
-    y = _shape(view.output_shapes, 0, "Y")
-    if len(q) == 4:  # [batch, heads, queries, head size]
-        rows = q[0] * q[1] * q[2]
-    elif len(q) == 3 and isinstance(view.attrs.get("q_num_heads"), int):  # [batch, queries, hidden]
-        rows = q[0] * q[1] * view.attrs["q_num_heads"]
-    else:
-        raise CannotCount("Q is neither 4-D nor 3-D with q_num_heads")
-    kv_len = k[-2]  # K: [batch, heads, keys, head size] or [batch, keys, hidden]
-    if has_input(view, 4):
-        kv_len += _shape(view.input_shapes, 4, "past_key")[-2]
-    masked = has_input(view, 3) or bool(view.attrs.get("is_causal", 0))
-    softcap = float(view.attrs.get("softcap", 0.0)) > 0
-    per_score = _SCORE_FLOPS + masked + 3 * softcap  # softcap: Div, Tanh, Mul
-    return _with_flops(view, _attention_flops(_numel(q), _numel(y), kv_len, rows * kv_len, per_score))
-
-
-@register("com.microsoft.Attention", kind=FLOPS, op_set=ONNX)
-def _fused_attention(view: OpView) -> OpCount:
-    """input @ weights (2*B*S*D*(Dq+Dk+Dv)) + bias, then Attention over num_heads heads (+1/score masked)"""
-    x = _shape(view.input_shapes, 0, "input")
-    w = _shape(view.input_shapes, 1, "weights")
-    heads = view.attrs.get("num_heads")
-    if len(x) != 3 or len(w) != 2 or not isinstance(heads, int):
-        raise CannotCount("input is not [batch, sequence, hidden] or num_heads missing")
-    q_size, _, v_size = view.attrs.get("qkv_hidden_sizes") or [w[1] // 3] * 3
-    batch, seq = x[0], x[1]
-    projection = 2 * batch * seq * x[2] * w[1] + has_input(view, 2) * batch * seq * w[1]
-    kv_len = seq + (_shape(view.input_shapes, 4, "past")[3] if has_input(view, 4) else 0)
-    masked = has_input(view, 3) or has_input(view, 5) or bool(view.attrs.get("unidirectional", 0))
-    scores = batch * heads * seq * kv_len
-    core = _attention_flops(batch * seq * q_size, batch * seq * v_size, kv_len, scores, _SCORE_FLOPS + masked)
-    return _with_flops(view, projection + core)
-
-
-# Control flow (If, Loop, Scan, SequenceMap) counts its subgraphs' nodes, each
-# by its own ONNX rule: in onnx_ops.py, next to onnx_view.
-
-register(
-    *(
-        # data movement without a TensorFlow rule of the same meaning
-        "Trilu Compress NonZero MaxUnpool EyeLike CenterCropPad DepthToSpace SpaceToDepth"
-    ).split(),
-    kind=BYTES,
-    op_set=ONNX,
-)(bytes_only)
-
-register(
-    "Resize",
-    "Upsample",
-    "TopK",
-    kind=BYTES,
-    op_set=ONNX,
-    note="memory-bound: interpolation and selection arithmetic not counted",
-)(bytes_only)
-
-# Optionals and sequences hold references to tensors, as TensorArrays do.
-register(
-    *(
-        "Optional OptionalGetElement OptionalHasElement SequenceAt SequenceConstruct SequenceEmpty "
-        "SequenceErase SequenceInsert SequenceLength"
-    ).split(),
-    kind=ZERO,
-    op_set=ONNX,
-)(_no_kernel)
-
-
-# The ONNX names of the TensorFlow rules above. onnx_ops builds on this module,
-# so it is imported last; importing either module fills both name tables.
-from baechi_cli.costs import onnx_ops as _onnx_ops  # noqa: E402, F401

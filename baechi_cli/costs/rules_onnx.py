@@ -1,15 +1,28 @@
-"""The ONNX name table: ONNX op types counted by the TensorFlow rules, through adapters.
+"""The ONNX op rules of the analytic cost model (op set ``onnx``).
 
-Contract. :data:`ALIASES` maps each ONNX op type that has a TensorFlow
-counterpart to that counterpart's rule in :data:`~baechi_cli.costs.rules.RULES`
-(an :class:`Alias`): the FLOP and byte formulas are the TensorFlow rule's,
-so a Conv costs what the Conv2D of the same convolution costs, and there is
-one copy of the maths. Importing this module registers every alias in the
-ONNX name table (:data:`~baechi_cli.costs.rules.ONNX_RULES`, with
-:attr:`~baechi_cli.costs.rules.RuleEntry.shares` naming the TensorFlow op
-type); :mod:`baechi_cli.costs.rules` imports it, so either import fills both
-tables. ONNX op types TensorFlow has no op for have rules of their own in
-``rules.py``.
+Contract. Importing this module registers a rule for every ONNX op type it
+covers into :data:`~baechi_cli.costs.registry.ONNX_RULES` (non-default
+domains prefixed: ``com.microsoft.Attention``). The registry loads this
+module on the first lookup, so callers look rules up there
+(:func:`~baechi_cli.costs.registry.rule_for`); this module imports
+:mod:`baechi_cli.costs.rules_tf` first, for its aliases reuse those rules.
+An ONNX op type is counted in one of three ways:
+
+* by a TensorFlow rule (:data:`ALIASES`), where TensorFlow has a counterpart;
+* by a rule of its own, where TensorFlow has none (LayerNormalization, Gelu,
+  Attention, ...): counted on the ONNX function body that defines the op, so
+  a model exported with the fused op and one that spells out its body node
+  by node cost the same;
+* control flow (:data:`CONTROL_FLOW`): its subgraphs' nodes, each by its own
+  rule.
+
+Aliases. :data:`ALIASES` maps each ONNX op type that has a TensorFlow
+counterpart to that counterpart's rule in
+:data:`~baechi_cli.costs.registry.RULES` (an :class:`Alias`): the FLOP and
+byte formulas are the TensorFlow rule's, so a Conv costs what the Conv2D of
+the same convolution costs, and there is one copy of the maths. Each alias is
+registered with :attr:`~baechi_cli.costs.registry.RuleEntry.shares` naming
+the TensorFlow op type.
 
 An alias restates the ONNX op in the TensorFlow op's conventions -- an
 *adapter*, one small function per convention that differs (Conv: NCHW, the
@@ -23,7 +36,7 @@ that other op's TensorFlow rule. Adapters keep every input (reordered where
 the TensorFlow op orders them differently), so the bytes read are the ONNX
 op's own.
 
-:func:`onnx_view` builds the :class:`~baechi_cli.costs.rules.OpView` of an
+:func:`onnx_view` builds the :class:`~baechi_cli.costs.registry.OpView` of an
 op read by :mod:`baechi_cli.io.onnx`: its explicit inputs come from
 ``attrs["_input_shapes"]`` / ``attrs["_input_dtypes"]`` (initializers make
 no edges, so the in-edges would miss every weight), an omitted optional input
@@ -34,7 +47,7 @@ by :func:`count_control_flow`: the bytes of the op's explicit inputs and
 outputs, plus the count of every node of its subgraphs (the reader's
 ``attrs["_subgraph_nodes"]``, :class:`~baechi_cli.io.onnx.SubgraphNode`),
 each seen through :func:`onnx_view` and counted by its own ONNX rule
-(:func:`~baechi_cli.costs.rules.rule_for`); a nested control-flow node
+(:func:`~baechi_cli.costs.registry.rule_for`); a nested control-flow node
 counts its own bytes and its subgraphs' nodes the same way, recursively.
 An inner node whose rule cannot count it counts its bytes only; an inner op
 type without a rule is bytes only, as at top level. Conventions, since trip
@@ -49,9 +62,9 @@ counts and branches are runtime values:
 :class:`InnerCount` says what each inner node was counted as, for the cost
 report's coverage and fallbacks.
 
-Complexity: :func:`onnx_view` and every adapter are O(inputs + rank);
-:func:`count_control_flow` is O(subgraph nodes, at every depth, and their
-inputs).
+Complexity: :func:`onnx_view`, every rule and every adapter are
+O(inputs + rank); :func:`count_control_flow` is O(subgraph nodes, at every
+depth, and their inputs).
 """
 
 from __future__ import annotations
@@ -60,10 +73,14 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from baechi_cli.costs.rules import (
+# The aliases below adapt the TensorFlow rules: importing rules_tf registers them into RULES first.
+import baechi_cli.costs.rules_tf  # noqa: F401
+from baechi_cli.costs.registry import (
+    BYTES,
     FLOPS,
     ONNX,
     RULES,
+    ZERO,
     CannotCount,
     OpCount,
     OpView,
@@ -73,8 +90,14 @@ from baechi_cli.costs.rules import (
     count_view,
     has_input,
     known,
+    known_shape,
+    no_kernel,
+    numel,
+    out_or_in_numel,
+    per_element,
     register,
     rule_for,
+    with_flops,
 )
 from baechi_cli.io.onnx import DTYPES, SubgraphNode
 
@@ -108,14 +131,223 @@ def onnx_view(
     return OpView(op_type, attrs, shapes, dtypes, nbytes, output_shapes, output_dtypes, output_bytes)
 
 
+# --- ONNX op types TensorFlow has no op for ---------------------------------------
+#
+# Counted on the ONNX function body that defines each op (onnx/defs), node by
+# node with the TensorFlow rules' conventions: one FLOP per elementwise
+# operation on a tensor (erf, tanh, sigmoid, exp included), a ReduceMean or
+# ReduceSum one per input element (as rules_tf's Mean and Sum); operations on
+# scalars (epsilon, constants) are not counted. A model exported with the fused
+# op and one that spells out its body node by node (an older opset) so cost the
+# same. The ONNX names of ops TensorFlow does have are in ALIASES, below.
+
+
+# FLOPs per output element, and the function body they are counted on.
+_ONNX_ELEMENTWISE: dict[str, tuple[int, str]] = {
+    "HardSigmoid": (4, "Mul, Add, Min, Max"),
+    "HardSwish": (5, "HardSigmoid, Mul"),
+    "Mish": (3, "Softplus, Tanh, Mul"),
+    "Celu": (3, "Div, Elu, Mul"),
+    "ThresholdedRelu": (2, "Less, Where"),
+    "Shrink": (6, "Less, Add, Sub, Less, Where, Where"),
+    "PRelu": (3, "Less, Mul, Where"),
+    "Swish": (3, "Mul, Sigmoid, Mul"),
+    "SwiGLU": (4, "Swish of one half of the input, Mul by the other"),
+    "RotaryEmbedding": (3, "x * cos + rotated x * sin"),
+    "Hardmax": (1, "a compare: argmax along the axis, written one-hot"),
+    "CumSum": (1, "an add"),
+    "CumProd": (1, "a multiply"),
+    **dict.fromkeys(
+        "BitShift BitwiseAnd BitwiseOr BitwiseXor BitwiseNot".split(), (1, "an integer operation")
+    ),
+    "DequantizeLinear": (2, "Sub zero point, Mul scale"),
+    "QuantizeLinear": (5, "Div scale, Round, Add zero point, saturating Clip 2"),
+    "DynamicQuantizeLinear": (7, "ReduceMin, ReduceMax, then QuantizeLinear 5"),
+    "com.microsoft.Gelu": (5, "as Gelu"),
+    "com.microsoft.BiasGelu": (6, "Add bias, then Gelu 5"),
+    "com.microsoft.QuickGelu": (3, "Mul alpha, Sigmoid, Mul"),
+}
+
+_onnx_elementwise = per_element(_ONNX_ELEMENTWISE)
+for _t, (_k, _body) in _ONNX_ELEMENTWISE.items():
+    register(_t, kind=FLOPS, op_set=ONNX, note=f"{_k} FLOP{'s' if _k > 1 else ''}/element ({_body})")(
+        _onnx_elementwise
+    )
+
+# Gelu's body: none: Div, Erf, Add, Mul, Mul; tanh: Pow, Mul, Add, Mul, Tanh, Add, Mul, Mul.
+_GELU_FLOPS = {"none": 5, "tanh": 8}
+
+
+@register("Gelu", kind=FLOPS, op_set=ONNX)
+def _gelu(view: OpView) -> OpCount:
+    """5 FLOPs/element (Div, Erf, Add, Mul, Mul); approximate=tanh: 8 (Pow, Mul, Add, Mul, Tanh, Add, Mul, Mul)"""
+    per_element = _GELU_FLOPS.get(str(view.attrs.get("approximate", "none")))
+    if per_element is None:
+        raise CannotCount("unknown Gelu approximation")
+    return with_flops(view, per_element * out_or_in_numel(view))
+
+
+@register("com.microsoft.FastGelu", kind=FLOPS, op_set=ONNX)
+def _fast_gelu(view: OpView) -> OpCount:
+    """8 FLOPs/element (Gelu with approximate=tanh), 9 with a bias input"""
+    return with_flops(view, (_GELU_FLOPS["tanh"] + has_input(view, 1)) * out_or_in_numel(view))
+
+
+class _Normalization(NamedTuple):
+    per_element: int  # FLOPs per element of X, every optional input given
+    element_body: str
+    per_row: int  # FLOPs per normalized row (the statistics' scalar work)
+    row_body: str
+    rows: Callable[[OpView, Shape], int]  # how many rows X has
+    optional: tuple[int, ...] = ()  # optional inputs that add one FLOP per element each
+
+
+def _rows_before_axis(view: OpView, x: Shape) -> int:
+    return numel(x[: int(view.attrs.get("axis", -1))])
+
+
+def _rows_per_group(view: OpView, x: Shape) -> int:
+    groups = view.attrs.get("num_groups")
+    if not isinstance(groups, int):
+        raise CannotCount("num_groups attr missing")
+    return x[0] * groups
+
+
+def _rows_per_channel(view: OpView, x: Shape) -> int:
+    return x[0] * x[1]
+
+
+def _rows_outside_axes(view: OpView, x: Shape) -> int:
+    axes = view.attrs.get("axes", [0, 2, 3])
+    return numel(x) // numel(tuple(x[a] for a in axes))
+
+
+def _rows_along_axis(view: OpView, x: Shape) -> int:
+    return numel(x) // x[int(view.attrs.get("axis", -1))]
+
+
+_LAYER_NORM_BODY = "ReduceMean, Mul, ReduceMean, Sub, Div, Mul, Add bias"
+_LAYER_NORM_ROW = "Mul, Sub, Add, Sqrt, Reciprocal"
+_RMS_NORM_BODY = "Mul, ReduceMean, Div, Mul"
+_NORMALIZATIONS: dict[str, _Normalization] = {
+    "LayerNormalization": _Normalization(7, _LAYER_NORM_BODY, 5, _LAYER_NORM_ROW, _rows_before_axis, (2,)),
+    "GroupNormalization": _Normalization(7, _LAYER_NORM_BODY, 4, "Mul, Sub, Add, Sqrt", _rows_per_group),
+    "InstanceNormalization": _Normalization(7, _LAYER_NORM_BODY, 4, "Mul, Sub, Add, Sqrt", _rows_per_channel),
+    "RMSNormalization": _Normalization(4, _RMS_NORM_BODY, 2, "Add, Sqrt", _rows_before_axis),
+    # onnxruntime's RMS norm, registered in the default domain
+    "SimplifiedLayerNormalization": _Normalization(4, _RMS_NORM_BODY, 2, "Add, Sqrt", _rows_before_axis),
+    "MeanVarianceNormalization": _Normalization(
+        5, "ReduceMean, Pow, ReduceMean, Sub, Div", 4, "Pow, Sub, Add, Sqrt", _rows_outside_axes
+    ),
+    "LpNormalization": _Normalization(3, "Abs or Mul, ReduceSum, Div", 1, "Sqrt", _rows_along_axis),
+    "com.microsoft.SkipLayerNormalization": _Normalization(
+        9, f"Add skip, Add bias, {_LAYER_NORM_BODY}", 5, _LAYER_NORM_ROW, _rows_before_axis, (3, 4)
+    ),
+    "com.microsoft.SkipSimplifiedLayerNormalization": _Normalization(
+        6, f"Add skip, Add bias, {_RMS_NORM_BODY}", 2, "Add, Sqrt", _rows_before_axis, (3,)
+    ),
+}
+
+
+def _normalization(view: OpView) -> OpCount:
+    norm = _NORMALIZATIONS[view.op_type]
+    x = known_shape(view.input_shapes, 0, "X")
+    per_element = norm.per_element - sum(not has_input(view, i) for i in norm.optional)
+    return with_flops(view, per_element * numel(x) + norm.per_row * norm.rows(view, x))
+
+
+for _t, _norm in _NORMALIZATIONS.items():
+    _less = f"; 1 less per absent input {', '.join(map(str, _norm.optional))}" if _norm.optional else ""
+    _note = (
+        f"{_norm.per_element} FLOPs/element ({_norm.element_body}{_less}) "
+        f"+ {_norm.per_row}/normalized row ({_norm.row_body})"
+    )
+    register(_t, kind=FLOPS, op_set=ONNX, note=_note)(_normalization)
+
+
+# Per attention score: the scale (1) and TensorFlow's Softmax (5).
+_SCORE_FLOPS = 6
+
+
+def _attention_flops(
+    query_elements: int, output_elements: int, kv_len: int, scores: int, per_score: int
+) -> int:
+    """Q @ K^T and softmax(scores) @ V, 2 FLOPs per (element, key) each, plus ``per_score`` per score."""
+    return 2 * kv_len * (query_elements + output_elements) + per_score * scores
+
+
+@register("Attention", kind=FLOPS, op_set=ONNX)
+def _attention(view: OpView) -> OpCount:
+    """2 * keys * (Q + Y elements) (Q@K^T, P@V) + 6 FLOPs/score (scale, Softmax 5), +1 masked or causal, +3 softcap"""
+    q = known_shape(view.input_shapes, 0, "Q")
+    k = known_shape(view.input_shapes, 1, "K")
+    y = known_shape(view.output_shapes, 0, "Y")
+    if len(q) == 4:  # [batch, heads, queries, head size]
+        rows = q[0] * q[1] * q[2]
+    elif len(q) == 3 and isinstance(view.attrs.get("q_num_heads"), int):  # [batch, queries, hidden]
+        rows = q[0] * q[1] * view.attrs["q_num_heads"]
+    else:
+        raise CannotCount("Q is neither 4-D nor 3-D with q_num_heads")
+    kv_len = k[-2]  # K: [batch, heads, keys, head size] or [batch, keys, hidden]
+    if has_input(view, 4):
+        kv_len += known_shape(view.input_shapes, 4, "past_key")[-2]
+    masked = has_input(view, 3) or bool(view.attrs.get("is_causal", 0))
+    softcap = float(view.attrs.get("softcap", 0.0)) > 0
+    per_score = _SCORE_FLOPS + masked + 3 * softcap  # softcap: Div, Tanh, Mul
+    return with_flops(view, _attention_flops(numel(q), numel(y), kv_len, rows * kv_len, per_score))
+
+
+@register("com.microsoft.Attention", kind=FLOPS, op_set=ONNX)
+def _fused_attention(view: OpView) -> OpCount:
+    """input @ weights (2*B*S*D*(Dq+Dk+Dv)) + bias, then Attention over num_heads heads (+1/score masked)"""
+    x = known_shape(view.input_shapes, 0, "input")
+    w = known_shape(view.input_shapes, 1, "weights")
+    heads = view.attrs.get("num_heads")
+    if len(x) != 3 or len(w) != 2 or not isinstance(heads, int):
+        raise CannotCount("input is not [batch, sequence, hidden] or num_heads missing")
+    q_size, _, v_size = view.attrs.get("qkv_hidden_sizes") or [w[1] // 3] * 3
+    batch, seq = x[0], x[1]
+    projection = 2 * batch * seq * x[2] * w[1] + has_input(view, 2) * batch * seq * w[1]
+    kv_len = seq + (known_shape(view.input_shapes, 4, "past")[3] if has_input(view, 4) else 0)
+    masked = has_input(view, 3) or has_input(view, 5) or bool(view.attrs.get("unidirectional", 0))
+    scores = batch * heads * seq * kv_len
+    core = _attention_flops(batch * seq * q_size, batch * seq * v_size, kv_len, scores, _SCORE_FLOPS + masked)
+    return with_flops(view, projection + core)
+
+
+# Control flow (If, Loop, Scan, SequenceMap) counts its subgraphs' nodes, each
+# by its own ONNX rule: in the last section of this module.
+
+register(
+    *(
+        # data movement without a TensorFlow rule of the same meaning
+        "Trilu Compress NonZero MaxUnpool EyeLike CenterCropPad DepthToSpace SpaceToDepth"
+    ).split(),
+    kind=BYTES,
+    op_set=ONNX,
+)(bytes_only)
+
+register(
+    "Resize",
+    "Upsample",
+    "TopK",
+    kind=BYTES,
+    op_set=ONNX,
+    note="memory-bound: interpolation and selection arithmetic not counted",
+)(bytes_only)
+
+# Optionals and sequences hold references to tensors, as TensorArrays do.
+register(
+    *(
+        "Optional OptionalGetElement OptionalHasElement SequenceAt SequenceConstruct SequenceEmpty "
+        "SequenceErase SequenceInsert SequenceLength"
+    ).split(),
+    kind=ZERO,
+    op_set=ONNX,
+)(no_kernel)
+
+
 # --- adapters: the ONNX op in the TensorFlow op's conventions ---------------------
-
-
-def _known_input(view: OpView, i: int, what: str) -> Shape:
-    shape = view.input_shapes[i] if i < len(view.input_shapes) else None
-    if not known(shape):
-        raise CannotCount(f"{what} shape unknown")
-    return shape  # type: ignore[return-value]
 
 
 def _with_input_shape(view: OpView, i: int, shape: Shape) -> OpView:
@@ -149,7 +381,7 @@ def _conv_view(view: OpView) -> OpView:
     """NCHW; weight [M, C/group, *kernel] as filter [*kernel, C/group, M]; strides, dilations, pads, auto_pad"""
     # The output shape (known after shape inference) settles the count; the
     # attrs matter only when it is not known.
-    weight = _known_input(view, 1, "weight")
+    weight = known_shape(view.input_shapes, 1, "weight")
     spatial = len(weight) - 2
     attrs = view.attrs
     pads = list(attrs.get("pads") or [0] * 2 * spatial)
@@ -171,7 +403,7 @@ def _qlinear_conv_view(view: OpView) -> OpView:
 
 def _conv_transpose_view(view: OpView) -> OpView:
     """X as out_backprop; weight [C, M/group, *kernel] as filter [*kernel, M/group, C]"""
-    weight = _known_input(view, 1, "weight")
+    weight = known_shape(view.input_shapes, 1, "weight")
     # Conv2DBackpropInput's inputs: input_sizes (not read), filter, out_backprop.
     return _with_input_shape(_reordered(view, (None, 1, 0)), 1, _filter(weight))
 
@@ -223,7 +455,7 @@ def _pool_view(view: OpView) -> OpView:
 
 def _global_pool_view(view: OpView) -> OpView:
     """the input's spatial dims as ksize"""
-    x = _known_input(view, 0, "X")
+    x = known_shape(view.input_shapes, 0, "X")
     return view._replace(attrs={"ksize": [1, 1, *x[2:]]})
 
 
@@ -240,8 +472,8 @@ def _recurrent_view(view: OpView) -> OpView:
     # cuDNN reads the hidden size and the number of layers (here 1) off
     # input_h, which ONNX may omit: it is made from the attrs and R
     # [directions, gates * hidden, hidden]. W's and R's bytes stay.
-    x = _known_input(view, 0, "X")
-    recurrence = _known_input(view, 2, "R")
+    x = known_shape(view.input_shapes, 0, "X")
+    recurrence = known_shape(view.input_shapes, 2, "R")
     attrs = view.attrs
     time_major = not attrs.get("layout", 0)
     bidirectional = attrs.get("direction", "forward") == "bidirectional"

@@ -1,0 +1,357 @@
+"""Per-op-type counting rules for the analytic cost model: the registry.
+
+Contract. A rule is a small function keyed by an op type (tf2onnx-handler
+style: ``@register("Conv2D", kind=FLOPS)``). It sees one op through an
+:class:`OpView` -- op type, decoded attrs, and the shape, dtype and bytes of
+each data input and each output -- and returns an :class:`OpCount`: FLOPs
+(2 per multiply-add), bytes read, bytes written, temporary bytes and
+persistent bytes. Rules count; they know nothing about devices (turning counts
+into time is :mod:`baechi_cli.costs.analytic`'s job, as in XLA's
+HloCostAnalysis). A rule that lacks the shapes or attrs it needs raises
+:class:`CannotCount`; :func:`count_view` then counts :func:`bytes_only` and
+says so, for the caller to report the op (it does the same for the
+:data:`RULE_FAILURES` IndexError, TypeError, ValueError and
+ZeroDivisionError, so malformed attrs in an input graph never crash costing).
+
+This module holds the registry only: the rule types, :func:`register`, the
+name tables, the lookups and the small counting helpers the rule modules
+share. The rules themselves are in the rule modules (:data:`RULE_MODULES`).
+
+Op sets. One registry, two name tables: an op type means something only
+within its *op set* -- TensorFlow's ``Sum`` is a reduction, ONNX's a
+variadic add -- so every name is registered in one op set's table
+(:data:`OP_SETS`) and looked up with :func:`rule_for` ``(op_type, op_set)``:
+
+* ``tensorflow`` (:data:`RULES`): TensorFlow op types, as GraphDefs and
+  workload JSON files name them. Their rules, in
+  :mod:`baechi_cli.costs.rules_tf`, are written in their conventions (NHWC
+  unless ``data_format`` says otherwise, ``transpose_a``, ``ksize``, ...).
+* ``onnx`` (:data:`ONNX_RULES`): ONNX op types, non-default domains
+  prefixed (``com.microsoft.Attention``), with their rules in
+  :mod:`baechi_cli.costs.rules_onnx`. An ONNX op with a TensorFlow
+  counterpart is counted by that counterpart's rule, through an adapter that
+  restates the ONNX op in the TensorFlow op's conventions (its entry names
+  the rule in :attr:`RuleEntry.shares`), so the two dialects share every
+  FLOP and byte formula. ONNX ops TensorFlow has no op for (LayerNormalization,
+  Gelu, Attention, ...) have rules of their own, counted on the ONNX function
+  body that defines them.
+
+Loading. This module imports no rule module at its top: the rule modules
+import it at theirs, to register, so the import goes one way. The name tables
+are filled once, on the first lookup (:func:`rule_for`, :func:`name_table`,
+:func:`rule_table`, :func:`rules_markdown`), which imports
+:data:`RULE_MODULES` from inside a function; by then this module is fully
+initialised, so there is no import cycle. Importing a rule module fills its
+table too (:mod:`~baechi_cli.costs.rules_onnx` imports
+:mod:`~baechi_cli.costs.rules_tf` first, whose rules its adapters reuse).
+:data:`RULES` and :data:`ONNX_RULES` are the tables themselves: read them
+directly only after a lookup or such an import; :func:`name_table` is the
+loaded table of an op set.
+
+Every registered rule has a *kind*, which the coverage report and the device
+model both read:
+
+* ``flops``    -- FLOPs counted from shapes (convolutions, matmuls, einsum,
+  recurrent blocks, batch norm, losses, pooling, reductions, elementwise
+  math, optimizer updates, scatters and segment reductions; ONNX control
+  flow: its subgraphs' nodes, each by its own rule); bytes as in ``bytes``.
+* ``bytes``    -- memory-bound: no FLOPs, only the bytes the op moves.
+* ``zero``     -- bookkeeping that launches no kernel (NoOp, Const,
+  Placeholder, Identity, Reshape, ReadVariableOp, control-flow plumbing,
+  host-side shape arithmetic, TensorArray and stack references); such an op
+  costs ``OpCount()`` by definition, so the counting loop may skip calling
+  its rule.
+* ``variable`` -- holds a variable (or optimizer slot): persistent bytes only.
+
+Op types with no rule in their op set are *uncovered*; :func:`rule_for`
+gives them :data:`NO_RULE`, which counts :func:`bytes_only`.
+
+Temporary bytes are set only where TensorFlow's (GPU) kernel allocates
+scratch of a size known from shapes: the fused LSTM/GRU cells' gate buffers,
+the softmax cross-entropies' per-row scratch, Unique's sort buffers and
+batch norm's NCHW copies in training; COVERAGE.md lists them.
+
+Shapes are tuples of ints; ``None`` (unknown rank) or a negative dimension
+(unknown size) makes a shape unknown. Every rule is O(rank + inputs);
+:func:`rule_for` is one dict lookup (after the one-time load).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+Shape = tuple[int, ...]
+
+FLOPS = "flops"
+BYTES = "bytes"
+ZERO = "zero"
+VARIABLE = "variable"
+UNCOVERED = "uncovered"
+KINDS = (FLOPS, BYTES, ZERO, VARIABLE)
+# Kinds whose ops run no kernel: the device model charges them nothing.
+NO_KERNEL_KINDS = frozenset({ZERO, VARIABLE})
+
+
+# OpCount and OpView are NamedTuples, not frozen dataclasses: one of each is
+# built per op, and a frozen dataclass's __init__ is several times slower.
+class OpCount(NamedTuple):
+    """What one op costs, device-independently. Memory in bytes."""
+
+    flops: float = 0.0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    temporary_bytes: int = 0
+    persistent_bytes: int = 0
+
+
+class OpView(NamedTuple):
+    """One op as a rule sees it: data inputs only (no control inputs), in NodeDef order."""
+
+    op_type: str
+    attrs: Mapping[str, Any]
+    input_shapes: Sequence[Shape | None]
+    input_dtypes: Sequence[str]
+    input_bytes: Sequence[int]
+    output_shapes: Sequence[Shape | None]
+    output_dtypes: Sequence[str]
+    output_bytes: Sequence[int]
+
+
+class CannotCount(Exception):
+    """A rule lacks a shape or attr it needs; the op falls back to :func:`bytes_only`."""
+
+
+Rule = Callable[[OpView], OpCount]
+
+
+@dataclass(frozen=True, slots=True)
+class RuleEntry:
+    op_type: str
+    kind: str
+    fn: Rule
+    note: str  # one line for the coverage table
+    # For an ONNX op counted by a TensorFlow op's rule: that TensorFlow op type.
+    shares: str = ""
+
+
+TENSORFLOW = "tensorflow"
+ONNX = "onnx"
+OP_SETS = (TENSORFLOW, ONNX)
+
+# The name tables, op type -> rule, one per op set, filled as RULE_MODULES load (see the module docstring).
+RULES: dict[str, RuleEntry] = {}
+ONNX_RULES: dict[str, RuleEntry] = {}
+_NAME_TABLES = {TENSORFLOW: RULES, ONNX: ONNX_RULES}
+
+#: The modules that register rules, in load order: the ONNX adapters reuse the TensorFlow rules.
+RULE_MODULES = ("baechi_cli.costs.rules_tf", "baechi_cli.costs.rules_onnx")
+# Whether RULE_MODULES are imported: a flag, not a cached call, since rule_for checks it once per op.
+_loaded = False
+
+
+def _load_rules() -> None:
+    """Import :data:`RULE_MODULES`, filling both name tables; the lookups call it once, on the first."""
+    global _loaded
+    for name in RULE_MODULES:
+        importlib.import_module(name)
+    _loaded = True
+
+
+def _table(op_set: str) -> dict[str, RuleEntry]:
+    """The name table of ``op_set``, as filled so far; ValueError for a name not in :data:`OP_SETS`."""
+    table = _NAME_TABLES.get(op_set)
+    if table is None:
+        raise ValueError(f"unknown op set {op_set!r}; expected one of {', '.join(OP_SETS)}")
+    return table
+
+
+def register(
+    *op_types: str, kind: str, note: str | None = None, op_set: str = TENSORFLOW, shares: str = ""
+) -> Callable[[Rule], Rule]:
+    """Decorator: register ``fn`` as the rule for ``op_types`` of ``op_set``.
+
+    ``note`` (default: the first line of ``fn``'s docstring) documents the rule
+    in :func:`rule_table`; ``shares`` names the TensorFlow op type whose rule
+    an ONNX entry adapts. Registering an op type twice in one op set is an
+    error, so two modules cannot silently fight over one op type.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown rule kind {kind!r}")
+    table = _table(op_set)
+
+    def deco(fn: Rule) -> Rule:
+        text = note if note is not None else (fn.__doc__ or "").strip().split("\n")[0]
+        for t in op_types:
+            if t in table:
+                raise ValueError(f"op type {t!r} already has a rule")
+            table[t] = RuleEntry(t, kind, fn, text, shares)
+        return fn
+
+    return deco
+
+
+def name_table(op_set: str = TENSORFLOW) -> Mapping[str, RuleEntry]:
+    """Every rule of ``op_set``, by op type, the rule modules loaded; ValueError for an unknown op set."""
+    if not _loaded:
+        _load_rules()
+    return _table(op_set)
+
+
+def rule_for(op_type: str, op_set: str = TENSORFLOW) -> RuleEntry:
+    """The rule that counts ``op_type`` of ``op_set``; :data:`NO_RULE` (kind ``uncovered``) if none. O(1)."""
+    # name_table's check, inlined: callers look up every op of a graph.
+    if not _loaded:
+        _load_rules()
+    return _table(op_set).get(op_type, NO_RULE)
+
+
+def rule_table(op_set: str = TENSORFLOW) -> list[tuple[str, str, str]]:
+    """``(op type, kind, note)`` for every rule of ``op_set``, by kind then op type."""
+    order = {k: i for i, k in enumerate(KINDS)}
+    rows = sorted(name_table(op_set).values(), key=lambda r: (order[r.kind], r.op_type))
+    return [(r.op_type, r.kind, r.note) for r in rows]
+
+
+def rules_markdown(op_set: str = TENSORFLOW) -> str:
+    """The rule table of ``op_set`` as Markdown, one row per (kind, rule); COVERAGE.md embeds both.
+
+    An ONNX op type counted by a TensorFlow op's rule under another name is
+    listed with that name in parentheses: ``Add (AddV2)``.
+    """
+    table = name_table(op_set)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for op_type, kind, note in rule_table(op_set):
+        shares = table[op_type].shares
+        groups.setdefault((kind, note), []).append(
+            f"{op_type} ({shares})" if shares not in ("", op_type) else op_type
+        )
+    lines = ["| rule | what is counted | op types |", "|---|---|---|"]
+    lines += [f"| {kind} | {note} | {', '.join(types)} |" for (kind, note), types in groups.items()]
+    return "\n".join(lines) + "\n"
+
+
+# --- helpers shared by the rule modules -------------------------------------------
+
+_ITEMSIZE = {
+    "bfloat16": 2,
+    "half": 2,
+    "qint8": 1,
+    "quint8": 1,
+    "qint16": 2,
+    "quint16": 2,
+    "qint32": 4,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int4": 1,
+    "uint4": 1,
+    # Handles and opaque values: their storage is not the tensor's to count.
+    "resource": 0,
+    "variant": 0,
+    "string": 0,
+}
+
+
+def dtype_size(dtype: str) -> int:
+    """Bytes per element of a numpy-style dtype name (``float32_ref`` as ``float32``); 0 if unknown."""
+    name = dtype.removesuffix("_ref")
+    size = _ITEMSIZE.get(name)
+    if size is None:
+        try:
+            size = np.dtype(name).itemsize
+        except TypeError:
+            size = 0
+        _ITEMSIZE[name] = size
+    return size
+
+
+def is_handle(dtype: str) -> bool:
+    """A resource handle: its bytes are not the variable's, so reading it moves nothing."""
+    return dtype == "resource"
+
+
+def is_state(dtype: str) -> bool:
+    """A variable passed by handle or by reference (an update writes it in place)."""
+    return dtype == "resource" or dtype.endswith("_ref")
+
+
+def known(shape: Shape | None) -> bool:
+    return shape is not None and (not shape or min(shape) >= 0)
+
+
+def has_input(view: OpView, i: int) -> bool:
+    """Whether optional input ``i`` is there (ONNX marks an omitted one with dtype "")."""
+    return i < len(view.input_dtypes) and bool(view.input_dtypes[i])
+
+
+def known_shape(shapes: Sequence[Shape | None], i: int, what: str) -> Shape:
+    """Shape ``i`` of ``shapes``, fully known, or :class:`CannotCount`."""
+    s = shapes[i] if i < len(shapes) else None
+    if not known(s):
+        raise CannotCount(f"{what} shape unknown")
+    return s  # type: ignore[return-value]
+
+
+def numel(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def data_bytes_read(view: OpView) -> int:
+    """Bytes of the data inputs, resource handles excluded."""
+    if "resource" not in view.input_dtypes:
+        return sum(view.input_bytes)
+    return sum(b for b, dt in zip(view.input_bytes, view.input_dtypes, strict=True) if not is_handle(dt))
+
+
+def bytes_only(view: OpView) -> OpCount:
+    """memory-bound: reads its data inputs (handles excluded), writes its outputs"""
+    return OpCount(0.0, data_bytes_read(view), sum(view.output_bytes))
+
+
+def no_kernel(view: OpView) -> OpCount:
+    """no kernel: no FLOPs, no bytes moved"""
+    return OpCount()
+
+
+# What :func:`rule_for` gives an op type that has no rule.
+NO_RULE = RuleEntry("", UNCOVERED, bytes_only, "no rule: bytes only")
+
+# What a rule raises when it cannot count an op: a missing shape or attr
+# (CannotCount), or malformed attrs in the input graph (a stride of 0, a list
+# where an int belongs). The op is then counted by bytes only.
+RULE_FAILURES = (CannotCount, IndexError, TypeError, ValueError, ZeroDivisionError)
+
+
+def count_view(rule: RuleEntry, view: OpView) -> tuple[OpCount, bool]:
+    """``rule``'s count of ``view`` and False; :func:`bytes_only` and True where the rule
+    raises one of :data:`RULE_FAILURES`. The caller reports the op as a fallback."""
+    try:
+        return rule.fn(view), False
+    except RULE_FAILURES:
+        return bytes_only(view), True
+
+
+def with_flops(view: OpView, flops: float) -> OpCount:
+    """``flops``, with the bytes of :func:`bytes_only`."""
+    return OpCount(float(flops), data_bytes_read(view), sum(view.output_bytes))
+
+
+def out_or_in_numel(view: OpView) -> int:
+    """Elements of output 0, else of input 0 (elementwise ops keep the shape)."""
+    if view.output_shapes and known(view.output_shapes[0]):
+        return numel(view.output_shapes[0])  # type: ignore[arg-type]
+    return numel(known_shape(view.input_shapes, 0, "input 0"))
+
+
+def per_element(table: Mapping[str, tuple[int, str]]) -> Rule:
+    """The rule counting ``table[op type][0]`` FLOPs per element of output 0 (of input 0 if unknown)."""
+
+    def count(view: OpView) -> OpCount:
+        return with_flops(view, table[view.op_type][0] * out_or_in_numel(view))
+
+    return count
