@@ -2,7 +2,8 @@
 
 Every error names what it can of: the file, the op, and the problem. The CLI
 prints ``str(error)`` and exits with ``error.exit_code``; nothing else about an
-error is shown, so the message must stand on its own.
+error is shown, so the message must stand on its own. :func:`one_line` is how
+any message (an error's, a library's exception) is put on one line.
 
 Exit codes (documented in the README):
 
@@ -24,6 +25,36 @@ EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_SOLVER = 4
 EXIT_MISSING_DEPENDENCY = 5
+
+
+def one_line(text: str | BaseException, limit: int | None = None) -> str:
+    """``text``, or an exception's message, on one line of at most ``limit`` characters.
+
+    Every run of whitespace (newlines included) becomes one space; an
+    exception whose message is empty gives its type's name. Text longer than
+    ``limit`` is cut to ``limit`` characters, the last three ``...``
+    (:func:`truncate`); ``None`` keeps it whole. O(len(text)).
+
+    >>> one_line("graph.pb:\\n  no such   file")
+    'graph.pb: no such file'
+    >>> one_line(KeyError()), one_line("abcdefghijkl", limit=8)
+    ('KeyError', 'abcde...')
+    """
+    squashed = " ".join(str(text).split())
+    if not squashed and isinstance(text, BaseException):
+        squashed = type(text).__name__
+    return truncate(squashed, limit)
+
+
+def truncate(text: str, limit: int | None) -> str:
+    """``text`` when it has at most ``limit`` characters, else its start and ``...``, ``limit`` in all.
+
+    >>> truncate("abcdefghijkl", 8), truncate("abc", 8), truncate("abc", None)
+    ('abcde...', 'abc', 'abc')
+    """
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: limit - 3] + "..."
 
 
 class BaechiError(Exception):
@@ -49,7 +80,7 @@ class BaechiError(Exception):
             parts.append(str(self.path))
         if self.op is not None:
             parts.append(f"op '{self.op}'")
-        parts.append(" ".join(self.problem.split()))  # one line, always
+        parts.append(one_line(self.problem))
         return ": ".join(parts)
 
 

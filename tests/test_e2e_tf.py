@@ -20,7 +20,7 @@ TESTDATA = os.path.join(os.path.dirname(__file__), "..", "testdata")
 @pytest.mark.parametrize("name, algo", [("cnn", "topo"), ("cnn", "etf"), ("mlp", "sct")])
 @pytest.mark.parametrize("num_devices", [2, 4])
 def test_placed_graph_trains_as_placed(tmp_path, name, algo, num_devices):
-    from baechi_cli.verify import verify_placed_graph
+    from baechi_cli.verify.run import verify_placed_graph
 
     placed = tmp_path / "placed.pb"
     r = CliRunner().invoke(

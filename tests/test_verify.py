@@ -22,16 +22,11 @@ from click.testing import CliRunner
 from baechi_cli.cli import main
 from baechi_cli.errors import InputError
 from baechi_cli.proto_gen import tf_graph_pb2 as pb
-from baechi_cli.verify import (
-    SHOWN,
-    StaticResult,
-    default_sidecar,
-    map_device,
-    normalize_device,
-    shorten_tf_message,
-    static_check,
-    verify_placed_graph,
-)
+from baechi_cli.render.verify import SHOWN
+from baechi_cli.tfsupport import map_device, normalize_device, shorten_tf_message
+from baechi_cli.verify.run import verify_placed_graph
+from baechi_cli.verify.sidecar import default_sidecar
+from baechi_cli.verify.static import StaticResult, static_check
 
 TESTDATA = Path(__file__).resolve().parent.parent / "testdata"
 CNN, MLP = str(TESTDATA / "cnn.pb"), str(TESTDATA / "mlp.pb")

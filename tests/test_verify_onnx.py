@@ -1,4 +1,4 @@
-"""Tests for `baechi verify PLACED.onnx` and baechi_cli.verify_onnx.
+"""Tests for `baechi verify PLACED.onnx` and baechi_cli.verify.onnx.
 
 Placed models are made by the CLI (`baechi place MODEL.onnx -o placed.onnx`)
 from the committed test models; tampered copies are edited with the onnx
@@ -22,7 +22,7 @@ from onnxmodels import ONNX_MODELS, OnnxModel, onnx_model
 
 from baechi_cli.cli import main
 from baechi_cli.io.onnx import CONFIGURATION, DEVICE_KEY
-from baechi_cli.verify_onnx import _compare_output, static_check_onnx
+from baechi_cli.verify.onnx import _compare_output, static_check_onnx
 
 TESTDATA = pathlib.Path(__file__).resolve().parent.parent / "testdata"
 RESNET = onnx_model("torch_resnet")  # inline weights: always runnable

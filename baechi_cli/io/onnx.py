@@ -159,10 +159,10 @@ from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from baechi_cli.errors import InputError
+from baechi_cli.errors import InputError, one_line
 from baechi_cli.graph import GraphBuilder, OpGraph
 from baechi_cli.io.files import read_input, write_atomic
-from baechi_cli.io.torch_modules import module_paths
+from baechi_cli.io.torch_modules import ModuleMap, module_map, module_paths, parameter_module
 
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto, TensorProto, TypeProto
@@ -211,7 +211,8 @@ INPUT_OP = "Input"
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _INTEGER_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})
 _SMALL_TENSOR = 1024  # elements: external integer tensors up to this size are loaded for inference
-_MAX_MESSAGE = 300  # characters of an onnx error message kept
+#: Characters of an onnx or onnxruntime error message kept (:func:`~baechi_cli.errors.one_line`).
+MESSAGE_LIMIT = 300
 
 
 class OnnxRead(NamedTuple):
@@ -264,6 +265,35 @@ def read_onnx_with_notes(
         return _read(path, data, batch_size, binding)
     except InputError as err:
         raise err.with_path(path) from None
+
+
+def onnx_node_ops(graph: OpGraph, num_ops: int | None = None) -> list[int]:
+    """The ops (among the first ``num_ops``) that are the model's nodes, in node order.
+
+    ``Input`` ops and synthesized ops (``--training``) are not nodes; position
+    ``i`` of the result is node ``i`` of the file.
+    """
+    upto = graph.num_ops if num_ops is None else num_ops
+    ops = [v for v in range(upto) if "_onnx_node" in graph.attrs[v]]
+    ops.sort(key=lambda v: graph.attrs[v]["_onnx_node"])
+    return ops
+
+
+def module_map_of(graph: OpGraph, num_ops: int, device_name: Sequence[str]) -> ModuleMap | None:
+    """The PyTorch module map of a placement of an ONNX export (``device_name[v]``: op v's device).
+
+    None when no node has a module path (not a PyTorch export). See
+    :func:`baechi_cli.io.torch_modules.module_map`.
+    """
+    ops = onnx_node_ops(graph, num_ops)
+    paths = [graph.attrs[v].get("_module") for v in ops]
+    if all(p is None for p in paths):
+        return None
+    owners = [
+        [m for m in map(parameter_module, graph.attrs[v].get("_initializers", ())) if m is not None]
+        for v in ops
+    ]
+    return module_map(paths, [device_name[v] for v in ops], [graph.names[v] for v in ops], owners)
 
 
 def write_placed_onnx(
@@ -538,7 +568,7 @@ def check_model(model: ModelProto, external: set[str]) -> None:
     try:
         onnx.checker.check_model(checked, full_check=False)
     except Exception as err:  # ValidationError, or ValueError for a model over 2 GB
-        raise InputError(f"fails the ONNX checker: {one_line(err)}") from None
+        raise InputError(f"fails the ONNX checker: {one_line(err, MESSAGE_LIMIT)}") from None
 
 
 def _bind(graph: GraphProto, batch_size: int | None, binding: dict[str, int]) -> set[str]:
@@ -616,7 +646,7 @@ def _infer(model: ModelProto) -> GraphProto:
             model, check_type=False, strict_mode=False, data_prop=True
         )
     except Exception as err:  # InferenceError, or anything the C++ side raises
-        raise InputError(f"ONNX shape inference failed: {one_line(err)}") from None
+        raise InputError(f"ONNX shape inference failed: {one_line(err, MESSAGE_LIMIT)}") from None
     return inferred.graph
 
 
@@ -994,9 +1024,3 @@ def _decode_attrs(attributes: Any) -> dict[str, Any]:
             out[f"{a.name}_dtype"] = DTYPES.get(a.sparse_tensor.values.data_type, ("", 0))[0]
         # GRAPH(S), TENSORS, SPARSE_TENSORS, TYPE_PROTO(S): omitted
     return out
-
-
-def one_line(err: BaseException) -> str:
-    """An exception's message on one line, cut to a readable length."""
-    text = " ".join(str(err).split()) or type(err).__name__
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."

@@ -3,8 +3,9 @@
 ``baechi verify PLACED.onnx [--original MODEL.onnx] [--run]`` (see the README)
 reaches :func:`verify_onnx`, which returns an :class:`OnnxVerifyReport`
 (``baechi.verify/v1`` as JSON, with ``"format": "onnx"``);
-:func:`render_onnx_report` prints it. What a placed model is:
-:func:`baechi_cli.io.onnx.write_placed_onnx`.
+:func:`baechi_cli.render.verify.render_onnx_report` prints it. What a placed
+model is: :func:`baechi_cli.io.onnx.write_placed_onnx`. Differences are
+counted and kept as :mod:`baechi_cli.verify.diff` does for GraphDefs.
 
 Static check (:func:`static_check_onnx`, never imports onnxruntime)
 -------------------------------------------------------------------
@@ -66,16 +67,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from baechi_cli.errors import InputError, MissingDependencyError
+from baechi_cli.errors import InputError, MissingDependencyError, one_line, truncate
 from baechi_cli.io.onnx import (
     CONFIGURATION,
     DEVICE_KEY,
+    MESSAGE_LIMIT,
     MULTI_DEVICE_IR_VERSION,
     check_model,
-    one_line,
     parse_model,
 )
-from baechi_cli.verify import KEEP, SHOWN, Differences, SummaryPrinter, VerifyReport, name_differences
+from baechi_cli.verify.diff import KEEP, Differences, name_differences
+from baechi_cli.verify.report import VerifyReport
 
 if TYPE_CHECKING:
     import numpy as np
@@ -99,7 +101,7 @@ _INSTALL_HINT = (
 class OnnxStaticResult:
     """Outcome of :func:`static_check_onnx`; ``ok`` is the verdict.
 
-    Lists keep the first :data:`~baechi_cli.verify.KEEP` entries; the
+    Lists keep the first :data:`~baechi_cli.verify.diff.KEEP` entries; the
     ``*_count`` fields count them all. ``ops_total`` counts the top-level
     nodes, ``devices`` them by device name; ``configuration`` is the
     ``"baechi"`` configuration's device list and ``num_devices`` its length.
@@ -290,7 +292,7 @@ def _run_checker(model: ModelProto, path: str) -> tuple[str | None, str | None]:
     try:
         onnx.checker.check_model(path, full_check=False)
     except Exception as err:  # ValidationError, or ValueError for a model over 2 GB
-        return one_line(err), None
+        return one_line(err, MESSAGE_LIMIT), None
     return None, None
 
 
@@ -499,7 +501,7 @@ def _show(value: Any, limit: int = 80) -> str:
         text = "[" + ", ".join(_show(v, limit) for v in value) + "]"
     else:
         text = str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return truncate(text, limit)
 
 
 # --- run check ----------------------------------------------------------------
@@ -552,12 +554,12 @@ def run_check_onnx(
         expected, _ = _infer(reference_model, reference_dir, feeds)
     except Exception as err:  # onnxruntime's Fail, InvalidArgument, ...
         which = "the original" if original is not None else "the model without baechi's annotations"
-        result.error = f"{which} does not run: {one_line(err)}"
+        result.error = f"{which} does not run: {one_line(err, MESSAGE_LIMIT)}"
         return result
     try:
         got, names = _infer(placed, os.path.dirname(os.path.abspath(placed)), feeds)
     except Exception as err:
-        result.error = f"the placed model does not run: {one_line(err)}"
+        result.error = f"the placed model does not run: {one_line(err, MESSAGE_LIMIT)}"
         return result
     if len(got) != len(expected):
         result.error = f"the placed model has {len(got)} outputs, the reference {len(expected)}"
@@ -662,55 +664,3 @@ def _compare_output(name: str, got: Any, expected: Any) -> OutputComparison:
     same = (x == y) | (np.isnan(x) & np.isnan(y))
     diff = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))  # NaN on one side: inf
     return OutputComparison(name, False, max_abs_diff=float(diff.max()))
-
-
-# --- rendering ----------------------------------------------------------------
-
-
-def render_onnx_report(console: Any, report: OnnxVerifyReport, shown: int = SHOWN) -> None:
-    """Print ``report`` on a rich console as :func:`baechi_cli.verify.render_report` prints a
-    GraphDef's: one line per check, then the problems (the first ``shown``), then the verdict."""
-    from rich.markup import escape
-
-    printer = SummaryPrinter(console)
-    say = printer.say
-    static, run = report.static, report.run
-
-    def verdict(ok: bool, text: str) -> None:
-        printer.verdict(ok, escape(text))
-
-    devices = ", ".join(f"{d} {n}" for d, n in static.devices.items()) or "none"
-    plural = "s" if len(static.devices) != 1 else ""
-    say(
-        f"[bold]{escape(static.placed)}[/]: "
-        + escape(f"{static.ops_total} nodes on {len(static.devices)} device{plural} ({devices})")
-    )
-    note = f" ({static.checker_note})" if static.checker_note else ""
-    verdict(static.checker is None, f"{'passes' if static.checker is None else 'fails'} onnx.checker{note}")
-    if static.original is not None:
-        if static.differences_count:
-            verdict(False, f"{static.differences_count} difference(s) from {static.original}")
-        else:
-            verdict(True, f"same model as {static.original}, baechi's annotations aside")
-    if static.without_device_count:
-        verdict(False, f"{static.without_device_count} of {static.ops_total} nodes have no device")
-    else:
-        verdict(True, "every node has a device")
-    where = f"configuration '{CONFIGURATION}' ({static.num_devices} devices)"
-    if static.annotation_problems_count:
-        verdict(False, f"{static.annotation_problems_count} node or configuration annotation problem(s)")
-    else:
-        verdict(True, f"device_configurations and {DEVICE_KEY} agree on every node, devices of {where}")
-    if run is not None:
-        verdict(run.ok, _run_summary(run, static.original is not None))
-    printer.outcome(report, shown)
-
-
-def _run_summary(run: OnnxRunResult, has_original: bool) -> str:
-    defaulted = f"; symbolic dims bound to 1: {', '.join(run.dims_defaulted)}" if run.dims_defaulted else ""
-    where = f"onnxruntime (CPU, seed {run.seed}{defaulted})"
-    if run.error:
-        return f"{where} failed"
-    same = sum(o.identical for o in run.outputs)
-    reference = f"{run.reference}'s" if has_original else "the unannotated model's"
-    return f"{where}: {same} of {len(run.outputs)} outputs identical to {reference}"

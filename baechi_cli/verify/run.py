@@ -1,0 +1,433 @@
+"""Run a placed GraphDef in TensorFlow, in a subprocess, and check it ran where placed.
+
+The run check (:func:`verify_placed_graph`) runs in a fresh Python subprocess
+(``python -m baechi_cli.verify PLACED SIDECAR --devices N [--original MODEL]
+--steps K --json``) because the number of devices must be fixed before
+TensorFlow initialises, and returns a :class:`VerifyResult`. Importing this
+module never imports TensorFlow; only the subprocess does (:func:`check`).
+
+The subprocess:
+
+1. Creates a TF1 ``Session`` with ``N`` CPU devices (``ConfigProto.device_count``;
+   ``tf.config.set_logical_device_configuration`` configures the eager context
+   only and a ``tf.compat.v1.Session`` does not see it), hides GPUs, and
+   turns oneDNN graph rewrites off (``TF_ENABLE_ONEDNN_OPTS=0``: they fuse
+   e.g. Conv2D into its BiasAdd within a device, so the Conv2D would vanish
+   from the step stats and go unchecked).
+2. Maps ``/device:GPU:i`` (also ``/GPU:i``, ``/gpu:i``, with or without a
+   job/replica/task prefix) to ``/device:CPU:i`` and imports the graph.
+   ``import_graph_def`` rewrites the device of every node carrying ``_class``
+   to that of the node it names, which would hide a placement that splits a
+   colocation group, so the requested device is re-applied to every op.
+3. Runs with ``allow_soft_placement=False`` (TF reports an impossible
+   placement as an error instead of moving ops), with all of grappler off
+   (``disable_meta_optimizer``: its remapper fuses MatMul+BiasAdd(+Relu) and
+   Conv2D+BiasAdd+Relu across devices and runs the fused kernel on the first
+   op's device; its constant folding and other rewrites replace nodes) and
+   with the classic graph optimizer at ``L0`` (no constant folding or CSE, so
+   Const nodes run too and get checked). The graph thus runs as written
+   (:func:`baechi_cli.tfsupport.as_written_config`).
+4. Runs the sidecar's ``init_op``, then ``loss`` + ``train_op`` for ``steps``
+   steps with ``FULL_TRACE``, and reads from the step stats the device each
+   node actually ran on. Every node of the graph that ran and has a requested
+   device is compared with that device; nodes TensorFlow adds (``_SOURCE``,
+   ``_Send``/``_Recv``, ``_arg_*``/``_retval_*`` for feeds and fetches) are
+   ignored. Nodes that never run in these steps (e.g. ``VarIsInitializedOp``,
+   fed Placeholders, which become ``_arg`` nodes) are not checked;
+   ``ops_checked`` says how many were.
+5. Runs the reference graph -- the original file when one is given, else the
+   placed graph -- with every device cleared, the same feeds, in a fresh
+   ``tf.Graph``, and compares the losses. Given known reference losses
+   (``reference_loss``, e.g. cached by a test), it skips this run.
+
+Feeds are synthetic and deterministic: ``numpy.random.RandomState(seed)``
+from the sidecar, one batch per step, floats from a standard normal, integers
+uniformly from the input's ``range`` ``[low, high)`` (default ``[0, 2)``),
+bools uniformly. The graph's own random ops must be seeded (the generator in
+``testdata/`` seeds them) or the two runs start from different weights.
+
+Losses are "equal" when bitwise equal or within 1e-6 relative difference.
+With TF 2.21 on CPU they have been bitwise equal for every placement tried:
+the kernels are the same and no cross-device reduction is reordered, because
+placement moves whole ops and never splits one. ``losses_bitwise_equal``
+says which case held.
+
+Failures are results, not exceptions: a placement TF rejects (e.g. "Cannot
+colocate nodes ...") comes back with ``ok=False`` and TF's message shortened
+to one line in ``error``. Only bad arguments (missing files, a malformed
+sidecar) raise :class:`~baechi_cli.errors.InputError`, and a missing
+TensorFlow raises :class:`~baechi_cli.errors.MissingDependencyError`.
+
+The sidecar is :mod:`baechi_cli.verify.sidecar`'s. Command line of the
+subprocess (:func:`main`, reached through ``baechi_cli/verify/__main__.py``):
+``python -m baechi_cli.verify PLACED SIDECAR --devices N [--original MODEL]
+[--reference-loss JSON] [--steps K] [--json]``; exit status 0 when the check
+passes, 1 when it fails, 2 for bad input, 5 when TensorFlow is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from baechi_cli.errors import EXIT_OK, BaechiError, InputError, one_line
+from baechi_cli.tfsupport import (
+    MESSAGE_LIMIT,
+    as_written_config,
+    map_device,
+    require_tensorflow,
+    shorten_tf_message,
+)
+from baechi_cli.verify.sidecar import load_sidecar
+
+EXIT_VERIFY_FAILED = 1
+RELATIVE_TOLERANCE = 1e-6
+#: What MissingDependencyError says when the run check cannot import TensorFlow.
+NEEDS_TENSORFLOW = "verify --run needs TensorFlow: pip install 'baechi[tf]' (the static checks do not)"
+
+_TF_LOG_RE = re.compile(r"^(?:[IWEF]\d{4} |WARNING: All log messages)")
+
+
+# --- the parent side ------------------------------------------------------------
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of one TensorFlow run check; ``ok`` is the verdict.
+
+    ``misplaced`` holds ``(op, requested, actual)``: the device as written in
+    the placed graph and the CPU device TensorFlow ran the op on (requested
+    ``/device:GPU:i`` corresponds to ``/device:CPU:i``). ``devices_used``
+    counts the graph's ops by the device they actually ran on.
+    ``loss_reference`` comes from the original graph when one was given,
+    else from the placed graph with its devices cleared.
+    """
+
+    ok: bool
+    loss_placed: list[float] = field(default_factory=list)
+    loss_reference: list[float] = field(default_factory=list)
+    losses_equal: bool = False
+    losses_bitwise_equal: bool = False
+    devices_used: dict[str, int] = field(default_factory=dict)
+    misplaced: list[tuple[str, str, str]] = field(default_factory=list)
+    ops_total: int = 0
+    ops_checked: int = 0
+    ops_unconstrained: int = 0  # ops of the placed graph without a device
+    error: str | None = None
+    num_devices: int = 0
+    steps: int = 0
+    sidecar: str | None = None
+    reference: str | None = None  # the file the reference loss came from
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> VerifyResult:
+        data = dict(data)
+        data["misplaced"] = [tuple(m) for m in data.get("misplaced", [])]
+        return cls(**data)
+
+    def problems(self) -> list[str]:
+        """One line per problem the run found."""
+        lines = []
+        if self.error:
+            lines.append(f"TensorFlow run: {self.error}")
+        if self.loss_placed and self.loss_reference and not self.losses_equal:
+            lines.append(f"the loss differs: {self.loss_placed} placed, {self.loss_reference} reference")
+        for op, requested, actual in self.misplaced:
+            lines.append(f"'{op}' is placed on {requested} but ran on {actual}")
+        if not lines and not self.ok:
+            lines.append("TensorFlow run failed")
+        return lines
+
+
+def verify_placed_graph(
+    placed_path: str,
+    sidecar_path: str,
+    num_devices: int,
+    *,
+    steps: int = 1,
+    original_path: str | None = None,
+    reference_loss: list[float] | None = None,
+    timeout_s: float | None = 600.0,
+) -> VerifyResult:
+    """Run ``placed_path`` on ``num_devices`` CPU devices in a fresh subprocess.
+
+    The reference loss comes from ``original_path`` when given (its devices
+    cleared), else from the placed graph with its devices cleared; a known
+    ``reference_loss`` (one value per step, e.g. from an earlier result with
+    the same sidecar and steps) skips that run. Returns a
+    failed result (never raises) for anything TensorFlow rejects, a crashed
+    subprocess, or one that runs longer than ``timeout_s`` seconds.
+    """
+    if num_devices < 1:
+        raise InputError(f"--devices must be at least 1, got {num_devices}")
+    if steps < 1:
+        raise InputError(f"--steps must be at least 1, got {steps}")
+    for path in (placed_path, original_path):
+        if path is not None and not Path(path).is_file():
+            raise InputError("no such file", path=path)
+    load_sidecar(sidecar_path)
+    require_tensorflow(NEEDS_TENSORFLOW)
+
+    # The child must import this package even when it is not installed.
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    cmd = [
+        sys.executable, "-m", "baechi_cli.verify", str(placed_path), str(sidecar_path),
+        "--devices", str(num_devices), "--steps", str(steps), "--json",
+    ]  # fmt: skip
+    if original_path is not None:
+        cmd += ["--original", str(original_path)]
+    if reference_loss is not None:
+        if len(reference_loss) != steps:
+            raise InputError(f"reference_loss has {len(reference_loss)} values for {steps} steps")
+        cmd += ["--reference-loss", json.dumps([float(x) for x in reference_loss])]
+    context = {
+        "num_devices": num_devices,
+        "steps": steps,
+        "sidecar": str(sidecar_path),
+        "reference": str(original_path or placed_path),
+    }
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return VerifyResult(ok=False, error=f"verification timed out after {timeout_s:g} s", **context)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    if lines:
+        try:
+            return VerifyResult.from_json(json.loads(lines[-1]))
+        except (ValueError, TypeError):
+            pass  # not our JSON line: report the child's stderr below
+    # The last line that is not TensorFlow's C++ logging: usually the exception.
+    stderr = [line for line in proc.stderr.splitlines() if line.strip() and not _TF_LOG_RE.match(line)]
+    reason = stderr[-1] if stderr else "no output"
+    return VerifyResult(
+        ok=False,
+        error=one_line(f"verification subprocess failed (exit {proc.returncode}): {reason}", MESSAGE_LIMIT),
+        **context,
+    )
+
+
+# --- the subprocess side ------------------------------------------------------
+
+
+def _losses_equal(a: list[float], b: list[float]) -> tuple[bool, bool]:
+    """(equal within tolerance, bitwise equal); NaN equals NaN."""
+    if len(a) != len(b) or not a:
+        return False, False
+    bitwise = all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
+    close = bitwise or all(
+        math.isclose(x, y, rel_tol=RELATIVE_TOLERANCE, abs_tol=0.0) for x, y in zip(a, b, strict=True)
+    )
+    return close, bitwise
+
+
+def _make_feeds(sidecar: dict[str, Any], steps: int) -> list[dict[str, Any]]:
+    import numpy as np
+
+    rng = np.random.RandomState(int(sidecar.get("seed", 0)))
+    feeds = []
+    for _ in range(steps):
+        batch = {}
+        for entry in sidecar["inputs"]:
+            dtype = np.dtype(entry["dtype"])
+            shape = [int(d) for d in entry["shape"]]
+            if dtype.kind in "iu":
+                low, high = entry.get("range", [0, 2])
+                batch[entry["name"]] = rng.randint(low, high, size=shape).astype(dtype)
+            elif dtype.kind == "b":
+                batch[entry["name"]] = rng.rand(*shape) < 0.5
+            else:
+                batch[entry["name"]] = rng.standard_normal(shape).astype(dtype)
+        feeds.append(batch)
+    return feeds
+
+
+def _run(
+    tf: Any,
+    graph_def: Any,
+    devices: dict[str, str],
+    sidecar: dict[str, Any],
+    feeds: list[dict[str, Any]],
+    config: Any,
+) -> tuple[list[float], dict[str, set[str]]]:
+    """Run init + len(feeds) training steps; (losses, node name -> devices it ran on)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(graph_def, name="")
+        for op in graph.get_operations():
+            # import_graph_def moved every _class member to its target's device.
+            op._set_device(devices.get(op.name, ""))
+    ran_on: dict[str, set[str]] = {}
+    losses: list[float] = []
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        for step in range(len(feeds) + 1):
+            metadata = tf.compat.v1.RunMetadata()
+            if step == 0:
+                session.run(sidecar["init_op"], options=options, run_metadata=metadata)
+            else:
+                loss, _ = session.run(
+                    [sidecar["loss"], sidecar["train_op"]],
+                    feed_dict=feeds[step - 1],
+                    options=options,
+                    run_metadata=metadata,
+                )
+                losses.append(float(loss))
+            for dev_stats in metadata.step_stats.dev_stats:
+                device = map_device(dev_stats.device)
+                for node in dev_stats.node_stats:
+                    ran_on.setdefault(node.node_name, set()).add(device)
+    return losses, ran_on
+
+
+def _tf_error(exc: BaseException) -> str:
+    message = getattr(exc, "message", None) or str(exc) or ""
+    return f"{type(exc).__name__}: {shorten_tf_message(message)}"
+
+
+def _load_graph_def(graph_pb2: Any, path: str) -> Any:
+    """TensorFlow's GraphDef from a binary or text file; InputError when it is neither."""
+    from google.protobuf import message, text_format
+
+    data = Path(path).read_bytes()
+    graph_def = graph_pb2.GraphDef()
+    text_first = path.lower().endswith((".pbtxt", ".txt"))
+    for as_text in (text_first, not text_first):
+        try:
+            if as_text:
+                text_format.Parse(data.decode("utf-8"), graph_def)
+            else:
+                graph_def.ParseFromString(data)
+            return graph_def
+        except (message.DecodeError, text_format.ParseError, UnicodeDecodeError):
+            graph_def.Clear()
+    raise InputError("not a GraphDef (neither binary nor text protobuf)", path=path)
+
+
+def check(
+    placed_path: str,
+    sidecar_path: str,
+    num_devices: int,
+    steps: int = 1,
+    original_path: str | None = None,
+    reference_loss: list[float] | None = None,
+) -> VerifyResult:
+    """The run check itself, in this process.
+
+    Meant for a fresh process: the environment settings below take effect only
+    if TensorFlow has not been imported yet.
+    """
+    sidecar = load_sidecar(sidecar_path)
+    os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # GPU:i is emulated by CPU:i
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+
+    placed = _load_graph_def(graph_pb2, placed_path)
+    requested = {node.name: map_device(node.device) for node in placed.node}
+    result = VerifyResult(
+        ok=False,
+        ops_total=len(placed.node),
+        ops_unconstrained=sum(1 for d in requested.values() if not d),
+        num_devices=num_devices,
+        steps=steps,
+        sidecar=sidecar_path,
+        reference=original_path or placed_path,
+    )
+    mapped = graph_pb2.GraphDef()
+    mapped.CopyFrom(placed)
+    for node in mapped.node:
+        node.device = requested[node.name]
+
+    feeds = _make_feeds(sidecar, steps)
+    config = as_written_config(tf, cpus=num_devices)
+    # Any exception here is TF rejecting or failing the graph; it becomes the
+    # result's one-line error, never a traceback.
+    if reference_loss is not None:
+        result.loss_reference = list(reference_loss)
+    else:
+        reference = graph_pb2.GraphDef()
+        reference.CopyFrom(_load_graph_def(graph_pb2, original_path) if original_path else placed)
+        for node in reference.node:
+            node.device = ""
+        try:
+            result.loss_reference, _ = _run(tf, reference, {}, sidecar, feeds, config)
+        except Exception as exc:
+            which = "the original graph" if original_path else "the unplaced graph"
+            result.error = f"{which} does not run: {_tf_error(exc)}"
+            return result
+        del reference
+    try:
+        result.loss_placed, ran_on = _run(tf, mapped, requested, sidecar, feeds, config)
+    except Exception as exc:
+        result.error = _tf_error(exc)
+        return result
+
+    by_name = {node.name: node.device for node in placed.node}
+    for name in sorted(ran_on.keys() & requested.keys()):
+        actual = ran_on[name]
+        for device in actual:
+            result.devices_used[device] = result.devices_used.get(device, 0) + 1
+        if requested[name]:
+            result.ops_checked += 1
+            if actual != {requested[name]}:
+                result.misplaced.append((name, by_name[name], ",".join(sorted(actual))))
+    result.devices_used = dict(sorted(result.devices_used.items()))
+    result.losses_equal, result.losses_bitwise_equal = _losses_equal(
+        result.loss_placed, result.loss_reference
+    )
+    result.ok = result.losses_equal and not result.misplaced and result.ops_checked > 0
+    if result.ops_checked == 0:
+        result.error = "no op with a requested device ran, so nothing was checked"
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The subprocess's command line (see the module docstring); returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m baechi_cli.verify",
+        description="Check that a placed GraphDef trains in TensorFlow exactly as placed.",
+    )
+    parser.add_argument("placed", help="placed GraphDef (.pb)")
+    parser.add_argument("sidecar", help="sidecar JSON: inputs, loss, train_op, init_op, seed")
+    parser.add_argument("--devices", type=int, required=True, help="number of devices to emulate")
+    parser.add_argument("--steps", type=int, default=1, help="training steps to run (default 1)")
+    parser.add_argument("--original", help="the unplaced GraphDef the reference loss comes from")
+    parser.add_argument(
+        "--reference-loss", type=json.loads, help="JSON list of known reference losses: skip that run"
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    args = parser.parse_args(argv)
+    try:
+        if args.devices < 1 or args.steps < 1:
+            raise InputError("--devices and --steps must be at least 1")
+        for path in (args.placed, args.original):
+            if path is not None and not Path(path).is_file():
+                raise InputError("no such file", path=path)
+        require_tensorflow(NEEDS_TENSORFLOW)
+        result = check(
+            args.placed, args.sidecar, args.devices, args.steps, args.original, args.reference_loss
+        )
+    except BaechiError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        from baechi_cli.render.verify import render_run_text
+
+        print(render_run_text(result))
+    return EXIT_OK if result.ok else EXIT_VERIFY_FAILED
