@@ -1,34 +1,32 @@
-"""The ``baechi`` command line: argument parsing and rich rendering only.
+"""The ``baechi`` command line: argument parsing, option checks, the calls and the exit codes.
 
-Heavy modules (the pipeline, protobuf, numpy) are imported inside commands so
-``baechi --help`` starts fast; TensorFlow is never imported by ``place``.
+Each command parses its options, calls :mod:`baechi_cli.pipeline`,
+:mod:`baechi_cli.compare`, :mod:`baechi_cli.profiling` or
+:mod:`baechi_cli.verify` and hands what they return to :mod:`baechi_cli.render`
+(the only modules that print with rich). Heavy modules (the pipeline,
+protobuf, numpy, rich) are imported inside commands so ``baechi --help``
+starts fast; TensorFlow is never imported by ``place``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from baechi_cli import __version__
-from baechi_cli.errors import EXIT_REGRESSION, BaechiError, InputError
-from baechi_cli.placers import PLACER_NAMES
+from baechi_cli import __version__, placers
+from baechi_cli.errors import EXIT_REGRESSION, BaechiError, InputError, one_line
+from baechi_cli.render.common import StageProgress, make_console, tensorflow_logs_hidden
+
+if TYPE_CHECKING:
+    from baechi_cli.devices import DeviceSpec
+    from baechi_cli.pipeline import PlaceOptions
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in baechi, not in the input
-
-
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    # rich honours NO_COLOR and drops styling when the stream is not a terminal;
-    # there, lines are not wrapped at rich's default 80 columns either.
-    width = None if stream.isatty() else 160
-    return Console(stderr=stderr, highlight=False, width=width)
 
 
 def _fail(err: BaseException) -> None:
@@ -38,9 +36,8 @@ def _fail(err: BaseException) -> None:
         sys.exit(err.exit_code)
     if os.environ.get("BAECHI_DEBUG"):
         raise err
-    text = " ".join(str(err).split()) or type(err).__name__
     click.echo(
-        f"internal error: {type(err).__name__}: {text} (a bug in baechi; rerun with BAECHI_DEBUG=1 "
+        f"internal error: {type(err).__name__}: {one_line(err)} (a bug in baechi; rerun with BAECHI_DEBUG=1 "
         "for the traceback and report it)",
         err=True,
     )
@@ -62,7 +59,7 @@ def main() -> None:
     """
 
 
-ALGOS = ("auto", *PLACER_NAMES)
+ALGOS = ("auto", *placers.names())
 
 
 def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int] | None:
@@ -87,8 +84,40 @@ _DIM_OPTION = click.option(
 )
 
 
+# The options of `place` and `compare` that are PlaceOptions fields, by the field's name.
+_PLACE_OPTION_FIELDS = (
+    "batch_size",
+    "dims",
+    "training",
+    "optimizer",
+    "comm",
+    "solver_time_limit",
+    "sct_threshold",
+    "forward_only",
+    "coplace",
+    "fusion",
+    "profile",
+)
+
+
+def _place_options(algo: str, placing: dict[str, Any]) -> PlaceOptions:
+    """The PlaceOptions of `place` and `compare`: ``algo`` and the fields ``_common_options`` collected."""
+    from baechi_cli.pipeline import PlaceOptions
+
+    return PlaceOptions(algo=algo, **placing)
+
+
 def _common_options(fn: Callable) -> Callable:
-    """Options shared by `place` and `compare`."""
+    """Options shared by `place` and `compare`.
+
+    The command gets those of :data:`_PLACE_OPTION_FIELDS` as one dict, ``placing``,
+    for :func:`_place_options`; the others as parameters of their own.
+    """
+
+    @functools.wraps(fn)
+    def command(**params: Any) -> None:
+        fn(placing={name: params.pop(name) for name in _PLACE_OPTION_FIELDS}, **params)
+
     options = [
         click.option(
             "--devices",
@@ -155,7 +184,6 @@ def _common_options(fn: Callable) -> Callable:
         ),
         click.option(
             "--profile",
-            "profile_path",
             type=click.Path(dir_okay=False),
             metavar="COSTS.json",
             help="Use this cost profile (`baechi profile MODEL -o COSTS.json`, analytic or --measure) "
@@ -171,8 +199,8 @@ def _common_options(fn: Callable) -> Callable:
         click.option("--quiet", "-q", is_flag=True, help="No progress and no summary."),
     ]
     for option in reversed(options):
-        fn = option(fn)
-    return fn
+        command = option(command)
+    return command
 
 
 @main.command()
@@ -194,24 +222,14 @@ def _common_options(fn: Callable) -> Callable:
 @_common_options
 def place(
     model: str,
-    device_spec: str,
     algo: str,
     output: str | None,
     report_path: str | None,
-    batch_size: int | None,
-    dims: dict[str, int] | None,
-    training: bool,
-    optimizer: str,
-    comm: str | None,
-    solver_time_limit: float,
-    sct_threshold: float,
-    forward_only: bool | None,
-    coplace: bool,
-    fusion: bool,
-    profile_path: str | None,
+    device_spec: str,
     trace_path: str | None,
     as_json: bool,
     quiet: bool,
+    placing: dict[str, Any],
 ) -> None:
     """Place MODEL on the devices.
 
@@ -221,24 +239,11 @@ def place(
     """
     try:
         from baechi_cli.devices import parse_devices
-        from baechi_cli.pipeline import PlaceOptions, build_report, place_model
+        from baechi_cli.pipeline import place_model
 
         devices = parse_devices(device_spec)
-        options = PlaceOptions(
-            algo,
-            batch_size,
-            comm,
-            solver_time_limit,
-            sct_threshold,
-            coplace,
-            fusion,
-            forward_only,
-            profile_path,
-            dims,
-            training,
-            optimizer,
-        )
-        with _Progress(enabled=not quiet) as progress:
+        options = _place_options(algo, placing)
+        with StageProgress(enabled=not quiet) as progress:
             outcome = place_model(
                 model,
                 devices,
@@ -249,11 +254,13 @@ def place(
                 progress=progress.stage,
             )
         if as_json:
-            from baechi_cli.io.report import dumps
+            from baechi_cli.io.report import build_report, dumps
 
             click.echo(dumps(build_report(outcome, options)), nl=False)
         elif not quiet:
-            _render_summary(outcome, [p for p in (output, report_path, trace_path) if p])
+            from baechi_cli.render.place import render_summary
+
+            render_summary(outcome, [p for p in (output, report_path, trace_path) if p])
     except (BaechiError, Exception) as err:  # noqa: BLE001 - every error becomes one line
         _fail(err)
 
@@ -264,7 +271,7 @@ def place(
     "--algos",
     default="topo,etf,sct",
     show_default=True,
-    help=f"Comma-separated algorithms to compare ({', '.join(PLACER_NAMES)}).",
+    help=f"Comma-separated algorithms to compare ({', '.join(placers.names())}).",
 )
 @click.option(
     "--baseline",
@@ -285,20 +292,10 @@ def compare(
     baseline: str | None,
     max_regression: str,
     device_spec: str,
-    batch_size: int | None,
-    dims: dict[str, int] | None,
-    training: bool,
-    optimizer: str,
-    comm: str | None,
-    solver_time_limit: float,
-    sct_threshold: float,
-    forward_only: bool | None,
-    coplace: bool,
-    fusion: bool,
-    profile_path: str | None,
     trace_path: str | None,
     as_json: bool,
     quiet: bool,
+    placing: dict[str, Any],
 ) -> None:
     """Run several algorithms on MODEL and compare them side by side.
 
@@ -307,41 +304,27 @@ def compare(
     communicated; --json prints the same as `baechi.compare/v1`.
     """
     try:
+        from baechi_cli.compare import compare_model, load_baseline, parse_algos, regressions
         from baechi_cli.devices import parse_devices
-        from baechi_cli.pipeline import PlaceOptions, compare_json, compare_model, load_baseline, parse_algos
+        from baechi_cli.io.report import compare_json, dumps
 
         names = parse_algos(algos)
         threshold = _parse_percent(max_regression)
         previous = load_baseline(baseline) if baseline else None
         devices = parse_devices(device_spec)
-        options = PlaceOptions(
-            "auto",
-            batch_size,
-            comm,
-            solver_time_limit,
-            sct_threshold,
-            coplace,
-            fusion,
-            forward_only,
-            profile_path,
-            dims,
-            training,
-            optimizer,
-        )
-        with _Progress(enabled=not quiet) as progress:
+        options = _place_options("auto", placing)
+        with StageProgress(enabled=not quiet) as progress:
             outcome = compare_model(
                 model, devices, names, options, trace_path=trace_path, progress=progress.stage
             )
         doc = compare_json(outcome)
         if as_json:
-            from baechi_cli.io.report import dumps
-
             click.echo(dumps(doc), nl=False)
         elif not quiet:
-            _render_compare(outcome, trace_path)
-        if previous is not None:
-            from baechi_cli.pipeline import regressions
+            from baechi_cli.render.compare import render_compare
 
+            render_compare(outcome, trace_path)
+        if previous is not None:
             found = regressions(doc, previous, threshold)
             for line in found:
                 click.echo(f"regression: {line}", err=True)
@@ -436,7 +419,7 @@ def verify(
     A second argument SIDECAR is the older spelling of --run --sidecar SIDECAR.
     """
     try:
-        from baechi_cli.pipeline import detect_format
+        from baechi_cli.io.models import detect_format
 
         onnx = detect_format(placed) == "onnx"
         if original is not None and (detect_format(original) == "onnx") != onnx:
@@ -458,12 +441,14 @@ def verify(
         if not run and (batch_size is not None or dims is not None):
             raise InputError("--batch-size and --dim apply only with --run")
         if onnx:
-            from baechi_cli.verify_onnx import render_onnx_report, verify_onnx
+            from baechi_cli.render.verify import render_onnx_report
+            from baechi_cli.verify.onnx import verify_onnx
 
             report: Any = verify_onnx(placed, original=original, run=run, batch_size=batch_size, dims=dims)
             render: Callable[[Any, Any], None] = render_onnx_report
         else:
-            from baechi_cli.verify import render_report, verify_graph
+            from baechi_cli.render.verify import render_report
+            from baechi_cli.verify.report import verify_graph
 
             report = verify_graph(
                 placed, original=original, run=run, sidecar=sidecar, num_devices=num_devices, steps=steps or 1
@@ -474,7 +459,7 @@ def verify(
 
             click.echo(json.dumps(report.to_json(), indent=2))
         else:
-            render(_console(), report)
+            render(make_console(), report)
         if not report.ok:
             sys.exit(EXIT_REGRESSION)
     except (BaechiError, Exception) as err:  # noqa: BLE001 - every error becomes one line
@@ -602,11 +587,11 @@ def profile(
             raise click.UsageError("--init-op needs --measure")
         if between is not None:
             raise click.UsageError("--between needs --comm")
-        from baechi_cli.pipeline import PROFILE_STAGES, profile_model
+        from baechi_cli.profiling import PROFILE_STAGES, profile_model
 
         with (
-            _tensorflow_logs_hidden(measure),
-            _Progress(enabled=not quiet, stages=PROFILE_STAGES) as progress,
+            tensorflow_logs_hidden(measure),
+            StageProgress(enabled=not quiet, stages=PROFILE_STAGES) as progress,
         ):
             outcome = profile_model(
                 model,
@@ -626,54 +611,22 @@ def profile(
 
             click.echo(dumps(outcome.profile), nl=False)
         elif not quiet:
-            _render_profile(outcome, top, output)
+            from baechi_cli.render.profile import render_profile
+
+            render_profile(outcome, top, output)
     except click.UsageError:
         raise
     except (BaechiError, Exception) as err:  # noqa: BLE001 - every error becomes one line
         _fail(err)
 
 
-@contextlib.contextmanager
-def _tensorflow_logs_hidden(enabled: bool) -> Iterator[None]:
-    """Keep TensorFlow's C++ log lines off the terminal while it runs.
-
-    TensorFlow logs from C++ straight to file descriptor 2 (oneDNN and CUDA
-    notices at import, optimizer notes per session), ignoring
-    TF_CPP_MIN_LOG_LEVEL for its first lines; they would tear the progress
-    bar and bury the summary. Descriptor 2 goes to a scratch file meanwhile,
-    while Python's ``sys.stderr`` (the progress bar, warnings) stays on the
-    original stream. Off with BAECHI_DEBUG=1, and wherever ``sys.stderr`` is
-    not descriptor 2 (a test runner capturing it).
-    """
-    try:
-        attached = sys.stderr.fileno() == 2
-    except (AttributeError, OSError, ValueError):
-        attached = False
-    if not enabled or not attached or os.environ.get("BAECHI_DEBUG"):
-        yield
-        return
-    import tempfile
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    python_stderr = sys.stderr
-    with tempfile.TemporaryFile() as scratch:
-        os.dup2(scratch.fileno(), 2)
-        sys.stderr = os.fdopen(
-            os.dup(saved), "w", buffering=1, encoding=python_stderr.encoding, errors="replace"
-        )
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            sys.stderr.close()
-            sys.stderr = python_stderr
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
 def _calibrate(
-    devices: Any, between: str | None, max_exp: int, output: str | None, as_json: bool, quiet: bool
+    devices: DeviceSpec | None,
+    between: str | None,
+    max_exp: int,
+    output: str | None,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     """``baechi profile --comm``: time transfers, fit, print and write the interconnect."""
     from baechi_cli.costs.comm import interconnect_yaml, measure_transfers
@@ -685,10 +638,10 @@ def _calibrate(
             raise InputError(f"--between '{between}' must name two devices: A,B (e.g. CPU:0,GPU:0)")
         src, dst = parts
     if output is not None:
-        from baechi_cli.pipeline import check_writable
+        from baechi_cli.io.models import check_writable
 
         check_writable(output)
-    with _tensorflow_logs_hidden(True), _Progress(enabled=not quiet, stages=("transfers",)) as progress:
+    with tensorflow_logs_hidden(True), StageProgress(enabled=not quiet, stages=("transfers",)) as progress:
         progress.stage("transfers")
         fit = measure_transfers(src, dst, max_exp=max_exp, progress=progress.steps)
     text = interconnect_yaml(fit, devices)
@@ -701,151 +654,14 @@ def _calibrate(
 
         click.echo(json.dumps(fit.to_json(), indent=2))
         return
-    if quiet:
-        return
-    console = _console()
-    console.print(f"[bold]{fit.src} -> {fit.dst}[/]: {len(fit.samples)} sizes, 2^0 .. 2^{max_exp} bytes")
-    table = _table(console, [("bytes", "right"), ("", "right"), ("median", "right"), ("fit", "right")])
-    for sample in fit.samples:
-        table.add_row(
-            f"2^{sample.nbytes.bit_length() - 1}",
-            _fmt_bytes(sample.nbytes),
-            _fmt_us(sample.median_us),
-            _fmt_us(fit.transfer_time_us(sample.nbytes)),
-        )
-    console.print(table)
-    console.print(f"fit: {fit.summary()}")
-    if fit.note:
-        console.print(f"note: {fit.note}")
-    if output is None:
-        console.print(text, end="", markup=False, highlight=False)
-    else:
-        console.print(f"wrote {output}")
+    if not quiet:
+        from baechi_cli.render.profile import render_comm_fit
 
-
-def _render_profile(outcome: Any, top: int, output: str | None) -> None:
-    """The human summary of ``baechi profile``."""
-    console = _console()
-    p, g = outcome.profile, outcome.graph
-    t = p.totals
-    console.print(
-        f"[bold]{outcome.path}[/]: {g.num_ops} ops, {g.num_edges} edges; {p.source} costs for {p.device}"
-    )
-    flops = f"{t.flops / 1e9:.2f} GFLOP" if t.flops else "FLOPs not counted"
-    console.print(
-        f"totals: compute {_fmt_us(t.compute_us)}, {flops}, persistent {_fmt_bytes(t.persistent_bytes)}, "
-        f"peak activations {_fmt_bytes(t.peak_activation_bytes)} "
-        f"(one device: step {_fmt_us(t.single_device_step_us)})"
-    )
-    total_us = t.compute_us or 1.0
-    if top:
-        table = _table(
-            console,
-            [
-                ("op", "left"),
-                ("type", "left"),
-                ("time", "right"),
-                ("share", "right"),
-                ("GFLOP", "right"),
-                ("output", "right"),
-                ("source", "left"),
-            ],
-        )
-        ranked = sorted(range(len(p.ops)), key=lambda i: (-p.ops[i].compute_us, i))[:top]
-        for i in ranked:
-            op = p.ops[i]
-            table.add_row(
-                op.name,
-                op.type,
-                _fmt_us(op.compute_us),
-                f"{op.compute_us / total_us:.1%}",
-                f"{op.flops / 1e9:.3f}",
-                _fmt_bytes(sum(op.output_bytes)),
-                op.source,
-            )
-        # Op names are long scopes: on a narrow terminal fold them, never cut them.
-        table.columns[0].overflow = "fold"
-        console.print(f"top {len(ranked)} ops by time")
-        console.print(table)
-    by_type: dict[str, list[float]] = {}
-    for op in p.ops:
-        row = by_type.setdefault(op.type, [0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += op.compute_us
-        row[2] += op.flops
-    rule = {c.op_type: c.rule for c in p.coverage}
-    table = _table(
-        console,
-        [
-            ("op type", "left"),
-            ("ops", "right"),
-            ("time", "right"),
-            ("share", "right"),
-            ("GFLOP", "right"),
-            ("rule", "left"),
-        ],
-    )
-    rows = sorted(by_type.items(), key=lambda kv: (-kv[1][1], kv[0]))
-    shown = rows[: max(top, 10)] if top else rows[:10]
-    for op_type, (count, us, fl) in shown:
-        table.add_row(
-            op_type,
-            str(int(count)),
-            _fmt_us(us),
-            f"{us / total_us:.1%}",
-            f"{fl / 1e9:.3f}",
-            rule.get(op_type, ""),
-        )
-    rest = rows[len(shown) :]
-    if rest:
-        table.add_row(
-            f"({len(rest)} more types)",
-            str(int(sum(r[1][0] for r in rest))),
-            _fmt_us(sum(r[1][1] for r in rest)),
-            f"{sum(r[1][1] for r in rest) / total_us:.1%}",
-            f"{sum(r[1][2] for r in rest) / 1e9:.3f}",
-            "",
-        )
-    console.print("by op type")
-    console.print(table)
-    _render_coverage(console, p)
-    if p.HasField("measurement"):
-        m = p.measurement
-        console.print(
-            f"measured: {t.measured_ops} of {g.num_ops} ops ran ({m.warmup} warm-up + {m.steps} steps, "
-            f"TensorFlow {m.tensorflow}); {m.not_run_count} kept analytic costs"
-            + (f", e.g. {', '.join(m.not_run[:3])}" if m.not_run else "")
-        )
-    for note in outcome.notes:
-        console.print(f"note: {note}")
-    if output:
-        console.print(f"wrote {output}")
-
-
-def _render_coverage(console: Any, p: Any) -> None:
-    """One line: how many ops each analytic rule kind costed, and the op types without a rule."""
-    by_rule: dict[str, int] = {}
-    uncovered: list[str] = []
-    for c in p.coverage:
-        by_rule[c.rule] = by_rule.get(c.rule, 0) + c.ops
-        if c.rule in ("uncovered", "fallback"):
-            uncovered.append(f"{c.op_type} ({c.ops})")
-    if "given" in by_rule:
-        console.print("coverage: costs as given in the workload file")
-        return
-    total = sum(by_rule.values()) or 1
-    ruled = total - by_rule.get("uncovered", 0) - by_rule.get("fallback", 0)
-    parts = ", ".join(f"{k} {v}" for k, v in sorted(by_rule.items(), key=lambda kv: -kv[1]))
-    console.print(
-        f"coverage: {ruled}/{total} ops ({ruled / total:.1%}) costed by a rule ({parts}); "
-        + (f"bytes only: {', '.join(uncovered)}" if uncovered else "no op type without a rule")
-    )
+        render_comm_fit(fit, max_exp, text, output)
 
 
 def _parse_percent(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05."""
-    from baechi_cli.errors import InputError
-
     raw = text.strip()
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
@@ -854,239 +670,3 @@ def _parse_percent(text: str) -> float:
     if not 0 <= value < 100:
         raise InputError(f"--max-regression '{text}' must be between 0% and 10000%")
     return value
-
-
-class _Progress:
-    """A rich progress bar over a command's stages, on stderr, only on a terminal.
-
-    ``stage(name)`` moves the bar to a stage; ``steps(done, total)`` fills the
-    current stage in proportion (measured profiling's warm-up and steps).
-    """
-
-    def __init__(self, enabled: bool, stages: tuple[str, ...] | None = None) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self._stages = stages
-        self._bar: Any = None
-        self._at = 0
-
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-            if self._stages is None:
-                from baechi_cli.pipeline import STAGES
-
-                self._stages = STAGES
-            self._bar = Progress(
-                TextColumn("{task.description:<10}"),
-                BarColumn(),
-                TimeElapsedColumn(),
-                console=_console(stderr=True),
-                transient=True,
-            )
-            self._bar.__enter__()
-            self._task = self._bar.add_task(self._stages[0], total=len(self._stages))
-        return self
-
-    def stage(self, name: str) -> None:
-        if self._bar is not None:
-            self._at = self._stages.index(name)  # type: ignore[union-attr]
-            self._bar.update(self._task, description=name, completed=self._at)
-
-    def steps(self, done: int, total: int) -> None:
-        if self._bar is not None and total > 0:
-            label = f"{self._stages[self._at]} {done}/{total}"  # type: ignore[index]
-            self._bar.update(self._task, description=label, completed=self._at + done / total)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.__exit__(*exc)
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def _fmt_us(us: float) -> str:
-    if us >= 1e6:
-        return f"{us / 1e6:.3f} s"
-    if us >= 1e3:
-        return f"{us / 1e3:.3f} ms"
-    return f"{us:.1f} µs"
-
-
-def _memory_bar(peak: int, memory: int, fancy: bool, width: int = 20) -> str:
-    full, empty = ("█", "░") if fancy else ("#", ".")
-    filled = round(min(peak / memory, 1.0) * width) if memory else 0
-    return full * filled + empty * (width - filled)
-
-
-def _table(console: Any, columns: list[tuple[str, str]]) -> Any:
-    from rich import box
-    from rich.table import Table
-
-    table = Table(box=box.SIMPLE_HEAD if console.is_terminal else box.ASCII2, show_edge=False, pad_edge=False)
-    for col, justify in columns:
-        table.add_column(col, justify=justify)
-    return table
-
-
-def _header(console: Any, prepared: Any) -> None:
-    spec, g = prepared.devices, prepared.graph
-    ic = spec.interconnect
-    console.print(
-        f"[bold]{prepared.path}[/]: {g.num_ops} ops, {g.num_edges} edges -> {spec.count} devices "
-        f"({ic.mode} comm, {ic.latency_us:g} µs + {ic.bandwidth_bytes_per_us / 1e3:.2f} GB/s)"
-    )
-    from baechi_cli.pipeline import ProfileCosts
-
-    costs = prepared.cost_report
-    if isinstance(costs, ProfileCosts):
-        article = "an" if costs.source[:1] in "aeiou" else "a"
-        console.print(f"costs: {costs.path}, {article} {costs.source} profile for {costs.device}")
-    t = prepared.training
-    if t is not None:
-        console.print(
-            f"training: {prepared.model_ops} forward ops + {t.backward_ops} backward + {t.update_ops} "
-            f"{t.optimizer} updates ({_fmt_bytes(t.optimizer_state_bytes)} optimizer state) synthesized"
-        )
-    pg = prepared.placement_graph
-    ran = [
-        p
-        for p in prepared.passes
-        if p.ops_before != p.ops_after or p.details.get("groups_before") != p.details.get("groups_after")
-    ]
-    if ran:
-        steps = ", ".join(
-            f"{p.name.replace('_', '-')} {p.ops_before}->{p.ops_after} ops"
-            if p.ops_before != p.ops_after
-            else f"{p.name.replace('_', '-')} {p.details['groups_before']}->{p.details['groups_after']} groups"
-            for p in ran
-        )
-        seconds = sum(p.seconds for p in prepared.passes)
-        console.print(f"passes: {steps}; placers see {pg.num_ops} nodes ({seconds:.3f} s)")
-
-
-def _render_summary(outcome: Any, written: list[str]) -> None:
-    from baechi_cli.pipeline import ALGORITHM_TITLES
-
-    console = _console()
-    spec, sim = outcome.devices, outcome.sim
-    step = sim.step_time_us
-    _header(console, outcome.prepared)
-    gap = (step / outcome.lower_bound_us - 1) if outcome.lower_bound_us > 0 else 0.0
-    single = outcome.single_device
-    if single is None:
-        single_text = "does not fit one device"
-    else:
-        speedup = single.step_time_us / step if step > 0 else 1.0
-        single_text = f"one device {_fmt_us(single.step_time_us)} ({speedup:.2f}x)"
-    console.print(
-        f"{ALGORITHM_TITLES[outcome.algorithm]}: step [bold]{_fmt_us(step)}[/], lower bound "
-        f"{_fmt_us(outcome.lower_bound_us)} (+{gap:.1%}), {single_text}; placed in "
-        f"{outcome.timings['place']:.3f} s"
-    )
-    if len(outcome.candidates) > 1:
-        tried = ", ".join(
-            f"{ALGORITHM_TITLES[c.algorithm]} "
-            + (_fmt_us(c.sim.step_time_us) if c.ok else "skipped" if "skipped" in str(c.error) else "failed")
-            for c in outcome.candidates
-        )
-        console.print(f"auto tried: {tried}")
-    console.print(f"communication: {len(sim.transfers)} transfers, {_fmt_bytes(sim.comm_bytes)}")
-    table = _table(
-        console,
-        [
-            ("device", "left"),
-            ("ops", "right"),
-            ("compute", "right"),
-            ("busy", "right"),
-            ("peak memory", "left"),
-        ],
-    )
-    for d, dev in enumerate(spec.devices):
-        table.add_row(
-            dev.name,
-            str(len(sim.order[d])),
-            _fmt_us(sim.compute_us[d]),
-            f"{sim.compute_us[d] / step:.0%}" if step > 0 else "-",
-            f"{_memory_bar(sim.peak_bytes[d], dev.memory_bytes, console.is_terminal)} "
-            f"{_fmt_bytes(sim.peak_bytes[d])} / {_fmt_bytes(dev.memory_bytes)}",
-        )
-    console.print(table)
-    _render_module_map(console, outcome)
-    for note in outcome.notes:
-        console.print(f"note: {note}")
-    if written:
-        console.print("wrote " + ", ".join(written))
-    else:
-        placed = "placed.onnx" if outcome.prepared.input_format == "onnx" else "placed.pb"
-        console.print(f"nothing written: add -o {placed}, --report report.json or --trace timeline.json")
-
-
-# The summary lists at most this many modules of the module map (the report has all).
-MODULE_MAP_SHOWN = 12
-
-
-def _render_module_map(console: Any, outcome: Any) -> None:
-    """A PyTorch export's plan as ``module -> device`` lines (the report's ``module_map``)."""
-    modules = outcome.module_map
-    if modules is None:
-        return
-    entries = list(modules.to_json()["modules"].items())
-    shown = ", ".join(f"{path or '(root)'} -> {device}" for path, device in entries[:MODULE_MAP_SHOWN])
-    more = (
-        f", ... ({len(entries) - MODULE_MAP_SHOWN} more in --report)"
-        if len(entries) > MODULE_MAP_SHOWN
-        else ""
-    )
-    console.print(f"modules: {shown}{more}")
-
-
-def _render_compare(outcome: Any, trace_path: str | None) -> None:
-    from baechi_cli.pipeline import ALGORITHM_TITLES
-
-    console = _console()
-    prepared = outcome.prepared
-    _header(console, prepared)
-    single = prepared.single_device
-    console.print(
-        f"lower bound {_fmt_us(prepared.lower_bound_us)}; one device "
-        + (_fmt_us(single.step_time_us) if single else "does not fit")
-    )
-    table = _table(
-        console,
-        [
-            ("algorithm", "left"),
-            ("place (s)", "right"),
-            ("step", "right"),
-            ("vs one device", "right"),
-            ("vs bound", "right"),
-            ("comm", "right"),
-            ("peak memory per device", "left"),
-        ],
-    )
-    best = min((c.sim.step_time_us for c in outcome.candidates if c.sim is not None), default=None)
-    for c in outcome.candidates:
-        title = ALGORITHM_TITLES[c.algorithm]
-        if c.sim is None:
-            table.add_row(title, f"{c.place_seconds:.3f}", "failed", "-", "-", "-", str(c.error))
-            continue
-        step = c.sim.step_time_us
-        speedup = f"{single.step_time_us / step:.2f}x" if single else "does not fit"
-        gap = f"+{step / prepared.lower_bound_us - 1:.1%}" if prepared.lower_bound_us > 0 else "-"
-        peaks = " ".join(_fmt_bytes(p) for p in c.sim.peak_bytes)
-        step_text = _fmt_us(step)
-        if step == best and console.is_terminal:
-            step_text = f"[bold green]{step_text}[/]"
-        table.add_row(
-            title, f"{c.place_seconds:.3f}", step_text, speedup, gap, _fmt_bytes(c.sim.comm_bytes), peaks
-        )
-    console.print(table)
-    for note in prepared.notes:
-        console.print(f"note: {note}")
-    if trace_path:
-        console.print(f"wrote {trace_path}")

@@ -4,7 +4,7 @@
 
 * counts and sizes: ``4x8GB``, ``2x16GB,2x8GB``, ``8GiB`` (one device);
 * a preset name (see :data:`PRESETS`, e.g. ``rtx2080x4``);
-* a YAML file (schema in DESIGN.md and the README).
+* a YAML file (schema in docs/DESIGN.md and the README).
 
 Sizes follow SI/IEC: ``8GB`` = 8e9 bytes, ``8GiB`` = 8 * 2**30 bytes.
 
@@ -265,7 +265,7 @@ _LINK_KEYS = {"a", "b", "latency", "bandwidth"}
 
 
 def load_devices_yaml(path: str) -> DeviceSpec:
-    """Read the YAML device schema of DESIGN.md; every error names the file and key."""
+    """Read the YAML device schema of docs/DESIGN.md; every error names the file and key."""
     import yaml
 
     try:

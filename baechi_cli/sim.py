@@ -2,7 +2,7 @@
 
 ``simulate(graph, devices, device_of)`` runs one step of ``graph`` with every
 op on the device ``device_of[op]`` and returns the timeline, per-device memory
-peaks and the step time, following DESIGN.md ("Simulation semantics"):
+peaks and the step time, following docs/DESIGN.md ("The evaluator"):
 
 * A device runs one op at a time. An op may start once its device is free and
   all its inputs are present there. Among the ready ops of a free device the
@@ -122,7 +122,6 @@ def simulate(
     device_of: Sequence[int],
     order: Sequence[Sequence[int]] | None = None,
     *,
-    sequence: Sequence[int] | None = None,
     cache_transfers: bool = True,
 ) -> SimResult:
     """Simulate one step of ``graph`` placed by ``device_of`` (see module docstring).
@@ -133,28 +132,11 @@ def simulate(
 
     ``order``, when given, fixes the sequence of ops on each device; it must
     list every op of that device exactly once and respect dependencies within
-    the device, else ``ValueError``.
-
-    ``sequence``, when given, replays a list schedule instead: the ops in that
-    (topological) order, each started as early as its device and inputs allow,
-    a missing input sent when its consumer is scheduled (see
-    :class:`ListSchedule`). This is how placers that schedule (m-ETF, m-SCT)
-    hand over their plan, channel order included.
+    the device, else ``ValueError``. Judge placements through
+    :func:`baechi_cli.evaluate.evaluate`, which calls this.
     """
     n, ndev = graph.num_ops, devices.count
-    if len(device_of) != n:
-        raise ValueError(f"placement covers {len(device_of)} ops, graph has {n}")
-    if any(not 0 <= d < ndev for d in device_of):
-        raise ValueError("placement names a device index out of range")
-    if sequence is not None:
-        if order is not None:
-            raise ValueError("give either order or sequence, not both")
-        if len(sequence) != n or len(set(sequence)) != n:
-            raise ValueError("sequence must list every op exactly once")
-        schedule = ListSchedule(graph, devices, list(device_of), cache_transfers=cache_transfers)
-        for v in sequence:
-            schedule.commit(v, device_of[v])
-        return schedule.result()
+    check_placement(graph, devices, device_of)
     rank = [0] * n
     for i, v in enumerate(graph.topo_order()):
         rank[v] = i
@@ -305,6 +287,14 @@ def simulate(
     )
 
 
+def check_placement(graph: OpGraph, devices: DeviceSpec, device_of: Sequence[int]) -> None:
+    """ValueError unless ``device_of`` gives every op of ``graph`` a device of ``devices``."""
+    if len(device_of) != graph.num_ops:
+        raise ValueError(f"placement covers {len(device_of)} ops, graph has {graph.num_ops}")
+    if any(not 0 <= d < devices.count for d in device_of):
+        raise ValueError("placement names a device index out of range")
+
+
 def transfer_length(tensors: TensorTable, ic: Interconnect, tid: int, src: int, dst: int) -> float:
     """µs to copy tensor ``tid`` from ``src`` to ``dst``: measured, else the comm model."""
     measured = tensors.measured_us[tid]
@@ -323,9 +313,16 @@ class ListSchedule:
     ``parallel`` mode it leaves when the producer ends.
 
     :meth:`data_ready` asks "when could v's inputs be on d?" without changing
-    anything: the question m-ETF and m-SCT ask of every candidate device, so
-    their predicted timeline is by construction the one ``simulate(...,
-    sequence=...)`` replays. Both methods cost O(indegree of v).
+    anything: the question m-ETF and m-SCT ask of every candidate device. Both
+    methods cost O(indegree of v).
+
+    This is a planning API, not a judge. In ``parallel`` mode the evaluator
+    (:func:`simulate` with the same per-device order) reproduces the planned
+    timeline exactly: the same start times, the same transfers (listed in the
+    order they were issued rather than committed) and the same memory. In ``sequential`` mode it
+    can differ: the evaluator's channels serve transfers in the order their
+    producers end, which a placer committing ops one at a time cannot know
+    yet, so here they are served in commit order and the plan is an estimate.
     """
 
     def __init__(
@@ -576,18 +573,6 @@ def _memory(
         peaks.append(peak)
         curves.append(curve)
     return peaks, persistent, curves
-
-
-def same_timeline(a: SimResult, b: SimResult) -> bool:
-    """Exactly the same placement, op times, transfers and memory peaks."""
-    return (
-        a.device_of == b.device_of
-        and a.start == b.start
-        and a.end == b.end
-        and a.transfers == b.transfers
-        and a.peak_bytes == b.peak_bytes
-        and a.step_time_us == b.step_time_us
-    )
 
 
 def lower_bound(graph: OpGraph, devices: DeviceSpec) -> float:

@@ -80,7 +80,7 @@ def place_once(model: Any, devices: str, optimizer: str | None) -> dict[str, Any
         return {"model": model.name, "devices": devices, "mode": mode_name(optimizer), "error": str(err)}
     outcome = runs[-1]
     prepared, sim = outcome.prepared, outcome.sim
-    from baechi_cli.pipeline import build_report
+    from baechi_cli.io.report import build_report
 
     report = build_report(outcome, options)
     return {

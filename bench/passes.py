@@ -37,6 +37,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
+from baechi_cli import placers  # noqa: E402
 from baechi_cli.devices import parse_devices  # noqa: E402
 from baechi_cli.io.workload_json import read_workload_meta  # noqa: E402
 from baechi_cli.pipeline import PlaceOptions, prepare, run_candidate  # noqa: E402
@@ -88,11 +89,11 @@ def measure(path: str, memory: str, flags: dict[str, bool]) -> dict[str, Any]:
         "algos": {},
     }
     for algo in ALGOS:
-        c = run_candidate(prepared, algo, options)
+        c = run_candidate(prepared, placers.get(algo), options)
         out["algos"][algo] = {
             "place_seconds": c.place_seconds,
             "step_time_us": c.sim.step_time_us if c.sim else None,
-            "error": str(c.error) if c.error else None,
+            "error": c.problem,
         }
     return out
 

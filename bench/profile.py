@@ -56,7 +56,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import numpy as np  # noqa: E402
 
 from baechi_cli.devices import load_devices_yaml, parse_devices  # noqa: E402
-from baechi_cli.pipeline import PlaceOptions, place_model, profile_model  # noqa: E402
+from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
+from baechi_cli.profiling import profile_model  # noqa: E402
 
 ANALYTIC_DEVICES = "1x8GB"  # `baechi profile`'s default
 ANALYTIC_REPEAT = 3
@@ -368,7 +369,8 @@ def compare(measured_profile: Any, analytic_profile: Any) -> dict[str, Any]:
 def placement(name: str, profiles: dict[str, str], measured_path: str) -> dict[str, Any]:
     """Place with every profile; judge every placement under the measured costs."""
     from baechi_cli.costs.profile import apply_profile, load_profile
-    from baechi_cli.pipeline import constraint_passes, load_model
+    from baechi_cli.io.models import load_model
+    from baechi_cli.pipeline import constraint_passes
     from baechi_cli.sim import simulate
 
     path = graph_path(name)
@@ -376,7 +378,7 @@ def placement(name: str, profiles: dict[str, str], measured_path: str) -> dict[s
     devices = parse_devices(PLACE_DEVICES)
     graph, fmt, _ = load_model(path, bs)
     graph = apply_profile(graph, load_profile(measured_path), measured_path, path)
-    graph, _ = constraint_passes(graph, fmt)
+    graph, _ = constraint_passes(graph, fmt, path)
     single = simulate(graph, devices, [0] * graph.num_ops)
     record: dict[str, Any] = {
         "graph": name,
@@ -731,7 +733,7 @@ HOW_TO_READ = [
     "## How to read this",
     "",
     "- An **analytic** profile costs every op from the graph's shapes (FLOPs and bytes through the "
-    "rules of `baechi_cli/costs/rules.py`, then `max(FLOPs / peak, bytes / bandwidth) + launch` on the "
+    "rules of `baechi_cli/costs/rules_tf.py` and `rules_onnx.py`, then `max(FLOPs / peak, bytes / bandwidth) + launch` on the "
     "device spec); it needs no TensorFlow and no hardware. Section 1 says how fast and how complete it is.",
     "- A **measured** profile runs the graph in TensorFlow and keeps each op's median time; ops that do "
     "not run in a training step keep analytic costs. Section 2 says how far the analytic model's per-op "

@@ -45,9 +45,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from baechi_cli import placers  # noqa: E402
 from baechi_cli.io.workload_json import read_workload_meta  # noqa: E402
-from baechi_cli.pipeline import ALGORITHM_TITLES, AUTO_CANDIDATES  # noqa: E402
-from baechi_cli.placers import PLACER_NAMES  # noqa: E402
 
 RUN_ONE = os.path.join(HERE, "run_one.py")
 WORKLOAD_DIR = os.path.join(ROOT, "testdata", "workloads")
@@ -105,8 +104,11 @@ TIME_TARGETS_S = {("etf", 20_000): 0.4, ("etf", 100_000): 3.0, ("sct", 20_000): 
 RSS_TARGET_OPS = 100_000
 RSS_TARGET_BYTES = 2 * 10**9
 
+PLACER_NAMES = placers.names()
+# What --algo auto tries, by its priority (registry order on ties).
+AUTO_CANDIDATES = tuple(spec.name for spec, _ in placers.auto_candidates(0))
 ALGO_ROWS = (*PLACER_NAMES, "auto")
-TITLES = {**ALGORITHM_TITLES, "auto": "auto"}
+TITLES = {**{name: placers.title(name) for name in PLACER_NAMES}, "auto": "auto"}
 
 
 def log(message: str) -> None:
@@ -230,7 +232,7 @@ def auto_error_kind(tried: list[dict[str, Any]]) -> str | None:
 def auto_error(tried: list[dict[str, Any]]) -> str | None:
     """The message ``--algo auto`` prints: a placer's says what it needs, "does not fit one device" less."""
     kind = auto_error_kind(tried)
-    ordered = sorted(tried, key=lambda r: r["algo"] == "single")
+    ordered = sorted(tried, key=lambda r: not placers.get(r["algo"]).respects_memory)
     return next((r["error"] for r in ordered if r.get("error_kind") == kind), None)
 
 

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from synthetic import layered_dag  # noqa: E402
 
+from baechi_cli import placers  # noqa: E402
 from baechi_cli.devices import DeviceSpec, parse_devices  # noqa: E402
 from baechi_cli.pipeline import PlaceOptions, Prepared, bounds, prepare, run_candidate  # noqa: E402
 
@@ -47,20 +48,20 @@ def prepare_synthetic(num_ops: int, devices: DeviceSpec) -> Prepared:
     t0 = time.perf_counter()
     graph = layered_dag(num_ops)
     t1 = time.perf_counter()
-    bound, single = bounds(graph, devices)
+    bound, _, single = bounds(graph, devices)
     timings = {"load": t1 - t0, "simulate": time.perf_counter() - t1}
     return Prepared(
-        f"{SYNTHETIC}{num_ops}",
-        "synthetic",
-        "",
-        graph,
-        devices,
-        [],
-        timings,
-        None,
-        bound,
-        single,
-        graph,
+        path=f"{SYNTHETIC}{num_ops}",
+        input_format="synthetic",
+        sha256="",
+        graph=graph,
+        devices=devices,
+        passes=[],
+        timings=timings,
+        cost_report=None,
+        lower_bound_us=bound,
+        single_device=single.timeline if single.feasible else None,
+        placement_graph=graph,
     )
 
 
@@ -79,7 +80,7 @@ def measure(source: str, spec: str, comm: str, algo: str, repeat: int) -> dict[s
     steps: list[float] = []
     first = None
     for _ in range(repeat):
-        candidate = run_candidate(prepared, algo, options)
+        candidate = run_candidate(prepared, placers.get(algo), options)
         first = first if first is not None else candidate
         seconds.append(candidate.place_seconds)
         if candidate.sim is None:
@@ -97,7 +98,7 @@ def measure(source: str, spec: str, comm: str, algo: str, repeat: int) -> dict[s
         "single_device_us": prepared.single_device.step_time_us if prepared.single_device else None,
         "comm_bytes": first.sim.comm_bytes if first.sim else None,
         "deterministic": len(set(steps)) <= 1,
-        "error": str(first.error) if first.error else None,
+        "error": first.problem,
         "error_kind": type(first.error).__name__ if first.error else None,
         "info": first.placement.info if first.placement else {},
         "rss_before_place_bytes": rss_before,

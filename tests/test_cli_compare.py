@@ -159,9 +159,12 @@ def test_json_stdout_is_pure_json_even_from_the_lp_solver():
 
 
 def test_auto_leaves_sct_out_of_big_graphs(tmp_path, monkeypatch):
-    import baechi_cli.pipeline as pipeline
+    import dataclasses
 
-    monkeypatch.setattr(pipeline, "AUTO_SCT_MAX_OPS", 10)  # GNMT places as 82 nodes after the passes
+    from baechi_cli import placers
+
+    # GNMT places as 82 nodes after the passes
+    monkeypatch.setitem(placers.REGISTRY, "sct", dataclasses.replace(placers.get("sct"), auto_max_nodes=10))
     rep = tmp_path / "r.json"
     r = invoke("place", GNMT, "--devices", DEVICES, "--report", str(rep), "-q")
     assert r.exit_code == 0, r.output

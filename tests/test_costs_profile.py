@@ -14,7 +14,9 @@ from baechi_cli.cli import main
 from baechi_cli.costs.profile import SCHEMA, apply_profile, dumps, load_profile, parse
 from baechi_cli.devices import parse_devices
 from baechi_cli.errors import InputError
-from baechi_cli.pipeline import PlaceOptions, load_model, place_model, profile_model
+from baechi_cli.io.models import load_model
+from baechi_cli.pipeline import PlaceOptions, place_model
+from baechi_cli.profiling import profile_model
 
 TESTDATA = os.path.join(os.path.dirname(__file__), "..", "testdata")
 CNN = os.path.join(TESTDATA, "cnn.pb")

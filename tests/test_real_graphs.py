@@ -47,7 +47,7 @@ def _model(name: str) -> Path:
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("name", REAL_GRAPHS)
 def test_placement_trains_as_placed(tmp_path: Path, name: str, algo: str) -> None:
-    from baechi_cli.verify import verify_graph
+    from baechi_cli.verify.report import verify_graph
 
     model = str(_model(name))
     placed, report = tmp_path / "placed.pb", tmp_path / "r.json"

@@ -414,7 +414,8 @@ def test_dynamo_style_export_maps_the_folded_modules(tmp_path):
     """A model shaped like the dynamo exporter's output (node metadata scopes, initializers named
     after parameters), through the pipeline: the conv whose batch norm absorbed it is mapped."""
     from baechi_cli.devices import parse_devices
-    from baechi_cli.pipeline import PlaceOptions, module_map_of, prepare
+    from baechi_cli.io.onnx import module_map_of
+    from baechi_cli.pipeline import PlaceOptions, prepare
 
     def scoped(node, *scopes):
         entry = node.metadata_props.add()
@@ -449,6 +450,6 @@ def test_dynamo_style_export_maps_the_folded_modules(tmp_path):
     names = prepared.graph.names
     # a made-up split: the fused conv and relu on one device, the rest on the other
     device_name = ["gpu1" if n in ("x", "node_Conv_0", "node_relu") else "gpu0" for n in names]
-    plan = module_map_of(prepared, device_name)
+    plan = module_map_of(prepared.graph, prepared.model_ops, device_name)
     assert plan.modules == {"bn1": "gpu1", "conv1": "gpu1", "relu": "gpu1", "pool": "gpu0", "fc": "gpu0"}
     assert [u.op for u in plan.unmapped_ops] == ["node_flatten"]

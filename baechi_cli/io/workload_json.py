@@ -18,7 +18,7 @@ Times in the file are milliseconds, sizes bytes. Per node:
 * Ops get dense ids in file order; node ``id`` s (unique integers, neither
   dense nor ordered in the published files) are only used to resolve edges.
 * name: the node's ``name`` when it is unique in the file, else ``str(id)``
-  (DESIGN.md). A name equal to another node's fallback ``str(id)`` falls back
+  (docs/DESIGN.md, "Outputs"). A name equal to another node's fallback ``str(id)`` falls back
   to its own id too, so names are always unique.
 * op_type: the node's ``type`` or ``opType`` string when present (none of the
   published files has one), else ``"workload"``.

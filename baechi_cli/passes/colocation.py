@@ -1,6 +1,6 @@
 """Colocation pass: the groups of ops that TensorFlow insists share a device.
 
-Two sources, merged transitively with union-find (DESIGN.md, "TensorFlow
+Two sources, merged transitively with union-find (docs/DESIGN.md, "TensorFlow
 facts"):
 
 * ``_class: ["loc:@name"]`` attributes (variables, their initializers,

@@ -5,7 +5,7 @@ A TF1 while loop (``tf.compat.v1.disable_control_flow_v2``) is a *frame*:
 iterations, ``Switch`` on ``LoopCond`` either feeds the body or leaves through
 ``Exit``, and ``NextIteration -> Merge`` closes the cycle. TensorFlow runs
 Enter, NextIteration and Exit on their loop neighbours' device whatever the
-graph asks (DESIGN.md, "TensorFlow facts"), and a loop is executed as a whole,
+graph asks (docs/DESIGN.md, "TensorFlow facts"), and a loop is executed as a whole,
 so the pass
 
 * finds every frame as TensorFlow's executor does: walking from the

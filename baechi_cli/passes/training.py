@@ -85,7 +85,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from baechi_cli.costs.analytic import op_time_us
-from baechi_cli.costs.rules import RULES, OpCount, OpView
+from baechi_cli.costs.registry import OpCount, OpView, rule_for
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InputError
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
@@ -263,7 +263,7 @@ def _update_count(op_type: str, param_bytes: int, slots: int) -> OpCount:
         ["float32_ref"],
         [param_bytes],
     )
-    return RULES[op_type].fn(view)
+    return rule_for(op_type).fn(view)
 
 
 def _unique(name: str, taken: set[str]) -> str:

@@ -1,70 +1,205 @@
-"""Placers: ``place(graph, devices, options) -> Placement``, found by name in :data:`PLACERS`.
+"""The placer contract and the registry every command reads placers from.
 
-Every placer honours colocation groups (``graph.group``): the whole group
-goes where its first op goes, on a device where the group's memory fits
-(co-adjusted placement). Every placer never exceeds device memory as counted
-by :class:`~baechi_cli.placers.memory.MemoryLedger`, an upper bound of the
-simulator's peak, and raises :class:`~baechi_cli.errors.InfeasibleError`
-saying how much memory is needed and how much the devices give when it
-cannot place the graph.
+A placer is a function ``place(graph, devices, options) -> Placement``:
+
+* ``graph`` is what the passes left (fused nodes, colocation groups in
+  ``graph.group``); ``devices`` the device spec; ``options`` an instance of
+  the placer's own options dataclass (:attr:`PlacerSpec.options`).
+* It returns which device each node runs on and, when it planned one, the
+  order it committed nodes in (:attr:`Placement.sequence`, a topological
+  order). It never judges itself: the pipeline expands the placement onto
+  the ops and :func:`baechi_cli.evaluate.evaluate` decides its step time,
+  memory and feasibility, for every placer alike.
+* It honours colocation groups (a whole group on one device) and, when
+  :attr:`PlacerSpec.respects_memory`, never exceeds device memory as the
+  :class:`~baechi_cli.placers.memory.MemoryLedger` counts it, raising
+  :class:`~baechi_cli.errors.InfeasibleError` (how much memory is needed and
+  how much the devices give) when it cannot place the graph.
+
+Adding a placer is one module with a ``place`` function plus one
+:func:`register` call (see docs/DESIGN.md, "Adding a placer"). The CLI's
+``--algo`` choices, ``--algo auto``, ``baechi compare`` and the report all
+read :data:`REGISTRY`.
+
+Example:
+    >>> spec = get("etf")
+    >>> spec.title, spec.auto, spec.options
+    ('m-ETF', True, <class 'baechi_cli.placers.NoOptions'>)
+    >>> names()
+    ('topo', 'etf', 'sct', 'single')
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.graph import OpGraph
-from baechi_cli.sim import ListSchedule, SimResult
+from baechi_cli.errors import InputError
+from baechi_cli.placers.sct_lp import DEFAULT_THRESHOLD
+
+if TYPE_CHECKING:
+    from baechi_cli.devices import DeviceSpec
+    from baechi_cli.graph import OpGraph
+    from baechi_cli.sim import ListSchedule, SimResult
 
 
 @dataclass
 class Placement:
-    """Which device each op runs on, and optionally the order the placer planned."""
+    """Which device each node runs on, and the order the placer planned (if it planned one)."""
 
     device_of: list[int]
-    # The placer's list schedule (every op, in commit order), replayed by
-    # simulate(..., sequence=...); None: the simulator decides the order.
+    # Every node in the order the placer committed it (a topological order); the
+    # evaluator runs each device's nodes in this order. None: the evaluator's
+    # dispatch rule orders them (earliest ready first).
     sequence: list[int] | None = None
-    # The placer's own schedule (placers that schedule): ``predicted`` turns it
-    # into a timeline on demand, outside the timed placement.
+    # The placer's own list schedule, for tests that compare its prediction with
+    # the evaluator's judgement; never used to judge the placement.
     schedule: ListSchedule | None = field(default=None, repr=False)
+    info: dict[str, Any] = field(default_factory=dict)  # placer-specific facts for the report
 
     @property
     def predicted(self) -> SimResult | None:
-        """The timeline the placer itself predicts; the pipeline checks it against the simulator."""
+        """The timeline the placer itself planned (None when it planned none)."""
         return None if self.schedule is None else self.schedule.result()
 
-    info: dict[str, Any] = field(default_factory=dict)  # placer-specific facts for the report
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a placer that takes none."""
 
 
-PlacerFn = Callable[[OpGraph, DeviceSpec, dict[str, Any]], Placement]
+PlaceFn = Callable[["OpGraph", "DeviceSpec", Any], Placement]
 
 
-# name -> (module whose ``place`` implements it, one-line description). Modules
-# are imported on first use so `baechi --help` stays fast.
-PLACERS: dict[str, tuple[str, str]] = {
-    "topo": (
-        "baechi_cli.placers.topo",
+@dataclass(frozen=True)
+class PlacerSpec:
+    """Everything the tool knows about one placer.
+
+    ``module`` names the module whose ``place`` implements it, imported on
+    first use so ``baechi --help`` stays fast. ``auto`` says whether
+    ``--algo auto`` tries it, and ``auto_max_nodes`` up to how many nodes
+    (what the placers see after the passes); above that auto lists it as
+    skipped with ``auto_skip_reason``. ``respects_memory`` is the placer's
+    promise never to exceed device memory: the evaluator finding it over
+    memory is then a bug, not the model's infeasibility.
+    """
+
+    name: str  # the --algo value
+    title: str  # what the summary calls it
+    summary: str  # one line for --help and the docs
+    module: str
+    options: type = NoOptions
+    auto: bool = True
+    auto_max_nodes: int | None = None
+    auto_skip_reason: str = ""
+    # Among candidates with equal step times auto keeps the lowest; also the order
+    # auto lists its candidates in.
+    auto_priority: int = 100
+    respects_memory: bool = True
+
+    def place(self, graph: OpGraph, devices: DeviceSpec, options: Any = None) -> Placement:
+        """Run the placer; ``options`` defaults to its options dataclass's defaults."""
+        fn: PlaceFn = importlib.import_module(self.module).place
+        return fn(graph, devices, self.options() if options is None else options)
+
+    def make_options(self, values: dict[str, Any]) -> Any:
+        """The placer's options from ``values``, taking only the fields it has."""
+        own = {f.name for f in fields(self.options)}
+        return self.options(**{k: v for k, v in values.items() if k in own})
+
+
+REGISTRY: dict[str, PlacerSpec] = {}
+
+
+def register(spec: PlacerSpec) -> PlacerSpec:
+    """Add ``spec`` to the registry; ValueError when its name or title is taken or reserved."""
+    if spec.name in REGISTRY or spec.name == "auto":
+        raise ValueError(f"a placer named {spec.name!r} is already registered")
+    if any(s.title == spec.title for s in REGISTRY.values()):
+        raise ValueError(f"a placer titled {spec.title!r} is already registered")
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a placer (tests that register an example placer clean up with this)."""
+    del REGISTRY[name]
+
+
+def names() -> tuple[str, ...]:
+    """Registered placer names, in registration order."""
+    return tuple(REGISTRY)
+
+
+def auto_candidates(nodes: int) -> list[tuple[PlacerSpec, bool]]:
+    """What ``--algo auto`` considers on a graph of ``nodes`` nodes: (spec, skipped), by priority."""
+    specs = sorted((s for s in REGISTRY.values() if s.auto), key=lambda s: s.auto_priority)
+    return [(s, s.auto_max_nodes is not None and nodes > s.auto_max_nodes) for s in specs]
+
+
+def get(name: str) -> PlacerSpec:
+    """The placer called ``name``; an unknown name is an InputError listing the known ones."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise InputError(f"unknown algorithm '{name}' (choose from auto, {', '.join(REGISTRY)})") from None
+
+
+def title(name: str) -> str:
+    """The placer's title, or the name itself for one that is not registered (never a KeyError)."""
+    spec = REGISTRY.get(name)
+    return spec.title if spec is not None else name
+
+
+@dataclass(frozen=True)
+class SCTOptions:
+    """m-SCT's options: the LP's time limit (seconds, None: none) and the rounding threshold."""
+
+    solver_time_limit: float | None = 60.0
+    sct_threshold: float = DEFAULT_THRESHOLD
+
+
+register(
+    PlacerSpec(
+        "topo",
+        "m-TOPO",
         "m-TOPO: topological order, devices filled in turn up to an equal share of compute",
-    ),
-    "etf": (
-        "baechi_cli.placers.etf",
+        "baechi_cli.placers.topo",
+        auto_priority=3,
+    )
+)
+register(
+    PlacerSpec(
+        "etf",
+        "m-ETF",
         "m-ETF: earliest task first with memory filter and co-adjusted colocation",
-    ),
-    "sct": (
-        "baechi_cli.placers.sct",
+        "baechi_cli.placers.etf",
+        auto_priority=1,
+    )
+)
+register(
+    PlacerSpec(
+        "sct",
+        "m-SCT",
         "m-SCT: favorite-child LP (OR-Tools) rounded, then list scheduling that keeps favorites together",
-    ),
-    "single": ("baechi_cli.placers.single", "everything on one device (the largest)"),
-}
-PLACER_NAMES = tuple(PLACERS)
-
-
-def get_placer(name: str) -> PlacerFn:
-    """The placer called ``name``; KeyError for an unknown name."""
-    import importlib
-
-    return importlib.import_module(PLACERS[name][0]).place
+        "baechi_cli.placers.sct",
+        options=SCTOptions,
+        # Its LP alone takes seconds at 5k nodes and tens of seconds at 20k
+        # (bench/lp_backends.md), against a promise of placement in about a second.
+        auto_max_nodes=5000,
+        auto_skip_reason="its LP would take tens of seconds",
+        auto_priority=2,
+    )
+)
+register(
+    PlacerSpec(
+        "single",
+        "single device",
+        "everything on one device (the largest)",
+        "baechi_cli.placers.single",
+        auto_priority=0,  # a split that only ties one device is not worth its transfers
+        respects_memory=False,
+    )
+)

@@ -17,20 +17,18 @@ Example:
     >>> y = b.add_op("y", "Y", [8], compute_us=1000)
     >>> z = b.add_op("z", "Z", [8], compute_us=1000)
     >>> _ = [b.add_edge(a, v) for v in (x, y, z)]
-    >>> place(b.build(), parse_devices("2x1GB"), {}).device_of   # z is worth the 134 µs transfer
+    >>> place(b.build(), parse_devices("2x1GB"), NoOptions()).device_of   # z is worth the 134 µs transfer
     [0, 0, 0, 1]
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
-from baechi_cli.placers import Placement
+from baechi_cli.placers import NoOptions, Placement
 from baechi_cli.placers.listsched import list_schedule
 
 
-def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Placement:
+def place(graph: OpGraph, devices: DeviceSpec, options: NoOptions) -> Placement:
     """Place ``graph`` with m-ETF; raises InfeasibleError when an op's group fits nowhere."""
     return list_schedule(graph, devices, "m-ETF")

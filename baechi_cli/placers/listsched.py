@@ -13,9 +13,9 @@ predecessors are committed, and a device is a candidate for it when:
 * the placer's ``allowed(v, d)`` does not forbid it.
 
 Start times come from :class:`~baechi_cli.sim.ListSchedule`, the simulator's
-own list-schedule semantics (device channels and cached copies in
-``sequential`` mode), so the timeline a placer predicts is exactly what
-``simulate(..., sequence=placement.sequence)`` computes.
+list-schedule API (device channels and cached copies in ``sequential``
+mode). The placement carries the commit order; the evaluator judges it
+(exactly as planned in ``parallel`` mode, see ListSchedule).
 
 Data structures: per device, ``waiting`` is a heap of candidates keyed by
 (data-ready time, rank, preference), and ``available`` a heap keyed by

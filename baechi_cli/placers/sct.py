@@ -7,8 +7,8 @@
    parent per op, which is what Hanen & Munier's rounding and its
    approximation bound use).
 2. List-schedule like m-ETF (same engine, same memory filter and co-adjusted
-   colocation) with the favorite-child rule, twice, keeping the schedule with
-   the better predicted step time:
+   colocation) with the favorite-child rule, twice, keeping the schedule the
+   evaluator judges faster:
 
    * favorites break ties: when a favorite child can start equally early on
      several devices, it goes to its favorite parent's device, so it runs
@@ -32,20 +32,20 @@ Complexity: the LP solve (see bench/lp_backends.md) plus m-ETF's engine.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InfeasibleError
+from baechi_cli.evaluate import evaluate
 from baechi_cli.graph import OpGraph
-from baechi_cli.placers import Placement
+from baechi_cli.placers import Placement, SCTOptions
 from baechi_cli.placers.listsched import list_schedule
-from baechi_cli.placers.sct_lp import DEFAULT_THRESHOLD, favorite_children, solve_favorite_lp
+from baechi_cli.placers.sct_lp import favorite_children, solve_favorite_lp
 
 
-def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Placement:
-    """Place ``graph`` with m-SCT. Options: ``solver_time_limit`` (s), ``sct_threshold``."""
-    threshold = options.get("sct_threshold", DEFAULT_THRESHOLD)
-    lp = solve_favorite_lp(graph, devices, time_limit_s=options.get("solver_time_limit"))
+def place(graph: OpGraph, devices: DeviceSpec, options: SCTOptions) -> Placement:
+    """Place ``graph`` with m-SCT (``options``: the LP's time limit and the rounding threshold)."""
+    threshold = options.sct_threshold
+    lp = solve_favorite_lp(graph, devices, time_limit_s=options.solver_time_limit)
     favorite = favorite_children(lp, threshold)
     favorite_parent = [-1] * graph.num_ops
     for u, child in enumerate(favorite):
@@ -56,7 +56,8 @@ def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Place
         parent = favorite_parent[v]
         return 0 if parent >= 0 and device_of[parent] == d else 1
 
-    # Two readings of the rule, both from the same LP; the better prediction wins.
+    # Two readings of the rule, both from the same LP; the better one, as the evaluator
+    # judges it, wins.
     t0 = time.perf_counter()
     schedules = []
     for first in (False, True):
@@ -66,7 +67,7 @@ def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Place
             failure = err
     if not schedules:
         raise failure
-    placement = min(schedules, key=lambda p: p.predicted.step_time_us)
+    placement = min(schedules, key=lambda p: evaluate(graph, devices, p).value_us)
     placement.info = {
         "rule": "favorites first"
         if placement is schedules[-1] and len(schedules) == 2

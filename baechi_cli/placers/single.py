@@ -6,11 +6,9 @@ by the simulator's peak, like every other placement.
 
 from __future__ import annotations
 
-from typing import Any
-
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
-from baechi_cli.placers import Placement
+from baechi_cli.placers import NoOptions, Placement
 
 
 def largest_device(devices: DeviceSpec) -> int:
@@ -18,5 +16,5 @@ def largest_device(devices: DeviceSpec) -> int:
     return memory.index(max(memory))
 
 
-def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Placement:
+def place(graph: OpGraph, devices: DeviceSpec, options: NoOptions) -> Placement:
     return Placement([largest_device(devices)] * graph.num_ops)

@@ -18,21 +18,19 @@ Example:
     >>> b = GraphBuilder()
     >>> ids = [b.add_op(f"op{i}", "X", [8], compute_us=10) for i in range(4)]
     >>> for s, d in zip(ids, ids[1:]): _ = b.add_edge(s, d)
-    >>> place(b.build(), parse_devices("2x1KB"), {}).device_of
+    >>> place(b.build(), parse_devices("2x1KB"), NoOptions()).device_of
     [0, 0, 1, 1]
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
-from baechi_cli.placers import Placement
+from baechi_cli.placers import NoOptions, Placement
 from baechi_cli.placers.memory import MemoryLedger, infeasible
 
 
-def place(graph: OpGraph, devices: DeviceSpec, options: dict[str, Any]) -> Placement:
+def place(graph: OpGraph, devices: DeviceSpec, options: NoOptions) -> Placement:
     """Place ``graph`` with m-TOPO; raises InfeasibleError when a group fits nowhere."""
     ndev = devices.count
     dur = graph.compute_us

@@ -1,0 +1,135 @@
+"""``baechi compare``: every algorithm on one prepared model, and the regression gate.
+
+:func:`compare_model` prepares the model once and runs each placer of
+``algos`` on it; every placement is judged by the one evaluator, as in
+``baechi place``. :func:`regressions` compares a ``baechi.compare/v1``
+document with a baseline of the same schema (``--baseline``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from baechi_cli import placers
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.errors import InputError
+from baechi_cli.io.models import check_writable
+from baechi_cli.io.report import COMPARE_SCHEMA
+from baechi_cli.pipeline import STAGES, Candidate, PlaceOptions, Prepared, prepare, run_candidate
+
+# Placement-time regressions smaller than this are timer noise, not regressions.
+PLACE_TIME_NOISE_S = 0.05
+
+
+@dataclass
+class CompareOutcome:
+    prepared: Prepared
+    candidates: list[Candidate]
+    timings: dict[str, float]
+
+
+def parse_algos(text: str) -> list[str]:
+    """``topo,etf,sct`` -> names; an unknown name is an InputError listing the registered ones."""
+    known = placers.names()
+    algos = [a.strip() for a in text.split(",") if a.strip()]
+    if not algos:
+        raise InputError(f"--algos is empty (choose from {', '.join(known)})")
+    for a in algos:
+        if a not in known:
+            raise InputError(f"unknown algorithm '{a}' in --algos (choose from {', '.join(known)})")
+    return list(dict.fromkeys(algos))
+
+
+def compare_model(
+    path: str,
+    devices: DeviceSpec,
+    algos: list[str],
+    options: PlaceOptions,
+    *,
+    trace_path: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CompareOutcome:
+    """Run every algorithm of ``algos`` on one prepared model."""
+    step = progress or (lambda stage: None)
+    if trace_path is not None:
+        check_writable(trace_path)
+    t_start = time.perf_counter()
+    prepared = prepare(path, devices, options, step)
+    timings = dict.fromkeys(STAGES, 0.0) | prepared.timings
+    step("place")
+    candidates = [run_candidate(prepared, placers.get(algo), options) for algo in algos]
+    timings["place"] = sum(c.place_seconds for c in candidates)
+    step("write")
+    if trace_path is not None:
+        from baechi_cli.io.trace import build_trace, merge_traces, write_trace
+
+        traces = [
+            build_trace(prepared.graph, prepared.devices, c.sim, title=c.algorithm)
+            for c in candidates
+            if c.sim is not None
+        ]
+        write_trace(trace_path, merge_traces(traces))
+    timings["total"] = time.perf_counter() - t_start
+    return CompareOutcome(prepared, candidates, timings)
+
+
+def load_baseline(path: str) -> dict[str, Any]:
+    """A previous ``baechi compare --json`` output; another schema is an InputError."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise InputError("baseline file not found", path=path) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"baseline is not JSON: {err}", path=path) from None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema != COMPARE_SCHEMA:
+        raise InputError(
+            f"baseline has schema {schema!r}, expected '{COMPARE_SCHEMA}' (make it with baechi compare --json)",
+            path=path,
+        )
+    if not isinstance(doc.get("results"), list):
+        raise InputError("baseline has no 'results' list", path=path)
+    return doc
+
+
+def regressions(current: dict[str, Any], baseline: dict[str, Any], max_regression: float) -> list[str]:
+    """Each algorithm whose step or placement time got worse than the baseline by more than the threshold.
+
+    Algorithms missing on either side are not compared; an algorithm that
+    placed in the baseline and fails now is a regression. Placement-time
+    differences under ``PLACE_TIME_NOISE_S`` are ignored as timer noise.
+    """
+    before = {r.get("algorithm"): r for r in baseline["results"] if isinstance(r, dict)}
+    found = []
+    for r in current["results"]:
+        old = before.get(r["algorithm"])
+        if old is None:
+            continue
+        name = r["algorithm"]
+        old_step, new_step = old.get("step_time_us"), r.get("step_time_us")
+        if old_step is not None and new_step is None:
+            found.append(f"{name}: placed in the baseline, fails now ({r.get('error')})")
+            continue
+        if old_step and new_step is not None and new_step > old_step * (1 + max_regression):
+            found.append(
+                f"{name}: step time {new_step:.1f} us vs {old_step:.1f} us "
+                f"(+{new_step / old_step - 1:.1%} > {max_regression:.1%})"
+            )
+        old_t, new_t = old.get("place_seconds"), r.get("place_seconds")
+        if (
+            isinstance(old_t, (int, float))
+            and new_t is not None
+            and new_t > old_t * (1 + max_regression)
+            and new_t - old_t > PLACE_TIME_NOISE_S
+        ):
+            found.append(
+                f"{name}: placement time {new_t:.3f} s vs {old_t:.3f} s "
+                f"(+{(new_t / old_t - 1) if old_t else float('inf'):.1%} > {max_regression:.1%})"
+            )
+    return found

@@ -1,0 +1,89 @@
+"""The evaluator: one judge for every placement, whichever placer made it.
+
+``evaluate(graph, devices, placement, objective)`` runs the simulator
+(:func:`baechi_cli.sim.simulate`, one engine with one semantics, docs/DESIGN.md
+"The evaluator") on the placement and scores it by the objective.
+Placers may plan with the simulator's list-schedule API
+(:class:`baechi_cli.sim.ListSchedule`), but their plan is only a proposal:
+the device of every op and, when the placer planned one, the order of the ops
+on each device. Start times, transfers, channel contention and memory peaks
+are always the evaluator's, so candidates of different placers (and of
+different options) are ranked by the same rules. This is the split between
+XLA auto-sharding's solver and its ``Evaluate``.
+
+Objectives: ``makespan`` (one training step's time, the end of the last op
+or transfer). The objective is a parameter so that others (pipelined
+throughput) score the same timeline their own way.
+
+Complexity: that of :func:`~baechi_cli.sim.simulate`, O((V + E) log V).
+
+Example:
+    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.devices import parse_devices
+    >>> from baechi_cli.placers import Placement
+    >>> b = GraphBuilder()
+    >>> a = b.add_op("a", "A", [1000], compute_us=10)
+    >>> c = b.add_op("c", "C", [], compute_us=5)
+    >>> _ = b.add_edge(a, c)
+    >>> e = evaluate(b.build(), parse_devices("2x1GB"), Placement([0, 1]))
+    >>> e.objective, round(e.value_us, 3), e.feasible
+    ('makespan', 149.175, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.graph import OpGraph
+from baechi_cli.placers import Placement
+from baechi_cli.sim import SimResult, simulate
+
+OBJECTIVES = ("makespan",)
+
+
+@dataclass
+class Evaluation:
+    """A placement judged: its objective value and the timeline it came from."""
+
+    objective: str
+    value_us: float  # what the objective minimises, in µs (makespan: the step time)
+    timeline: SimResult
+
+    @property
+    def feasible(self) -> bool:
+        """Every device's simulated peak fits its memory."""
+        return self.timeline.feasible
+
+    @property
+    def step_time_us(self) -> float:
+        return self.timeline.step_time_us
+
+
+def device_order(sequence: Sequence[int], device_of: Sequence[int], ndev: int) -> list[list[int]]:
+    """Split a global op sequence into each device's order. O(V)."""
+    order: list[list[int]] = [[] for _ in range(ndev)]
+    for v in sequence:
+        order[device_of[v]].append(v)
+    return order
+
+
+def evaluate(
+    graph: OpGraph, devices: DeviceSpec, placement: Placement, objective: str = "makespan"
+) -> Evaluation:
+    """Judge ``placement`` of ``graph``'s ops (module docstring); ValueError for a malformed one.
+
+    The placement must cover every op of ``graph``; its ``sequence``, when
+    given, must list every op once in an order that respects the graph's
+    dependencies.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
+    order = None
+    if placement.sequence is not None:
+        if len(placement.sequence) != graph.num_ops:
+            raise ValueError(f"sequence lists {len(placement.sequence)} ops, graph has {graph.num_ops}")
+        order = device_order(placement.sequence, placement.device_of, devices.count)
+    timeline = simulate(graph, devices, placement.device_of, order)
+    return Evaluation(objective, timeline.step_time_us, timeline)

@@ -1,0 +1,92 @@
+"""The notes a summary and a report carry: what a user would otherwise read as a bug.
+
+A split slower than one device, devices left idle, op types without a cost
+rule: each gets a sentence that says why. Pure functions of what the
+pipeline computed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from baechi_cli import placers
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.graph import OpGraph
+from baechi_cli.sim import SimResult
+
+if TYPE_CHECKING:
+    from baechi_cli.pipeline import Candidate
+
+
+def uncovered_note(uncovered: dict[str, int]) -> str:
+    """The warning for op types without a cost rule: which, how many, what they were costed as."""
+    listed = ", ".join(f"{t} ({n})" for t, n in sorted(uncovered.items(), key=lambda kv: (-kv[1], kv[0])))
+    ops = sum(uncovered.values())
+    return (
+        f"{ops} op{'s' if ops != 1 else ''} of {len(uncovered)} type{'s' if len(uncovered) != 1 else ''} "
+        f"without a cost rule, costed by the bytes they move: {listed}"
+    )
+
+
+def placement_notes(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    algo: str,
+    sim: SimResult,
+    single: SimResult | None,
+    candidates: list[Candidate] | None = None,
+) -> list[str]:
+    """Explain what users would read as a bug: a split slower than one device, an idle device."""
+    notes = []
+    if candidates and len(candidates) > 1 and algo == "single":
+        splits = [c for c in candidates if c.ok and c.algorithm != "single"]
+        best = min(splits, key=lambda c: c.sim.step_time_us, default=None)
+        why = "the model fits one device and no split beats it"
+        if best is not None:
+            why += (
+                f" (the best, {placers.title(best.algorithm)}, takes {_ms(best.sim.step_time_us)}: "
+                "communication costs more than the parallelism gains)"
+            )
+        idle = ", ".join(d.name for i, d in enumerate(devices.devices) if not sim.order[i])
+        return [f"auto kept one device: {why}; {idle} stay idle."]
+    if single is not None and algo != "single" and single.step_time_us < sim.step_time_us:
+        notes.append(
+            f"the model fits one device, where it runs in {_ms(single.step_time_us)}: "
+            f"{sim.step_time_us / single.step_time_us:.2f}x faster than this split "
+            "(--algo single places it there)"
+        )
+    idle = [devices.devices[d].name for d in range(devices.count) if not sim.order[d]]
+    if not idle:
+        return notes
+    which = ", ".join(idle)
+    verb = "runs" if len(idle) == 1 else "run"
+    if algo == "single":
+        why = "--algo single puts every op on one device"
+        if single is not None:
+            why += f" ({_ms(single.step_time_us)} step)"
+        return [*notes, f"{which} {verb} no ops: {why}."]
+    groups = graph.group_members()
+    total = sum(graph.compute_us) or 1.0
+    share = max(sum(graph.compute_us[v] for v in ops) for ops in groups.values()) / total
+    if len(groups) < devices.count:
+        why = f"the graph has only {len(groups)} colocation groups, and each group must stay on one device"
+    elif share > 1 / devices.count:
+        why = (
+            f"one colocation group holds {share:.0%} of the compute and cannot be split, "
+            "so the rest fits on fewer devices"
+        )
+    elif algo == "topo":
+        why = (
+            "m-TOPO fills devices in topological order up to an equal share of compute, "
+            "and the earlier devices took all of it"
+        )
+    else:
+        why = (
+            f"{placers.title(algo)} never found an op that could start earlier there, "
+            "once the transfer of its inputs is counted, than on a device that already held them"
+        )
+    return [*notes, f"{which} {verb} no ops: {why}."]
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.3f} ms"

@@ -1,0 +1,126 @@
+"""``baechi place``'s summary: the model and passes, the chosen placement, each device's load."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from baechi_cli import placers
+from baechi_cli.render.common import fmt_bytes, fmt_us, make_console, make_table, memory_bar
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from baechi_cli.pipeline import Candidate, PlaceOutcome, Prepared
+
+# The summary lists at most this many modules of the module map (the report has all).
+MODULE_MAP_SHOWN = 12
+
+
+def header(console: Console, prepared: Prepared) -> None:
+    """The lines ``place`` and ``compare`` start with: model, devices, costs, training and passes."""
+    spec, g = prepared.devices, prepared.graph
+    ic = spec.interconnect
+    console.print(
+        f"[bold]{prepared.path}[/]: {g.num_ops} ops, {g.num_edges} edges -> {spec.count} devices "
+        f"({ic.mode} comm, {ic.latency_us:g} µs + {ic.bandwidth_bytes_per_us / 1e3:.2f} GB/s)"
+    )
+    from baechi_cli.pipeline import ProfileCosts
+
+    costs = prepared.cost_report
+    if isinstance(costs, ProfileCosts):
+        article = "an" if costs.source[:1] in "aeiou" else "a"
+        console.print(f"costs: {costs.path}, {article} {costs.source} profile for {costs.device}")
+    t = prepared.training
+    if t is not None:
+        console.print(
+            f"training: {prepared.model_ops} forward ops + {t.backward_ops} backward + {t.update_ops} "
+            f"{t.optimizer} updates ({fmt_bytes(t.optimizer_state_bytes)} optimizer state) synthesized"
+        )
+    pg = prepared.placement_graph
+    ran = [
+        p
+        for p in prepared.passes
+        if p.ops_before != p.ops_after or p.details.get("groups_before") != p.details.get("groups_after")
+    ]
+    if ran:
+        steps = ", ".join(
+            f"{p.name.replace('_', '-')} {p.ops_before}->{p.ops_after} ops"
+            if p.ops_before != p.ops_after
+            else f"{p.name.replace('_', '-')} {p.details['groups_before']}->{p.details['groups_after']} groups"
+            for p in ran
+        )
+        seconds = sum(p.seconds for p in prepared.passes)
+        console.print(f"passes: {steps}; placers see {pg.num_ops} nodes ({seconds:.3f} s)")
+
+
+def tried(c: Candidate) -> str:
+    """One candidate of ``--algo auto`` in the ``auto tried:`` line: its step time, skipped or failed."""
+    if c.ok and c.sim is not None:
+        return f"{placers.title(c.algorithm)} {fmt_us(c.sim.step_time_us)}"
+    return f"{placers.title(c.algorithm)} {'skipped' if c.skipped is not None else 'failed'}"
+
+
+def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
+    """The human summary of ``baechi place`` on stdout; ``written`` are the files it wrote."""
+    console = make_console()
+    spec, sim = outcome.devices, outcome.sim
+    step = sim.step_time_us
+    header(console, outcome.prepared)
+    gap = (step / outcome.lower_bound_us - 1) if outcome.lower_bound_us > 0 else 0.0
+    single = outcome.single_device
+    if single is None:
+        single_text = "does not fit one device"
+    else:
+        speedup = single.step_time_us / step if step > 0 else 1.0
+        single_text = f"one device {fmt_us(single.step_time_us)} ({speedup:.2f}x)"
+    console.print(
+        f"{placers.title(outcome.algorithm)}: step [bold]{fmt_us(step)}[/], lower bound "
+        f"{fmt_us(outcome.lower_bound_us)} (+{gap:.1%}), {single_text}; placed in "
+        f"{outcome.timings['place']:.3f} s"
+    )
+    if len(outcome.candidates) > 1:
+        console.print(f"auto tried: {', '.join(tried(c) for c in outcome.candidates)}")
+    console.print(f"communication: {len(sim.transfers)} transfers, {fmt_bytes(sim.comm_bytes)}")
+    table = make_table(
+        console,
+        [
+            ("device", "left"),
+            ("ops", "right"),
+            ("compute", "right"),
+            ("busy", "right"),
+            ("peak memory", "left"),
+        ],
+    )
+    for d, dev in enumerate(spec.devices):
+        table.add_row(
+            dev.name,
+            str(len(sim.order[d])),
+            fmt_us(sim.compute_us[d]),
+            f"{sim.compute_us[d] / step:.0%}" if step > 0 else "-",
+            f"{memory_bar(sim.peak_bytes[d], dev.memory_bytes, console.is_terminal)} "
+            f"{fmt_bytes(sim.peak_bytes[d])} / {fmt_bytes(dev.memory_bytes)}",
+        )
+    console.print(table)
+    render_module_map(console, outcome)
+    for note in outcome.notes:
+        console.print(f"note: {note}")
+    if written:
+        console.print("wrote " + ", ".join(written))
+    else:
+        placed = "placed.onnx" if outcome.prepared.input_format == "onnx" else "placed.pb"
+        console.print(f"nothing written: add -o {placed}, --report report.json or --trace timeline.json")
+
+
+def render_module_map(console: Console, outcome: PlaceOutcome) -> None:
+    """A PyTorch export's plan as ``module -> device`` lines (the report's ``module_map``)."""
+    modules = outcome.module_map
+    if modules is None:
+        return
+    entries = list(modules.to_json()["modules"].items())
+    shown = ", ".join(f"{path or '(root)'} -> {device}" for path, device in entries[:MODULE_MAP_SHOWN])
+    more = (
+        f", ... ({len(entries) - MODULE_MAP_SHOWN} more in --report)"
+        if len(entries) > MODULE_MAP_SHOWN
+        else ""
+    )
+    console.print(f"modules: {shown}{more}")
