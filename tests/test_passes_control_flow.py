@@ -6,12 +6,16 @@ import os
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import dags
 from test_io_graphdef import _cyclic, write
 
 from baechi_cli.errors import InputError
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.io.graphdef import read_graphdef
 from baechi_cli.passes.control_flow import control_flow
+from baechi_cli.passes.unionfind import UnionFind
 
 
 def add_loop(b: GraphBuilder, frame: str, init: int, body=None) -> tuple[list[int], int]:
@@ -230,6 +234,63 @@ def test_graph_without_loops_but_with_a_cycle_raises():
     b.add_edge(c, a)
     with pytest.raises(InputError, match="cycle: a -> c -> a"):
         control_flow(b.build())
+
+
+# ------------------------------------------------------------ properties
+
+
+@st.composite
+def graphs_with_loops(draw):
+    """A drawn DAG with 0..3 while loops added (some nested, some chained one after
+    another, some sharing a group with an op outside); returns the graph and each
+    outermost loop's ops."""
+    base = draw(dags(1, 10, max_ports=1, group_p=0.2))
+    b = GraphBuilder.from_graph(base)
+    outside = list(range(base.num_ops))  # ops in no loop frame: a loop may start from them
+    loops: list[list[int]] = []
+    for k in range(draw(st.integers(0, 3))):
+        init = outside[draw(st.integers(0, len(outside) - 1))]
+        nested = draw(st.booleans())
+
+        def body(b, ident, k=k, nested=nested):
+            if not nested:
+                return ident
+            _, inner_exit = add_loop(b, f"w{k}/inner", ident)
+            after = b.add_op(f"w{k}/after_inner", "Relu", [4])
+            b.add_edge(inner_exit, after)
+            return after
+
+        ops, ext = add_loop(b, f"w{k}", init, body)
+        loops.append(ops)
+        after = b.add_op(f"after{k}", "Relu", [4])
+        b.add_edge(ext, after)
+        outside.append(after)
+    g = b.build()
+    group = list(g.group)
+    for ops in loops:
+        if draw(st.booleans()):  # a loop op already shares a group with an op outside
+            v = ops[draw(st.integers(0, len(ops) - 1))]
+            group[v] = outside[draw(st.integers(0, len(outside) - 1))]
+    return g.replace(group=UnionFind(group).roots()), loops
+
+
+@settings(max_examples=60, deadline=None)
+@given(graphs_with_loops())
+def test_every_loop_becomes_one_group_without_its_back_edges(case):
+    g, loops = case
+    out = control_flow(g)
+    uf = UnionFind(g.group)
+    for ops in loops:
+        for v in ops:
+            uf.union(ops[0], v)
+    assert out.group == uf.roots()
+    assert out.names == g.names and out.op_types == g.op_types
+    if loops:
+        check_back_edges_removed(g, out)
+    else:
+        assert edge_set(out) == edge_set(g)
+        assert out.topo_order() == g.topo_order()
+    assert control_flow(out).group == out.group  # what is left has no loops
 
 
 # ------------------------------------------------------- a real TF1 graph

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import random
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_passes_contract import check_contraction, random_graph, training_graph
+from strategies import dags, training_dags
+from test_passes_contract import check_contraction
 
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.passes.contract import node_index
 from baechi_cli.passes.coplace import coplace
 from baechi_cli.passes.fusion import fuse
 
@@ -124,6 +124,10 @@ def check_fused(g: OpGraph, f: OpGraph) -> None:
     check_contraction(g, f)
     order = f.topo_order()  # acyclic
     assert sorted(order) == list(range(f.num_ops))
+    # the expansion covers every original op, once
+    original = max(v for ops in f.members for v in ops) + 1
+    assert sorted(v for ops in f.members for v in ops) == list(range(original))
+    assert -1 not in node_index(f, original)
     for node, ops in enumerate(f.members):
         assert len({g.group[v] for v in ops}) == 1, "a node mixes groups"
         # members are connected through edges among themselves
@@ -144,10 +148,9 @@ def check_fused(g: OpGraph, f: OpGraph) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 10**9), st.sampled_from([0.3, 0.7, 1.0]))
-def test_fusion_of_random_dags(seed, group_p):
-    rng = random.Random(seed)
-    g = random_graph(rng, group_p=group_p)
+@given(group_p=st.sampled_from([0.3, 0.7, 1.0]), data=st.data())
+def test_fusion_of_drawn_dags(group_p, data):
+    g = data.draw(dags(1, 22, max_ports=3, control_p=0.15, repeat_p=0.1, group_p=group_p, relabel=True))
     f = fuse(g)
     check_fused(g, f)
     again = fuse(f)
@@ -156,11 +159,9 @@ def test_fusion_of_random_dags(seed, group_p):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10**9))
-def test_fusion_after_coplace_of_training_graphs(seed):
-    rng = random.Random(seed)
-    g = training_graph(rng)
-    c = coplace(g, max_group_bytes=rng.choice([500, 2000, 10**9]))
+@given(training_dags(), st.sampled_from([500, 2000, 10**9]))
+def test_fusion_after_coplace_of_training_graphs(g, cap):
+    c = coplace(g, max_group_bytes=cap)
     f = fuse(c)
     check_fused(c, f)
     assert fuse(f).num_ops == f.num_ops

@@ -5,13 +5,16 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import dags, is_topological
 
-from baechi_cli.costs.rules import RULES
+from baechi_cli.costs.registry import rule_for
 from baechi_cli.devices import parse_devices
 from baechi_cli.errors import InputError
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.passes.forward_only import forward_only
-from baechi_cli.passes.training import OPTIMIZER_SLOTS, needs_gradient, synthesize_training
+from baechi_cli.passes.training import OPTIMIZER_SLOTS, UPDATE_OP, needs_gradient, synthesize_training
 from baechi_cli.sim import simulate
 
 DEVICES = parse_devices("2x8GB")
@@ -114,7 +117,7 @@ def test_optimizer_state_and_update_cost(optimizer: str):
     # sgd 2, momentum 4, adam 12 per element): parameters and slots read and written, the
     # gradient and the scalars read
     update = t.op_types[names["optimizer/fc"]]
-    assert RULES[update].kind == "flops"
+    assert rule_for(update).kind == "flops"
     flops_per_element = {"sgd": 2, "momentum": 4, "adam": 12}[optimizer]
     scalars = {"sgd": 1, "momentum": 2, "adam": 6}[optimizer]
     moved = (2 * (1 + slots) + 1) * 80_400 + 4 * scalars
@@ -214,3 +217,72 @@ def test_synthesized_step_is_close_to_tensorflows_own(onnx_name: str, pb: str):
     # activations kept for the backward pass: a peak of the same size
     peak_ours, peak_real = max(ours.single_device.peak_bytes), max(real.single_device.peak_bytes)
     assert peak_ours == pytest.approx(peak_real, rel=0.25)
+
+
+# ------------------------------------------------------------ properties
+
+KINDS = ("flops", "bytes", "zero", "variable", "uncovered", "fallback")
+
+
+@st.composite
+def models(draw):
+    """(forward-only graph, cost-rule kinds): a drawn DAG with graph inputs, integer and
+    untyped outputs, parameters on some ops and names that clash with gradient names."""
+    g = draw(dags(1, 12, max_ports=2, control_p=0.1, group_p=0.2, relabel=True))
+    n = g.num_ops
+    op_types = [draw(st.sampled_from(("X", "Input"))) for _ in range(n)]
+    dtypes = [[draw(st.sampled_from(("float32", "int64", ""))) for _ in ports] for ports in g.output_bytes]
+    names = [f"gradients/v{v - 1}" if v and draw(st.booleans()) else f"v{v}" for v in range(n)]
+    kinds = [draw(st.sampled_from(KINDS)) for _ in range(n)]
+    return g.replace(op_types=op_types, output_dtypes=dtypes, names=names), kinds
+
+
+@settings(max_examples=60, deadline=None)
+@given(models(), st.sampled_from(("sgd", "momentum", "adam")))
+def test_training_step_of_drawn_models(case, optimizer):
+    g, kinds = case
+    n = g.num_ops
+    if not any(g.persistent_bytes):
+        with pytest.raises(InputError, match="nothing to train"):
+            synthesize_training(g, DEVICES, kinds, optimizer)
+        return
+    t = synthesize_training(g, DEVICES, kinds, optimizer)
+    need = needs_gradient(g)
+    # The model is untouched: same ops and edges first.
+    assert t.names[:n] == g.names and t.op_types[:n] == g.op_types and t.group[:n] == g.group
+    assert list(zip(t.edge_src, t.edge_port, t.edge_dst))[: g.num_edges] == list(
+        zip(g.edge_src, g.edge_port, g.edge_dst)
+    )
+    assert len(set(t.names)) == t.num_ops
+    assert is_topological(t, t.topo_order())
+    # One backward op per op that needs a gradient, one update per such op owning
+    # parameters; each beside its forward op and after it.
+    grad, update = {}, {}
+    for x in range(n, t.num_ops):
+        v = t.forward_op[x]
+        assert t.is_backward[x] and 0 <= v < n and t.group[x] == g.group[v]
+        if t.op_types[x] == f"{g.op_types[v]}Grad":
+            assert v not in grad
+            grad[v] = x
+        else:
+            assert t.op_types[x] == UPDATE_OP[optimizer] and v not in update
+            update[v] = x
+    assert sorted(grad) == [v for v in range(n) if need[v]]
+    assert sorted(update) == [v for v in range(n) if need[v] and g.persistent_bytes[v]]
+    edges = set(zip(t.edge_src, t.edge_port, t.edge_dst))
+    for v, x in grad.items():
+        assert (v, CONTROL_PORT, x) in edges
+    # Gradients flow back along every data edge between ops that need them.
+    srcs = set(zip(t.edge_src, t.edge_dst))
+    for e in range(g.num_edges):
+        u, w = g.edge_src[e], g.edge_dst[e]
+        if g.edge_port[e] != CONTROL_PORT and need[u] and need[w]:
+            assert (grad[w], grad[u]) in srcs
+    slots = OPTIMIZER_SLOTS[optimizer]
+    assert sum(t.persistent_bytes) == sum(g.persistent_bytes) + slots * sum(
+        g.persistent_bytes[v] for v in update
+    )
+    # Forward-only placement contracts the step back onto the model.
+    f = forward_only(t)
+    assert f.names == g.names
+    assert sum(f.compute_us) == pytest.approx(sum(t.compute_us))

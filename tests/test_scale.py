@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
+from baechi_cli import placers
 from baechi_cli.devices import parse_devices
+from baechi_cli.evaluate import evaluate
 from baechi_cli.graph import CONTROL_PORT
-from baechi_cli.placers import get_placer
 from baechi_cli.sim import lower_bound, simulate
 
 sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
@@ -23,10 +24,11 @@ pytestmark = pytest.mark.slow
 def test_100k_ops_topo_placement_is_a_valid_schedule(mode):
     g = layered_dag(100_000, seed=7)
     spec = parse_devices("4x1TB").with_comm_mode(mode)
-    p = get_placer("topo")(g, spec, {})
-    r = simulate(g, spec, p.device_of)
-    assert r.feasible
-    assert r.step_time_us >= lower_bound(g, spec) > 0
+    p = placers.get("topo").place(g, spec)
+    ev = evaluate(g, spec, p)
+    r = ev.timeline
+    assert ev.feasible
+    assert ev.value_us == r.step_time_us >= lower_bound(g, spec) > 0
     # No two ops overlap on a device, in the order they ran.
     for seq in r.order:
         for a, b in zip(seq, seq[1:]):

@@ -13,6 +13,7 @@ from itertools import pairwise
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import dags
 
 from baechi_cli.devices import Device, DeviceSpec, Interconnect
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder
@@ -780,38 +781,30 @@ def test_issue_order_tie_with_zero_duration_producer():
 
 @st.composite
 def placed_graphs(draw):
-    n = draw(st.integers(1, 8))
-    ndev = draw(st.integers(1, 3))
-    # Edges go forward in ``perm`` so that ids and topological indices differ.
-    perm = draw(st.permutations(range(n)))
-    b = GraphBuilder()
-    for v in range(n):
-        nports = draw(st.integers(0, 2))
-        b.add_op(
-            f"op{v}",
-            "T",
-            [draw(st.sampled_from([0, 100, 500, 1000])) for _ in range(nports)],
-            compute_us=draw(st.sampled_from([0.0, 5.0, 10.0, 20.0])),
-            persistent_bytes=draw(st.sampled_from([0, 50])),
-            temporary_bytes=draw(st.sampled_from([0, 30])),
+    # Op ids differ from topological indices (relabel); ops with no output port, 0 µs ops,
+    # control edges and measured transfer times all appear. Shared strategy: tests/strategies.py.
+    g = draw(
+        dags(
+            1,
+            8,
+            min_ports=0,
+            max_ports=2,
+            max_inputs=7,
+            compute_us=(0.0, 5.0, 10.0, 20.0),
+            output_bytes=(0, 100, 500, 1000),
+            persistent_bytes=(0, 50),
+            temporary_bytes=(0, 30),
+            control_p=1 / 3,
+            measured_us=(7.0, 25.0),
+            group_p=0.0,
+            relabel=True,
         )
-    g0 = b.build()
-    for j in range(n):
-        for i in range(j):
-            u, v = perm[i], perm[j]
-            kind = draw(st.sampled_from(["none", "none", "data", "data", "control"]))
-            nports = len(g0.output_bytes[u])
-            if kind == "none":
-                continue
-            measured = draw(st.sampled_from([None, None, None, 7.0, 25.0]))
-            if kind == "control" or nports == 0:
-                b.add_edge(u, v, CONTROL_PORT, transfer_us=measured)
-            else:
-                b.add_edge(u, v, draw(st.integers(0, nports - 1)), transfer_us=measured)
-    place = draw(st.lists(st.integers(0, ndev - 1), min_size=n, max_size=n))
+    )
+    ndev = draw(st.integers(1, 3))
+    place = draw(st.lists(st.integers(0, ndev - 1), min_size=g.num_ops, max_size=g.num_ops))
     mode = draw(st.sampled_from(["parallel", "sequential"]))
     cache = draw(st.booleans())
-    return b.build(), spec(ndev, mode), place, cache
+    return g, spec(ndev, mode), place, cache
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
