@@ -81,13 +81,15 @@ from __future__ import annotations
 import gc
 import heapq
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baechi_cli import __version__
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import CONTROL_PORT, OpGraph
 from baechi_cli.io.files import write_atomic
-from baechi_cli.sim import SimResult
+
+if TYPE_CHECKING:
+    from baechi_cli.sim import SimResult
 
 # Coincident 0 µs ops stacked on one track before the next one is opened
 # (Perfetto's slice tracker drops slices nested deeper than 512).
