@@ -21,6 +21,7 @@ from baechi_cli.devices import parse_devices
 from baechi_cli.errors import InputError
 from baechi_cli.evaluate import evaluate
 from baechi_cli.pipeline import PlaceOptions, place_model
+from baechi_cli.placers import sct_lp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "ADDING_A_PLACER.md")
@@ -124,6 +125,7 @@ def test_registry_contract():
         placers.register(placers.PlacerSpec("auto", "auto", "", "baechi_cli.placers.etf"))
     sct = placers.get("sct")
     assert sct.make_options({"solver_time_limit": 5.0, "unrelated": 1}) == placers.SCTOptions(5.0)
+    assert placers.SCTOptions().sct_threshold == sct_lp.DEFAULT_THRESHOLD
 
 
 def test_every_candidate_is_judged_by_the_evaluator():
