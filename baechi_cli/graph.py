@@ -88,6 +88,11 @@ class OpGraph:
     compute_us_by_kind: dict[str, list[float]] = field(default_factory=dict, repr=False)
     # For a fused graph: the original op ids behind each node.
     members: list[list[int]] | None = field(default=None, repr=False)
+    # Views: op -> the tensor (producer, port) whose storage every output of the op
+    # shares (Reshape, Squeeze, a PyTorch transpose, ...): the op allocates nothing
+    # and keeps that tensor alive as long as its own outputs are (see sim.py).
+    # Sparse; set by costs.memory_rules.mark_views, read only by the simulator.
+    view_of: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     @property
     def num_ops(self) -> int:
@@ -246,14 +251,32 @@ class GraphBuilder:
                 "edge_transfer_us",
             )
         }
+        self._view_of: dict[int, tuple[int, int]] = {}
 
     @classmethod
     def from_graph(cls, graph: OpGraph) -> GraphBuilder:
-        """A builder holding ``graph``'s ops, edges and groups (ids unchanged), to add more. O(V + E)."""
+        """A builder holding ``graph``'s ops, edges, groups and views (ids unchanged), to add more. O(V + E)."""
         builder = cls()
         for name, column in builder._cols.items():
             column.extend(getattr(graph, name))
+        # Output lists are extended by add_output: copy them rather than share the graph's.
+        builder._cols["output_bytes"] = [list(b) for b in graph.output_bytes]
+        builder._cols["output_shapes"] = [list(x) for x in graph.output_shapes]
+        builder._cols["output_dtypes"] = [list(x) for x in graph.output_dtypes]
+        builder._view_of = dict(graph.view_of)
         return builder
+
+    def set_view(self, v: int, src: int, port: int) -> None:
+        """Make op ``v``'s outputs views of tensor ``(src, port)`` (:attr:`OpGraph.view_of`)."""
+        self._view_of[v] = (src, port)
+
+    def add_output(self, v: int, nbytes: int, shape: tuple[int, ...] | None = None, dtype: str = "") -> int:
+        """Give op ``v`` one more output port of ``nbytes``; returns the port."""
+        c = self._cols
+        c["output_bytes"][v].append(int(nbytes))
+        c["output_shapes"][v].append(shape)
+        c["output_dtypes"][v].append(dtype)
+        return len(c["output_bytes"][v]) - 1
 
     @property
     def num_ops(self) -> int:
@@ -327,4 +350,4 @@ class GraphBuilder:
         for e, (s, d) in enumerate(zip(c["edge_src"], c["edge_dst"])):
             out_edges[s].append(e)
             in_edges[d].append(e)
-        return OpGraph(out_edges=out_edges, in_edges=in_edges, **c)
+        return OpGraph(out_edges=out_edges, in_edges=in_edges, view_of=dict(self._view_of), **c)

@@ -287,6 +287,15 @@ def skipped_pass(name: str, graph: OpGraph, reason: str) -> PassRecord:
     return record
 
 
+def with_views(graph: OpGraph, fmt: str) -> OpGraph:
+    """``graph`` with its views marked (their outputs take no memory); a workload's sizes are given."""
+    if fmt == "workload":
+        return graph
+    from baechi_cli.costs.memory_rules import mark_views
+
+    return mark_views(graph, OP_SETS[fmt])
+
+
 def constraint_passes(graph: OpGraph, fmt: str, path: str) -> tuple[OpGraph, list[PassRecord]]:
     """Colocation and control flow (GraphDef): what TensorFlow imposes, so always run.
 
@@ -390,6 +399,7 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
     step("load")
     t0 = time.perf_counter()
     graph, fmt, notes = load_model(path, options.batch_size, options.dims)
+    graph = with_views(graph, fmt)
     sha256 = sha256_of(path)
     model_ops = graph.num_ops
     timings["load"] = time.perf_counter() - t0

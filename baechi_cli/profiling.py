@@ -21,7 +21,7 @@ from baechi_cli.errors import InputError
 from baechi_cli.evaluate import evaluate
 from baechi_cli.graph import OpGraph
 from baechi_cli.io.models import OP_SETS, check_writable, load_model, sha256_of
-from baechi_cli.pipeline import constraint_passes
+from baechi_cli.pipeline import constraint_passes, with_views
 from baechi_cli.placers import Placement
 
 PROFILE_STAGES = ("load", "profile", "measure", "simulate", "write")
@@ -89,6 +89,7 @@ def profile_model(
     t_start = time.perf_counter()
     step("load")
     graph, fmt, notes = load_model(path, batch_size, dims)
+    graph = with_views(graph, fmt)
     if measure and fmt != "graphdef":
         raise InputError(f"--measure runs TensorFlow GraphDefs; this input is {fmt}", path=path)
     sha256 = sha256_of(path)

@@ -27,6 +27,9 @@ peaks and the step time, following docs/DESIGN.md ("The evaluator"):
   last consumer on that device and its last send have finished (its own end if
   nothing uses it); a received copy from the receive's start until its last
   consumer there has finished; temporary bytes while the op runs.
+  A view (``graph.view_of``: Reshape, Squeeze, a PyTorch transpose, ...)
+  allocates nothing: its source tensor, or the received copy it reads,
+  stays allocated until the view's own outputs would have been freed.
 * Step time: the end of the last op or transfer.
 
 Complexity: O((V + E) log V) time, O(V + E) memory; flat lists throughout.
@@ -547,8 +550,13 @@ def _memory(
             send_end = transfers[x].send_end
             key = (u, port)
             local_free[key] = max(local_free.get(key, end[u]), send_end)
+    view_of = graph.view_of
+    if view_of:
+        _keep_view_sources(graph, device_of, end, edge_transfer, local_free, copy_free)
     for u in range(graph.num_ops):
         d = device_of[u]
+        if u in view_of:
+            continue  # a view's outputs live in its source's storage
         for port, nbytes in enumerate(graph.output_bytes[u]):
             if nbytes:
                 deltas[d].append((start[u], nbytes))
@@ -573,6 +581,38 @@ def _memory(
         peaks.append(peak)
         curves.append(curve)
     return peaks, persistent, curves
+
+
+def _keep_view_sources(
+    graph: OpGraph,
+    device_of: Sequence[int],
+    end: list[float],
+    edge_transfer: list[int],
+    local_free: dict[tuple[int, int], float],
+    copy_free: list[float],
+) -> None:
+    """Extend each view's source tensor (or the received copy it reads) to the view's last use.
+
+    Latest views first, so that a view of a view hands its lifetime down the
+    chain. O(V + E) for the order, plus the views' in-edges.
+    """
+    view_of = graph.view_of
+    for v in reversed(graph.topo_order()):
+        source = view_of.get(v)
+        if source is None or source[0] < 0:  # not a view, or a view of resident storage
+            continue
+        src, port = source
+        free = max(
+            (local_free.get((v, p), end[v]) for p in range(len(graph.output_bytes[v]))), default=end[v]
+        )
+        if device_of[src] == device_of[v]:
+            local_free[source] = max(local_free.get(source, end[src]), free)
+            continue
+        for e in graph.in_edges[v]:
+            x = edge_transfer[e]
+            if x >= 0 and graph.edge_src[e] == src and graph.edge_port[e] == port:
+                copy_free[x] = max(copy_free[x], free)
+                break
 
 
 def lower_bound(graph: OpGraph, devices: DeviceSpec) -> float:

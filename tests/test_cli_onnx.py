@@ -102,7 +102,7 @@ def test_place_training_writes_a_placed_model_the_checker_accepts(model: OnnxMod
 @pytest.mark.parametrize("model", [m for m in ONNX_MODELS if m.weights_present], ids=str)
 def test_placed_model_gives_identical_onnxruntime_outputs(model: OnnxModel, tmp_path):
     ort = pytest.importorskip("onnxruntime")
-    _, placed, _ = place(model, tmp_path, devices="4x10MB" if model.name == "torch_resnet" else "4x8GB")
+    _, placed, _ = place(model, tmp_path, devices="4x8MB" if model.name == "torch_resnet" else "4x8GB")
     rng = np.random.default_rng(0)
     original = ort.InferenceSession(str(staged(model, tmp_path)), providers=["CPUExecutionProvider"])
     feeds = {}

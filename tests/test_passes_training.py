@@ -71,15 +71,15 @@ def test_backward_ops_mirror_the_forward_graph():
         v = names[op]
         return sorted((t.names[t.edge_src[e]], t.edge_port[e], t.edge_bytes[e]) for e in t.in_edges[v])
 
-    # reversed data edges carry gradients the size of the activations; flops ops re-read their
-    # inputs (activations kept alive); views (Reshape) save nothing; a control edge orders each
-    # backward op after its forward op.
+    # reversed data edges carry gradients the size of the activations; what autograd saves is
+    # kept alive until the backward op: Gemm and Conv their data input, Relu its output, views
+    # (Reshape) nothing; a control edge orders each backward op after its forward op.
     assert edges_into("gradients/fc") == [("fc", CONTROL_PORT, 0), ("flat", 0, 8000)]
     assert edges_into("gradients/flat") == [("flat", CONTROL_PORT, 0), ("gradients/fc", 0, 8000)]
     assert edges_into("gradients/relu") == [
-        ("conv", 0, 8000),
         ("gradients/flat", 0, 8000),
         ("relu", CONTROL_PORT, 0),
+        ("relu", 0, 8000),
     ]
     assert edges_into("gradients/conv") == [
         ("conv", CONTROL_PORT, 0),
@@ -195,7 +195,8 @@ def test_refuses_a_training_graph_and_a_model_without_weights():
 )
 def test_synthesized_step_is_close_to_tensorflows_own(onnx_name: str, pb: str):
     """The same Keras model: its inference ONNX export with --training against TensorFlow's
-    own Momentum training graph (bench/onnx.md, "Synthesized against real")."""
+    own Momentum training graph (bench/onnx.md, "Synthesized against real"). The memory model
+    itself is judged against PyTorch's measured steps in bench/framework.md."""
     from baechi_cli.pipeline import PlaceOptions, prepare
 
     testdata = pathlib.Path(__file__).resolve().parent.parent / "testdata"
@@ -214,9 +215,14 @@ def test_synthesized_step_is_close_to_tensorflows_own(onnx_name: str, pb: str):
     forward_real = sum(c for c, b in zip(real.graph.compute_us, real.graph.is_backward, strict=True) if not b)
     ratio_real = sum(real.graph.compute_us) / forward_real
     assert ratio_ours == pytest.approx(ratio_real, rel=0.25)
-    # activations kept for the backward pass: a peak of the same size
-    peak_ours, peak_real = max(ours.single_device.peak_bytes), max(real.single_device.peak_bytes)
-    assert peak_ours == pytest.approx(peak_real, rel=0.25)
+    # Activations kept for the backward pass. tf2onnx folded the batch norms into the
+    # convolutions, TensorFlow's graph keeps them: per conv + batch norm + relu, autograd's
+    # rules keep one tensor of the folded model (the relu's output, which the next conv also
+    # saves) where TensorFlow keeps two (the conv's output for the batch norm, and the relu's).
+    # So ours holds between half of TensorFlow's activations and all of them.
+    activations_ours = max(ours.single_device.peak_bytes) - sum(ours.graph.persistent_bytes)
+    activations_real = max(real.single_device.peak_bytes) - sum(real.graph.persistent_bytes)
+    assert 0.45 * activations_real <= activations_ours <= activations_real
 
 
 # ------------------------------------------------------------ properties

@@ -39,7 +39,7 @@ def load(path: pathlib.Path) -> onnx.ModelProto:
 
 def place(model: OnnxModel, out: pathlib.Path, source: pathlib.Path | None = None) -> pathlib.Path:
     """`baechi place` ``model`` (from ``source``, default its path) with --training into ``out``."""
-    devices = "4x10MB" if model is RESNET else "4x8GB"
+    devices = "4x8MB" if model is RESNET else "4x8GB"
     result = invoke(
         "place", source or model.path, "-d", devices, "--training", "-o", out, "-q", *model.cli_args
     )

@@ -116,10 +116,12 @@ Graph mapping:
   ``attrs["value_shape"]``) and ``x_dtype``; graph and type attributes
   are omitted. Private keys: ``_onnx_node`` / ``_onnx_input``,
   ``_subgraph_ops``, ``_subgraph_nodes``, ``_initializers``,
-  ``_size_unknown``, ``_module``, and ``_input_shapes`` /
+  ``_size_unknown``, ``_module``, ``_input_shapes`` /
   ``_input_dtypes`` (per explicit node input, None /
   ``""`` when omitted; initializer inputs included, which is how a cost rule
-  sees a Conv's kernel shape).
+  sees a Conv's kernel shape) and ``_data_inputs`` (the input position of
+  each explicit input edge, in edge order: initializers and omitted inputs
+  have none).
 * ``attrs[v]["_module"]``: for a PyTorch export, the qualified name of the
   module the node's op came from (``"layer1.0.conv1"``; ``""`` the root),
   from the legacy exporter's node names or the dynamo exporter's node
@@ -711,10 +713,11 @@ def _build(graph: GraphProto, declared: set[str], binding: dict[str, int]) -> tu
             guessed += len(unknown)
 
         edges: list[tuple[int, int]] = []
+        data_inputs: list[int] = []  # the input position of each edge, in edge order
         used: list[str] = []  # initializers, in first-use order
         in_shapes: list[tuple[int, ...] | None] = []
         in_dtypes: list[str] = []
-        for value in node.input:
+        for position, value in enumerate(node.input):
             if not value:
                 in_shapes.append(None)
                 in_dtypes.append("")
@@ -722,6 +725,7 @@ def _build(graph: GraphProto, declared: set[str], binding: dict[str, int]) -> tu
             if value in producer:
                 src, port = producer[value]
                 edges.append((src, port))
+                data_inputs.append(position)
                 in_shapes.append(produced[value].shape)
                 in_dtypes.append(produced[value].dtype)
             elif value in inits:
@@ -755,6 +759,7 @@ def _build(graph: GraphProto, declared: set[str], binding: dict[str, int]) -> tu
             attrs["_initializers"] = used
         attrs["_input_shapes"] = in_shapes
         attrs["_input_dtypes"] = in_dtypes
+        attrs["_data_inputs"] = data_inputs
 
         op_type = node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
         builder.add_op(

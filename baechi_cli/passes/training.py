@@ -41,12 +41,19 @@ writes:
   ``(u, p)`` that needs a gradient, ``gradients/w`` sends its gradient of
   ``(u, p)`` (same bytes) to ``gradients/u``; gradients of a tensor used
   several times are summed by ``gradients/u`` (the adds are not costed
-  separately). Activations kept alive: the backward op of a ``flops`` or
-  uncovered op reads ``v``'s data inputs again (an edge from each producer
-  tensor), so the simulator keeps them resident until their backward use,
-  which is where a training step's activation memory comes from. A control
-  edge ``v -> gradients/v`` orders a backward op after its forward op (for
-  the graph's outputs, the loss gradient starts there).
+  separately). Activations kept alive: exactly what PyTorch's autograd
+  saves for ``v``'s op type (:data:`baechi_cli.costs.memory_rules.SAVED_FOR_BACKWARD`:
+  Gemm/MatMul/Conv their data inputs, Relu and Softmax their output, Add
+  nothing, MaxPool its input and int64 indices, Dropout a one-byte mask,
+  ...; an op type not listed keeps every data input when it is a ``flops``
+  or uncovered op) reaches ``gradients/v`` over an edge, so the simulator
+  keeps it until the backward op ends, which is where a training step's
+  activation memory comes from. A saved tensor that the forward op writes
+  only for its backward (mask, indices) is an extra output port of ``v``.
+  The gradient of a view (:attr:`OpGraph.view_of`) with one incoming
+  gradient is a view of it. A control edge ``v -> gradients/v`` orders a
+  backward op after its forward op (for the graph's outputs, the loss
+  gradient starts there).
 * **Optimizer.** Per op owning parameters, an update op
   ``optimizer/<name>`` (likewise) in ``v``'s group (``is_backward``, ``forward_op =
   v``), fed by the parameter gradient. It is costed by the TensorFlow rule
@@ -85,6 +92,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from baechi_cli.costs.analytic import op_time_us
+from baechi_cli.costs.memory_rules import RESIDENT, Saved, saved_for_backward
 from baechi_cli.costs.registry import OpCount, OpView, rule_for
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InputError
@@ -106,9 +114,6 @@ BACKWARD_MULTIPLIER = {
     "uncovered": 1.0,
     "fallback": 1.0,
 }
-# Kinds whose backward reads the forward op's inputs again (dW = X^T dY,
-# d relu = dY * (x > 0), ...). Data movement and views need no activations.
-_SAVES_INPUTS = frozenset({"flops", "uncovered", "fallback"})
 _GRAPH_INPUTS = frozenset({"Input", "Placeholder", "PlaceholderV2", "_Arg"})
 _FLOAT_PREFIXES = ("float", "bfloat", "half", "double")
 _PARAM_ITEMSIZE = 4  # float32 parameters, for the update's FLOP count
@@ -196,14 +201,16 @@ def synthesize_training(
         grad_port[b] = {t: k for k, t in enumerate(wanted)}
         builder.add_edge(v, b, CONTROL_PORT)
         # The gradients of v's outputs, from the backward ops of its consumers.
+        incoming = []
         for e in graph.out_edges[v]:
             w, p = graph.edge_dst[e], graph.edge_port[e]
             if p != CONTROL_PORT and w in grad_op:
                 gw = grad_op[w]
-                builder.add_edge(gw, b, grad_port[gw][(v, p)])
-        if kinds[v] in _SAVES_INPUTS:
-            for u, p in dict.fromkeys(inputs):
-                builder.add_edge(u, b, p)
+                incoming.append((gw, grad_port[gw][(v, p)]))
+                builder.add_edge(gw, b, incoming[-1][1])
+        if graph.view_of.get(v, RESIDENT) != RESIDENT and len(incoming) == 1:
+            builder.set_view(b, *incoming[0])  # a view's gradient is the incoming one, viewed back
+        _keep_saved(builder, graph, v, b, inputs, saved_for_backward(graph.op_types[v], kinds[v]))
     # Optimizer updates, after every backward op so that ids stay grouped.
     update_op, slots = UPDATE_OP[optimizer], OPTIMIZER_SLOTS[optimizer]
     device_of_kind = {kind: next(d for d in devices.devices if d.kind == kind) for kind in by_kind}
@@ -231,6 +238,25 @@ def synthesize_training(
         b = grad_op[v]
         builder.add_edge(b, u, len(grad_port[b]))
     return builder.build().replace(compute_us_by_kind=by_kind)
+
+
+def _keep_saved(
+    builder: GraphBuilder, graph: OpGraph, v: int, b: int, inputs: list[tuple[int, int]], saved: Saved
+) -> None:
+    """Edges from what autograd saves for ``v`` to its backward op ``b``, so it lives until ``b`` ends."""
+    positions = graph.attrs[v].get("_data_inputs")  # ONNX input position of each data edge
+    kept: set[tuple[int, int]] = set()
+    for i, tensor in enumerate(inputs):
+        position = positions[i] if positions is not None and i < len(positions) else i
+        if position in saved.inputs and tensor not in kept:
+            kept.add(tensor)
+            builder.add_edge(tensor[0], b, tensor[1])
+    outputs = graph.output_bytes[v]
+    if saved.output and outputs:
+        builder.add_edge(v, b, 0)
+    if saved.extra_bytes_per_output_byte and outputs:
+        port = builder.add_output(v, round(outputs[0] * saved.extra_bytes_per_output_byte))
+        builder.add_edge(v, b, port)
 
 
 def _multiplier(kind: str, gradients: int) -> float:

@@ -1,0 +1,200 @@
+"""Per-op-type memory facts, beside the cost rules: which ops are views, and what autograd saves.
+
+Two tables keyed by op type, like the cost rules' name tables:
+
+* :data:`VIEW_OPS` — ops whose outputs share their first data input's storage
+  and allocate nothing: TensorFlow's aliasing ops (``Identity``,
+  ``Reshape``, ``Squeeze``, ``ExpandDims``, ``ReadVariableOp`` of a
+  variable's buffer, ...) and, for ONNX models (which reach us from
+  PyTorch), the ops PyTorch runs as views: ``Reshape``, ``Flatten``,
+  ``Squeeze``, ``Unsqueeze``, ``Identity``, and ``Transpose``, ``Slice``,
+  ``Split`` and ``Expand``, which are strided views in PyTorch (a kernel
+  that needs them contiguous copies into its own scratch). :func:`mark_views`
+  records them in :attr:`OpGraph.view_of`, which the simulator reads: a
+  view's outputs take no memory and keep their source alive as long as
+  they are used.
+* :data:`SAVED_FOR_BACKWARD` — for ONNX ops, what PyTorch's autograd keeps
+  from the forward pass until the op's backward runs
+  (``torch/csrc/autograd/generated`` / ``derivatives.yaml``: which of
+  ``self``, ``other``, ``result`` a ``*Backward`` node saves). The training
+  pass (:mod:`baechi_cli.passes.training`) turns each entry into edges from
+  the saved tensors to the backward op, so the simulator holds exactly those
+  until the backward op ends: Gemm/MatMul/Conv keep their data inputs, Relu
+  and Softmax their output, Add nothing, LayerNorm its input and statistics,
+  Dropout a one-byte mask, MaxPool its input and int64 indices. An op type
+  without an entry keeps what its cost-rule kind implies
+  (:func:`saved_for_backward`).
+
+Both are facts about frameworks, kept apart from the FLOP and byte counts
+(:mod:`baechi_cli.costs.registry`) and from the simulator.
+
+Example:
+    >>> saved_for_backward("Relu", "flops")
+    Saved(inputs=(), output=True, extra_bytes_per_output_byte=0.0)
+    >>> saved_for_backward("Add", "flops").inputs
+    ()
+    >>> saved_for_backward("NoSuchOp", "flops").inputs  # unknown: every data input, to be safe
+    (0, 1, 2, 3, 4, 5, 6, 7)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from baechi_cli.graph import CONTROL_PORT, OpGraph
+
+VIEW_OPS: dict[str, frozenset[str]] = {
+    "tensorflow": frozenset(
+        {
+            "Identity",
+            "IdentityN",
+            "Reshape",
+            "Squeeze",
+            "ExpandDims",
+            "StopGradient",
+            "PreventGradient",
+            "ReadVariableOp",
+            "Bitcast",
+            "EnsureShape",
+        }
+    ),
+    "onnx": frozenset(
+        {
+            "Identity",
+            "Reshape",
+            "Flatten",
+            "Squeeze",
+            "Unsqueeze",
+            "Transpose",
+            "Slice",
+            "Split",
+            "Expand",
+        }
+    ),
+}
+
+
+# view_of's value for a view of resident storage (a parameter): no tensor to keep alive.
+RESIDENT = (-1, 0)
+
+
+class Saved(NamedTuple):
+    """What a backward op reads from its forward op's time.
+
+    ``inputs``: the ONNX input positions whose tensors are kept (positions
+    that are initializers are parameters, resident anyway, and skipped);
+    ``output``: the op's first output is kept; ``extra_bytes_per_output_byte``:
+    one more tensor the forward op writes only for its backward (a dropout
+    mask, pooling indices, normalization statistics), sized against the
+    first output.
+    """
+
+    inputs: tuple[int, ...] = ()
+    output: bool = False
+    extra_bytes_per_output_byte: float = 0.0
+
+
+_NOTHING = Saved()
+_ALL_INPUTS = Saved(inputs=tuple(range(8)))
+_FIRST_INPUT = Saved(inputs=(0,))
+_TWO_INPUTS = Saved(inputs=(0, 1))
+_OUTPUT = Saved(output=True)
+
+SAVED_FOR_BACKWARD: dict[str, Saved] = {
+    # Products keep their operands (dX = dY·W^T, dW = X^T·dY).
+    "MatMul": _TWO_INPUTS,
+    "Gemm": _TWO_INPUTS,
+    "Conv": _FIRST_INPUT,
+    "ConvTranspose": _FIRST_INPUT,
+    "Mul": _TWO_INPUTS,
+    "Div": _TWO_INPUTS,
+    "Einsum": _ALL_INPUTS,
+    # Sums, copies, views and casts keep nothing (their gradient is the incoming one, reshaped).
+    "Add": _NOTHING,
+    "Sub": _NOTHING,
+    "Neg": _NOTHING,
+    "Sum": _NOTHING,
+    "Concat": _NOTHING,
+    "Cast": _NOTHING,
+    "Identity": _NOTHING,
+    "Reshape": _NOTHING,
+    "Flatten": _NOTHING,
+    "Squeeze": _NOTHING,
+    "Unsqueeze": _NOTHING,
+    "Transpose": _NOTHING,
+    "Slice": _NOTHING,
+    "Split": _NOTHING,
+    "Expand": _NOTHING,
+    "Pad": _NOTHING,
+    "Gather": _NOTHING,  # the indices are integers of the input's producer, kept there
+    "ReduceSum": _NOTHING,
+    "ReduceMean": _NOTHING,
+    "GlobalAveragePool": _NOTHING,
+    "Where": _NOTHING,
+    # Activations whose derivative is a function of their result.
+    "Relu": _OUTPUT,
+    "Sigmoid": _OUTPUT,
+    "Tanh": _OUTPUT,
+    "Softmax": _OUTPUT,
+    "LogSoftmax": _OUTPUT,
+    "Exp": _OUTPUT,
+    "Sqrt": _OUTPUT,
+    # ... or of their input.
+    "Erf": _FIRST_INPUT,
+    "Gelu": _FIRST_INPUT,
+    "Pow": _FIRST_INPUT,
+    "Log": _FIRST_INPUT,
+    "Reciprocal": _OUTPUT,
+    "LeakyRelu": _FIRST_INPUT,
+    "Elu": _OUTPUT,
+    "HardSigmoid": _FIRST_INPUT,
+    "HardSwish": _FIRST_INPUT,
+    "Softplus": _FIRST_INPUT,
+    "Clip": _FIRST_INPUT,
+    "AveragePool": _FIRST_INPUT,
+    "ReduceMax": Saved(inputs=(0,), output=True),
+    "ReduceMin": Saved(inputs=(0,), output=True),
+    # Input plus int64 indices, one per output element (twice a float32 output's bytes).
+    "MaxPool": Saved(inputs=(0,), extra_bytes_per_output_byte=2.0),
+    # Input plus per-channel / per-row mean and inverse std: small against the input.
+    "BatchNormalization": _FIRST_INPUT,
+    "LayerNormalization": _FIRST_INPUT,
+    "GroupNormalization": _FIRST_INPUT,
+    "InstanceNormalization": _FIRST_INPUT,
+    "RMSNormalization": _FIRST_INPUT,
+    # A one-byte mask per element (bool), a quarter of a float32 output.
+    "Dropout": Saved(extra_bytes_per_output_byte=0.25),
+}
+
+# Cost-rule kinds whose ops, when not in the table, keep every data input (conservative:
+# a flops op's backward usually reads its inputs); data movement and views keep nothing.
+_KIND_DEFAULT = {"flops": _ALL_INPUTS, "uncovered": _ALL_INPUTS, "fallback": _ALL_INPUTS}
+
+
+def saved_for_backward(op_type: str, kind: str) -> Saved:
+    """What autograd keeps for ``op_type``'s backward (ONNX op types); by ``kind`` when unknown."""
+    return SAVED_FOR_BACKWARD.get(op_type) or _KIND_DEFAULT.get(kind, _NOTHING)
+
+
+def mark_views(graph: OpGraph, op_set: str) -> OpGraph:
+    """``graph`` with :attr:`~OpGraph.view_of` set for every op of a view type that has a data input.
+
+    ``op_set`` is the cost-rule name table the graph's op types belong to
+    (``tensorflow`` or ``onnx``). O(V + E).
+    """
+    types = VIEW_OPS.get(op_set, frozenset())
+    view_of: dict[int, tuple[int, int]] = {}
+    for v, op_type in enumerate(graph.op_types):
+        if op_type not in types:
+            continue
+        positions = graph.attrs[v].get("_data_inputs")
+        if positions is not None and positions[:1] != [0]:
+            # An ONNX op whose first input is an initializer views a parameter, which is
+            # resident anyway (a PyTorch `weight.t()`): it allocates nothing, keeps nothing.
+            if graph.attrs[v].get("_initializers"):
+                view_of[v] = RESIDENT
+            continue
+        first = next((e for e in graph.in_edges[v] if graph.edge_port[e] != CONTROL_PORT), None)
+        if first is not None:
+            view_of[v] = (graph.edge_src[first], graph.edge_port[first])
+    return graph.replace(view_of=view_of) if view_of or graph.view_of else graph

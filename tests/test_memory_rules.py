@@ -1,0 +1,117 @@
+"""Views and what autograd saves: the memory facts of costs/memory_rules.py, in the simulator.
+
+Every expected peak here is counted by hand from the rule it tests.
+"""
+
+from __future__ import annotations
+
+from baechi_cli.costs.memory_rules import RESIDENT, mark_views, saved_for_backward
+from baechi_cli.devices import parse_devices
+from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.passes.training import synthesize_training
+from baechi_cli.sim import simulate
+
+F32 = ["float32"]
+SPEC = parse_devices("2x1GB")
+
+
+def chain(*ops: tuple[str, str, int]) -> OpGraph:
+    """x -> op1 -> op2 -> ...: (name, op type, output bytes) each, 10 µs each."""
+    b = GraphBuilder()
+    prev = None
+    for name, op_type, nbytes in ops:
+        v = b.add_op(name, op_type, [nbytes], compute_us=10.0, output_dtypes=F32)
+        if prev is not None:
+            b.add_edge(prev, v)
+        prev = v
+    return b.build()
+
+
+def test_a_view_allocates_nothing_and_keeps_its_source_alive():
+    g = mark_views(chain(("a", "Relu", 1000), ("r", "Reshape", 1000), ("c", "Relu", 10)), "onnx")
+    assert g.view_of == {1: (0, 0)}
+    sim = simulate(g, SPEC, [0, 0, 0])
+    assert sim.peak_bytes[0] == 1010  # a's tensor (the view shares it) and c's output
+    # a's tensor is freed when the view's consumer ends, not when the view does
+    assert sim.memory_curve[0][-1] == (30.0, 0)
+    assert (20.0, 1010) in sim.memory_curve[0]
+    without = simulate(chain(("a", "Relu", 1000), ("r", "Reshape", 1000), ("c", "Relu", 10)), SPEC, [0, 0, 0])
+    assert without.peak_bytes[0] == 2000  # a copy-counting model holds both
+
+
+def test_a_view_on_another_device_keeps_the_received_copy_alive():
+    g = mark_views(chain(("a", "Relu", 1000), ("r", "Reshape", 1000), ("c", "Relu", 10)), "onnx")
+    sim = simulate(g, SPEC, [0, 1, 1])
+    (copy,) = sim.transfers
+    # the copy on device 1 lives from its receive until c (which reads it through the view) ends
+    assert sim.peak_bytes[1] == 1010
+    assert sim.memory_curve[1][-1] == (sim.end[2], 0)
+    assert copy.dst_device == 1 and copy.nbytes == 1000
+
+
+def test_views_of_views_chain_their_lifetimes():
+    g = mark_views(
+        chain(("a", "Relu", 1000), ("r", "Reshape", 1000), ("s", "Squeeze", 1000), ("c", "Relu", 10)), "onnx"
+    )
+    assert g.view_of == {1: (0, 0), 2: (1, 0)}
+    sim = simulate(g, SPEC, [0] * 4)
+    assert sim.peak_bytes[0] == 1010 and sim.memory_curve[0][-1] == (40.0, 0)
+
+
+def test_view_types_are_per_op_set_and_a_view_of_a_parameter_keeps_nothing():
+    g = chain(("a", "Relu", 1000), ("t", "Transpose", 1000), ("i", "Identity", 1000))
+    assert mark_views(g, "onnx").view_of == {1: (0, 0), 2: (1, 0)}
+    assert mark_views(g, "tensorflow").view_of == {2: (1, 0)}  # a TF Transpose copies
+    b = GraphBuilder()
+    x = b.add_op("x", "Input", [400], output_dtypes=F32)
+    w_t = b.add_op("w_t", "Transpose", [4000], attrs={"_data_inputs": [], "_initializers": ["w"]})
+    mm = b.add_op("mm", "MatMul", [40], attrs={"_data_inputs": [0, 1]})
+    b.add_edge(x, mm)
+    b.add_edge(w_t, mm)
+    reshape = b.add_op("r", "Reshape", [40], attrs={"_data_inputs": [1], "_initializers": ["t"]})
+    b.add_edge(x, reshape)  # input 0 is an initializer, the edge is input 1 (the shape)
+    assert mark_views(b.build(), "onnx").view_of == {w_t: RESIDENT, reshape: RESIDENT}
+
+
+def test_what_autograd_saves():
+    assert saved_for_backward("Gemm", "flops").inputs == (0, 1)
+    assert saved_for_backward("Conv", "flops").inputs == (0,)
+    assert saved_for_backward("Relu", "flops").output and not saved_for_backward("Relu", "flops").inputs
+    assert saved_for_backward("Add", "flops") == saved_for_backward("Reshape", "zero")
+    assert saved_for_backward("Dropout", "bytes").extra_bytes_per_output_byte == 0.25
+    assert saved_for_backward("Frobnicate", "bytes").inputs == ()
+
+
+def test_training_keeps_exactly_what_autograd_saves():
+    """fc(W) -> relu -> add(relu, fc) -> maxpool: the step's peak, by hand."""
+    b = GraphBuilder()
+    x = b.add_op("x", "Input", [100], output_dtypes=F32)
+    fc = b.add_op("fc", "Gemm", [1000], compute_us=10.0, persistent_bytes=400, output_dtypes=F32)
+    relu = b.add_op("relu", "Relu", [1000], compute_us=1.0, output_dtypes=F32)
+    add = b.add_op("add", "Add", [1000], compute_us=1.0, output_dtypes=F32)
+    pool = b.add_op("pool", "MaxPool", [250], compute_us=1.0, output_dtypes=F32)
+    for s, d in ((x, fc), (fc, relu), (relu, add), (fc, add), (add, pool)):
+        b.add_edge(s, d)
+    g = b.build()
+    t = synthesize_training(g, SPEC, ["zero", "flops", "flops", "flops", "flops"], "sgd")
+    names = t.index()
+
+    def saved_into(op: str) -> set[tuple[str, int]]:
+        v = names[f"gradients/{op}"]
+        return {
+            (t.names[t.edge_src[e]], t.edge_port[e])
+            for e in t.in_edges[v]
+            if t.edge_port[e] != CONTROL_PORT and not t.is_backward[t.edge_src[e]]
+        }
+
+    assert saved_into("fc") == {("x", 0)}  # its data input (W is resident)
+    assert saved_into("relu") == {("relu", 0)}  # its output
+    assert saved_into("add") == set()  # nothing
+    assert saved_into("pool") == {("add", 0), ("pool", 1)}  # its input and int64 indices
+    assert t.output_bytes[pool] == [250, 500]
+    # On one device, while pool runs: the parameters, x (fc's saved input), relu's output (its
+    # saved result), add's output (pool's saved input), pool's output and its indices. fc's output
+    # was freed when add, its last reader, ended: neither relu nor add saves it.
+    sim = simulate(t, SPEC, [0] * t.num_ops)
+    levels = dict(sim.memory_curve[0])
+    assert levels[sim.start[pool]] == 400 + 100 + 1000 + 1000 + 250 + 500
