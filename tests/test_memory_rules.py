@@ -73,6 +73,28 @@ def test_view_types_are_per_op_set_and_a_view_of_a_parameter_keeps_nothing():
     assert mark_views(b.build(), "onnx").view_of == {w_t: RESIDENT, reshape: RESIDENT}
 
 
+def test_a_product_keeps_an_operand_only_for_another_operands_gradient():
+    """x * 0.5 keeps nothing of x (PyTorch's MulBackward saves `other` only for self's gradient)."""
+    b = GraphBuilder()
+    x = b.add_op("x", "Input", [100], output_dtypes=F32)
+    fc = b.add_op("fc", "Gemm", [1000], compute_us=1.0, persistent_bytes=400, output_dtypes=F32)
+    half = b.add_op("half", "Constant", [4], output_dtypes=F32)
+    scaled = b.add_op("scaled", "Mul", [1000], compute_us=1.0, output_dtypes=F32)
+    squared = b.add_op("squared", "Mul", [1000], compute_us=1.0, output_dtypes=F32)
+    for s, d in ((x, fc), (fc, scaled), (half, scaled), (scaled, squared), (scaled, squared)):
+        b.add_edge(s, d)
+    t = synthesize_training(b.build(), SPEC, ["zero", "flops", "zero", "flops", "flops"], "sgd")
+    names = t.index()
+
+    def saved_into(op: str) -> set[str]:
+        v = names[f"gradients/{op}"]
+        return {t.names[t.edge_src[e]] for e in t.in_edges[v] if t.edge_port[e] != CONTROL_PORT}
+
+    assert "fc" not in saved_into("scaled")  # the constant needs no gradient: x is not kept
+    assert "half" in saved_into("scaled")  # the constant is (for fc's gradient)
+    assert "scaled" in saved_into("squared")  # x * x: each operand for the other's gradient
+
+
 def test_what_autograd_saves():
     assert saved_for_backward("Gemm", "flops").inputs == (0, 1)
     assert saved_for_backward("Conv", "flops").inputs == (0,)

@@ -30,7 +30,7 @@ Both are facts about frameworks, kept apart from the FLOP and byte counts
 
 Example:
     >>> saved_for_backward("Relu", "flops")
-    Saved(inputs=(), output=True, extra_bytes_per_output_byte=0.0)
+    Saved(inputs=(), output=True, extra_bytes_per_output_byte=0.0, cross=False)
     >>> saved_for_backward("Add", "flops").inputs
     ()
     >>> saved_for_backward("NoSuchOp", "flops").inputs  # unknown: every data input, to be safe
@@ -86,29 +86,34 @@ class Saved(NamedTuple):
     ``output``: the op's first output is kept; ``extra_bytes_per_output_byte``:
     one more tensor the forward op writes only for its backward (a dropout
     mask, pooling indices, normalization statistics), sized against the
-    first output.
+    first output; ``cross``: an input is kept only when another input needs
+    a gradient (the operands of a product).
     """
 
     inputs: tuple[int, ...] = ()
     output: bool = False
     extra_bytes_per_output_byte: float = 0.0
+    # Products: an operand is kept only to compute another operand's gradient
+    # (x * 0.5 keeps nothing of x; x @ W keeps x because W needs a gradient).
+    cross: bool = False
 
 
 _NOTHING = Saved()
 _ALL_INPUTS = Saved(inputs=tuple(range(8)))
 _FIRST_INPUT = Saved(inputs=(0,))
-_TWO_INPUTS = Saved(inputs=(0, 1))
+_PRODUCT = Saved(inputs=(0, 1), cross=True)
 _OUTPUT = Saved(output=True)
 
 SAVED_FOR_BACKWARD: dict[str, Saved] = {
     # Products keep their operands (dX = dY·W^T, dW = X^T·dY).
-    "MatMul": _TWO_INPUTS,
-    "Gemm": _TWO_INPUTS,
-    "Conv": _FIRST_INPUT,
-    "ConvTranspose": _FIRST_INPUT,
-    "Mul": _TWO_INPUTS,
-    "Div": _TWO_INPUTS,
-    "Einsum": _ALL_INPUTS,
+    "MatMul": _PRODUCT,
+    "Gemm": _PRODUCT,
+    "Conv": Saved(inputs=(0,), cross=True),
+    "ConvTranspose": Saved(inputs=(0,), cross=True),
+    "Mul": _PRODUCT,
+    # a / b keeps b for a's gradient, and a and b for b's: both whenever b needs one.
+    "Div": _PRODUCT,
+    "Einsum": Saved(inputs=tuple(range(8)), cross=True),
     # Sums, copies, views and casts keep nothing (their gradient is the incoming one, reshaped).
     "Add": _NOTHING,
     "Sub": _NOTHING,

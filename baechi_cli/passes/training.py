@@ -210,7 +210,7 @@ def synthesize_training(
                 builder.add_edge(gw, b, incoming[-1][1])
         if graph.view_of.get(v, RESIDENT) != RESIDENT and len(incoming) == 1:
             builder.set_view(b, *incoming[0])  # a view's gradient is the incoming one, viewed back
-        _keep_saved(builder, graph, v, b, inputs, saved_for_backward(graph.op_types[v], kinds[v]))
+        _keep_saved(builder, graph, need, v, b, inputs, saved_for_backward(graph.op_types[v], kinds[v]))
     # Optimizer updates, after every backward op so that ids stay grouped.
     update_op, slots = UPDATE_OP[optimizer], OPTIMIZER_SLOTS[optimizer]
     device_of_kind = {kind: next(d for d in devices.devices if d.kind == kind) for kind in by_kind}
@@ -241,16 +241,30 @@ def synthesize_training(
 
 
 def _keep_saved(
-    builder: GraphBuilder, graph: OpGraph, v: int, b: int, inputs: list[tuple[int, int]], saved: Saved
+    builder: GraphBuilder,
+    graph: OpGraph,
+    need: list[bool],
+    v: int,
+    b: int,
+    inputs: list[tuple[int, int]],
+    saved: Saved,
 ) -> None:
     """Edges from what autograd saves for ``v`` to its backward op ``b``, so it lives until ``b`` ends."""
     positions = graph.attrs[v].get("_data_inputs")  # ONNX input position of each data edge
+    if positions is None or len(positions) < len(inputs):
+        positions = list(range(len(inputs)))
+    # Which input positions need a gradient, by their producers. Parameters (the op's own
+    # initializers) are never edges, so an op owning some has another input that needs one.
+    wants = {p: need[u] for p, (u, _) in zip(positions, inputs)}
+    owns_parameters = graph.persistent_bytes[v] > 0
     kept: set[tuple[int, int]] = set()
-    for i, tensor in enumerate(inputs):
-        position = positions[i] if positions is not None and i < len(positions) else i
-        if position in saved.inputs and tensor not in kept:
-            kept.add(tensor)
-            builder.add_edge(tensor[0], b, tensor[1])
+    for position, tensor in zip(positions, inputs):
+        if position not in saved.inputs or tensor in kept:
+            continue
+        if saved.cross and not owns_parameters and not any(w for p, w in wants.items() if p != position):
+            continue
+        kept.add(tensor)
+        builder.add_edge(tensor[0], b, tensor[1])
     outputs = graph.output_bytes[v]
     if saved.output and outputs:
         builder.add_edge(v, b, 0)
