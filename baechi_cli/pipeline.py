@@ -470,7 +470,7 @@ def training_pass(
 ) -> tuple[OpGraph, TrainingInfo, PassRecord]:
     """``--training``: synthesize the backward pass and optimizer (:mod:`baechi_cli.passes.training`)."""
     from baechi_cli.costs.registry import rule_for
-    from baechi_cli.passes.training import UPDATE_OP, synthesize_training
+    from baechi_cli.passes.training import STEP_OP, UPDATE_OP, synthesize_training
 
     op_set = OP_SETS[fmt]
     kinds = [rule_for(t, op_set).kind for t in graph.op_types]
@@ -480,9 +480,10 @@ def training_pass(
         raise err.with_path(path) from None
     n = graph.num_ops
     update_ops = sum(1 for v in range(n, out.num_ops) if out.op_types[v] == UPDATE_OP[optimizer])
+    steps = sum(1 for v in range(n, out.num_ops) if out.op_types[v] == STEP_OP)
     info = TrainingInfo(
         optimizer,
-        backward_ops=out.num_ops - n - update_ops,
+        backward_ops=out.num_ops - n - update_ops - steps,
         update_ops=update_ops,
         optimizer_state_bytes=sum(out.persistent_bytes[n:]),
     )

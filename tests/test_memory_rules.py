@@ -5,7 +5,7 @@ Every expected peak here is counted by hand from the rule it tests.
 
 from __future__ import annotations
 
-from baechi_cli.costs.memory_rules import RESIDENT, mark_views, saved_for_backward
+from baechi_cli.costs.memory_rules import RESIDENT, gelu_saved, mark_views, saved_for_backward
 from baechi_cli.devices import parse_devices
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.passes.training import synthesize_training
@@ -137,3 +137,49 @@ def test_training_keeps_exactly_what_autograd_saves():
     sim = simulate(t, SPEC, [0] * t.num_ops)
     levels = dict(sim.memory_curve[0])
     assert levels[sim.start[pool]] == 400 + 100 + 1000 + 1000 + 250 + 500
+
+
+def test_an_exported_exact_gelu_keeps_its_input_once():
+    """x * 0.5 * (1 + erf(x / sqrt(2))) as the TorchScript exporter writes F.gelu: GeluBackward saves x."""
+    b = GraphBuilder()
+    x = b.add_op("x", "Input", [100], output_dtypes=F32)
+    fc = b.add_op("fc", "Gemm", [1000], compute_us=1.0, persistent_bytes=400, output_dtypes=F32)
+    sqrt2 = b.add_op("sqrt2", "Constant", [4], output_dtypes=F32)
+    one = b.add_op("one", "Constant", [4], output_dtypes=F32)
+    half = b.add_op("half", "Constant", [4], output_dtypes=F32)
+    div = b.add_op("div", "Div", [1000], compute_us=1.0, output_dtypes=F32)
+    erf = b.add_op("erf", "Erf", [1000], compute_us=1.0, output_dtypes=F32)
+    add = b.add_op("add", "Add", [1000], compute_us=1.0, output_dtypes=F32)
+    mul = b.add_op("mul", "Mul", [1000], compute_us=1.0, output_dtypes=F32)
+    out = b.add_op("out", "Mul", [1000], compute_us=1.0, output_dtypes=F32)
+    for s, d in ((x, fc), (fc, div), (sqrt2, div), (div, erf), (erf, add), (one, add), (fc, mul), (add, mul)):
+        b.add_edge(s, d)
+    b.add_edge(mul, out)
+    b.add_edge(half, out)
+    g = b.build()
+    assert set(gelu_saved(g)) == {erf, mul}
+    kinds = ["zero", "flops", "zero", "zero", "zero", "flops", "flops", "flops", "flops", "flops"]
+    t = synthesize_training(g, SPEC, kinds, "sgd")
+    names = t.index()
+    forward = set(range(g.num_ops))
+
+    def saved_into(op: str) -> set[str]:
+        v = names[f"gradients/{op}"]
+        return {
+            t.names[t.edge_src[e]]
+            for e in t.in_edges[v]
+            if t.edge_port[e] != CONTROL_PORT and t.edge_src[e] in forward
+        }
+
+    assert saved_into("erf") == set() and saved_into("mul") == {"fc"}
+    assert saved_into("div") == {"sqrt2"} and saved_into("out") == {"half"} and saved_into("add") == set()
+
+
+def test_a_cast_to_its_own_dtype_is_a_view():
+    b = GraphBuilder()
+    a = b.add_op("a", "Softmax", [1000], output_dtypes=F32)
+    same = b.add_op("same", "Cast", [1000], output_dtypes=F32, attrs={"_input_dtypes": ["float32"]})
+    half = b.add_op("half", "Cast", [500], output_dtypes=["float16"], attrs={"_input_dtypes": ["float32"]})
+    b.add_edge(a, same)
+    b.add_edge(a, half)
+    assert mark_views(b.build(), "onnx").view_of == {same: (a, 0)}

@@ -14,7 +14,13 @@ from baechi_cli.devices import parse_devices
 from baechi_cli.errors import InputError
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.passes.forward_only import forward_only
-from baechi_cli.passes.training import OPTIMIZER_SLOTS, UPDATE_OP, needs_gradient, synthesize_training
+from baechi_cli.passes.training import (
+    OPTIMIZER_SLOTS,
+    STEP_OP,
+    UPDATE_OP,
+    needs_gradient,
+    synthesize_training,
+)
 from baechi_cli.sim import simulate
 
 DEVICES = parse_devices("2x8GB")
@@ -56,6 +62,7 @@ def test_backward_ops_mirror_the_forward_graph():
         "gradients/flat",
         "gradients/relu",
         "gradients/conv",
+        "optimizer/step",
         "optimizer/conv",
         "optimizer/fc",
     ]
@@ -89,8 +96,10 @@ def test_backward_ops_mirror_the_forward_graph():
     # the parameter gradient buffer is the last port, the size of the parameters
     assert t.output_bytes[names["gradients/fc"]] == [8000, 80_400]
     assert t.output_bytes[names["gradients/conv"]] == [1200]  # the input needs no gradient: dW only
-    assert edges_into("optimizer/conv") == [("gradients/conv", 0, 1200)]
-    assert edges_into("optimizer/fc") == [("gradients/fc", 1, 80_400)]
+    # updates wait for opt.step(), which waits for the end of the backward pass
+    assert edges_into("optimizer/conv") == [("gradients/conv", 0, 1200), ("optimizer/step", CONTROL_PORT, 0)]
+    assert edges_into("optimizer/fc") == [("gradients/fc", 1, 80_400), ("optimizer/step", CONTROL_PORT, 0)]
+    assert edges_into("optimizer/step") == [("gradients/conv", CONTROL_PORT, 0)]
     t.topo_order()  # still a DAG
 
 
@@ -182,8 +191,8 @@ def test_names_stay_unique():
 def test_refuses_a_training_graph_and_a_model_without_weights():
     g, kinds = cnn()
     t = synthesize_training(g, DEVICES, kinds, "sgd")
-    with pytest.raises(InputError, match="already has 6 backward ops"):
-        synthesize_training(t, DEVICES, kinds + ["flops"] * 6, "sgd")
+    with pytest.raises(InputError, match="already has 7 backward ops"):
+        synthesize_training(t, DEVICES, kinds + ["flops"] * 7, "sgd")
     with pytest.raises(InputError, match="nothing to train"):
         synthesize_training(g.replace(persistent_bytes=[0] * g.num_ops), DEVICES, kinds, "sgd")
     with pytest.raises(InputError, match="unknown optimizer 'lamb'"):
@@ -262,22 +271,30 @@ def test_training_step_of_drawn_models(case, optimizer):
     assert len(set(t.names)) == t.num_ops
     assert is_topological(t, t.topo_order())
     # One backward op per op that needs a gradient, one update per such op owning
-    # parameters; each beside its forward op and after it.
-    grad, update = {}, {}
+    # parameters; each beside its forward op and after it; one optimizer step between them.
+    grad, update, steps = {}, {}, []
     for x in range(n, t.num_ops):
         v = t.forward_op[x]
         assert t.is_backward[x] and 0 <= v < n and t.group[x] == g.group[v]
         if t.op_types[x] == f"{g.op_types[v]}Grad":
             assert v not in grad
             grad[v] = x
+        elif t.op_types[x] == STEP_OP:
+            steps.append(x)
         else:
             assert t.op_types[x] == UPDATE_OP[optimizer] and v not in update
             update[v] = x
+    assert len(steps) == (1 if grad else 0)
     assert sorted(grad) == [v for v in range(n) if need[v]]
     assert sorted(update) == [v for v in range(n) if need[v] and g.persistent_bytes[v]]
     edges = set(zip(t.edge_src, t.edge_port, t.edge_dst))
     for v, x in grad.items():
         assert (v, CONTROL_PORT, x) in edges
+    # Every update waits for the step, and the step for the whole backward pass.
+    order = {v: i for i, v in enumerate(t.topo_order())}
+    for step in steps:
+        assert all((step, CONTROL_PORT, x) in edges for x in update.values())
+        assert all(order[x] < order[step] for x in grad.values())
     # Gradients flow back along every data edge between ops that need them.
     srcs = set(zip(t.edge_src, t.edge_dst))
     for e in range(g.num_edges):

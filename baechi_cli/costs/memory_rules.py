@@ -181,6 +181,55 @@ def saved_for_backward(op_type: str, kind: str) -> Saved:
     return SAVED_FOR_BACKWARD.get(op_type) or _KIND_DEFAULT.get(kind, _NOTHING)
 
 
+def _same_dtype_cast(graph: OpGraph, v: int) -> bool:
+    """A Cast to the dtype it already has: PyTorch's ``.to(dtype)`` returns the tensor itself."""
+    if graph.op_types[v] != "Cast":
+        return False
+    dtypes = graph.attrs[v].get("_input_dtypes") or [""]
+    return bool(dtypes[0]) and graph.output_dtypes[v][:1] == [dtypes[0]]
+
+
+def gelu_saved(graph: OpGraph) -> dict[int, Saved]:
+    """What autograd saves for the ops of an exported exact GELU: its input, once.
+
+    ``torch.nn.functional.gelu`` is one op that saves its input; the
+    TorchScript exporter writes it as ``x * 0.5 * (1 + erf(x / sqrt(2)))``
+    (Div, Erf, Add, Mul, Mul), whose ops would each keep their own operands.
+    Returns, for the Erf and the Mul that multiplies by ``x``: keep nothing,
+    and keep ``x`` only. O(V + E).
+    """
+    out: dict[int, Saved] = {}
+    types, src, dst, port = graph.op_types, graph.edge_src, graph.edge_dst, graph.edge_port
+
+    def data_in(v: int) -> list[int]:
+        return [e for e in graph.in_edges[v] if port[e] != CONTROL_PORT]
+
+    for erf, op_type in enumerate(types):
+        if op_type != "Erf":
+            continue
+        (into_erf,) = data_in(erf) or [None]
+        if into_erf is None or types[src[into_erf]] != "Div":
+            continue
+        div = src[into_erf]
+        div_in = data_in(div)
+        if not div_in:
+            continue
+        x = (src[div_in[0]], port[div_in[0]])
+        adds = [dst[e] for e in graph.out_edges[erf] if types[dst[e]] == "Add"]
+        for add in adds:
+            for e in graph.out_edges[add]:
+                mul = dst[e]
+                edges = data_in(mul)
+                if types[mul] != "Mul" or len(edges) != 2:
+                    continue
+                positions = graph.attrs[mul].get("_data_inputs") or [0, 1]
+                keep = [p for p, f in zip(positions, edges) if (src[f], port[f]) == x]
+                if keep:
+                    out[erf] = _NOTHING
+                    out[mul] = Saved(inputs=(keep[0],))
+    return out
+
+
 def mark_views(graph: OpGraph, op_set: str) -> OpGraph:
     """``graph`` with :attr:`~OpGraph.view_of` set for every op of a view type that has a data input.
 
@@ -190,7 +239,7 @@ def mark_views(graph: OpGraph, op_set: str) -> OpGraph:
     types = VIEW_OPS.get(op_set, frozenset())
     view_of: dict[int, tuple[int, int]] = {}
     for v, op_type in enumerate(graph.op_types):
-        if op_type not in types:
+        if op_type not in types and not (op_set == "onnx" and _same_dtype_cast(graph, v)):
             continue
         positions = graph.attrs[v].get("_data_inputs")
         if positions is not None and positions[:1] != [0]:

@@ -54,6 +54,13 @@ writes:
   gradient is a view of it. A control edge ``v -> gradients/v`` orders a
   backward op after its forward op (for the graph's outputs, the loss
   gradient starts there).
+* **Optimizer step.** ``opt.step()`` runs once ``backward()`` has
+  returned: an ``optimizer/step`` op (``OptimizerStep``, 0 µs) waits for
+  the last backward ops (control edges) and every update waits for it, so
+  each parameter's gradient buffer is alive from its backward op until its
+  update, all of them together at the end of the backward pass, as with
+  ``zero_grad(set_to_none=True)``. It is in the group of the last forward
+  op that needs a gradient.
 * **Optimizer.** Per op owning parameters, an update op
   ``optimizer/<name>`` (likewise) in ``v``'s group (``is_backward``, ``forward_op =
   v``), fed by the parameter gradient. It is costed by the TensorFlow rule
@@ -81,9 +88,9 @@ Example:
     >>> _ = b.add_edge(x, fc); _ = b.add_edge(fc, relu)
     >>> g = synthesize_training(b.build(), parse_devices("2x8GB"), ["zero", "flops", "flops"], "adam")
     >>> g.names[3:], g.compute_us[3:5]
-    (['gradients/relu', 'gradients/fc', 'optimizer/fc'], [1.0, 10.0])
-    >>> g.forward_op[3:], g.group[3:], g.persistent_bytes[5]
-    ([2, 1, 1], [2, 1, 1], 8000)
+    (['gradients/relu', 'gradients/fc', 'optimizer/step', 'optimizer/fc'], [1.0, 10.0])
+    >>> g.forward_op[3:], g.group[3:], g.persistent_bytes[6]
+    ([2, 1, 2, 1], [2, 1, 2, 1], 8000)
 """
 
 from __future__ import annotations
@@ -92,7 +99,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from baechi_cli.costs.analytic import op_time_us
-from baechi_cli.costs.memory_rules import RESIDENT, Saved, saved_for_backward
+from baechi_cli.costs.memory_rules import RESIDENT, Saved, gelu_saved, saved_for_backward
 from baechi_cli.costs.registry import OpCount, OpView, rule_for
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InputError
@@ -103,6 +110,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 # parameter-sized slots of state it keeps.
 UPDATE_OP = {"sgd": "ApplyGradientDescent", "momentum": "ApplyMomentum", "adam": "ApplyAdam"}
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
+# The barrier between the backward pass and the updates (a 0 µs op, no cost rule needed).
+STEP_OP, STEP_OP_NAME = "OptimizerStep", "optimizer/step"
 
 # Backward compute as a multiple of forward compute, by the forward op's rule
 # kind; ``flops`` is refined per op (see the module docstring).
@@ -176,6 +185,8 @@ def synthesize_training(
     # Gradient ports: backward op of v -> {input tensor (u, p): port}.
     grad_port: dict[int, dict[tuple[int, int], int]] = {}
     grad_op: dict[int, int] = {}
+    feeds_backward: set[int] = set()  # backward ops that send a gradient to another one
+    composite = gelu_saved(graph)  # exported composites that autograd runs as one op
     for v in reversed(order):
         if not need[v]:
             continue
@@ -208,9 +219,21 @@ def synthesize_training(
                 gw = grad_op[w]
                 incoming.append((gw, grad_port[gw][(v, p)]))
                 builder.add_edge(gw, b, incoming[-1][1])
+                feeds_backward.add(gw)
         if graph.view_of.get(v, RESIDENT) != RESIDENT and len(incoming) == 1:
             builder.set_view(b, *incoming[0])  # a view's gradient is the incoming one, viewed back
-        _keep_saved(builder, graph, need, v, b, inputs, saved_for_backward(graph.op_types[v], kinds[v]))
+        saved = composite.get(v) or saved_for_backward(graph.op_types[v], kinds[v])
+        _keep_saved(builder, graph, need, v, b, inputs, saved)
+    # opt.step() runs once the whole backward pass has ended, so every parameter's gradient
+    # is alive until then: a barrier after the backward ops' last ones, before every update.
+    # It belongs with the last forward op that needs a gradient: the loss's end of the model.
+    last = next((v for v in reversed(order) if need[v]), None)
+    step = -1
+    if last is not None:
+        step = add(STEP_OP_NAME, STEP_OP, v=last, compute_us=0.0, us_by_kind=dict.fromkeys(by_kind, 0.0))
+        for b in grad_op.values():
+            if b not in feeds_backward:
+                builder.add_edge(b, step, CONTROL_PORT)
     # Optimizer updates, after every backward op so that ids stay grouped.
     update_op, slots = UPDATE_OP[optimizer], OPTIMIZER_SLOTS[optimizer]
     device_of_kind = {kind: next(d for d in devices.devices if d.kind == kind) for kind in by_kind}
@@ -237,6 +260,7 @@ def synthesize_training(
         )
         b = grad_op[v]
         builder.add_edge(b, u, len(grad_port[b]))
+        builder.add_edge(step, u, CONTROL_PORT)  # an update exists only where a gradient does
     return builder.build().replace(compute_us_by_kind=by_kind)
 
 
