@@ -660,6 +660,85 @@ def _calibrate(
         render_comm_fit(fit, max_exp, text, output)
 
 
+@main.group("devices")
+def devices_group() -> None:
+    """Device specs: make one from the local hardware."""
+
+
+@devices_group.command("calibrate")
+@click.option(
+    "--torch",
+    "torch_devices",
+    required=True,
+    metavar="DEVICE",
+    help="The device to measure with PyTorch: cpu or cuda:K; several CUDA devices with commas "
+    "(cuda:0,cuda:1) also time the transfers between them.",
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Write the device YAML here (default: print it)."
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Write N devices like the one measured.",
+)
+@click.option(
+    "--quick", is_flag=True, help="Small sizes and three runs each: about a second, rougher numbers."
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress and no summary.")
+def devices_calibrate(torch_devices: str, output: str | None, count: int, quick: bool, quiet: bool) -> None:
+    """Measure a device with PyTorch and write a device spec for --devices.
+
+    Measures GEMM and convolution FLOP/s, elementwise memory bandwidth and the
+    per-op launch overhead (float32, medians after warm-up); with several CUDA
+    devices, the latency and bandwidth of copies between them. The YAML says
+    what was measured, with which torch, and when.
+
+    \b
+    Examples:
+      baechi devices calibrate --torch cpu -o cpu.yaml
+      baechi devices calibrate --torch cuda:0,cuda:1 -o gpus.yaml
+      baechi place model.onnx --devices cpu.yaml
+    """
+    try:
+        from baechi_cli.calibrate import CALIBRATE_STAGES, calibrate_torch
+
+        if output is not None:
+            from baechi_cli.io.models import check_writable
+
+            check_writable(output)
+        command = " ".join(
+            ["baechi devices calibrate --torch", torch_devices]
+            + (["-o", output] if output else [])
+            + ([f"--count {count}"] if count > 1 else [])
+            + (["--quick"] if quick else [])
+        )
+        with StageProgress(enabled=not quiet, stages=CALIBRATE_STAGES) as progress:
+            result = calibrate_torch(
+                torch_devices,
+                count=count,
+                quick=quick,
+                command=command,
+                progress=progress.stage,
+                steps=progress.steps,
+            )
+        if output is None:
+            click.echo(result.yaml, nl=False)
+            return
+        from baechi_cli.io.files import write_atomic
+
+        write_atomic(output, result.yaml.encode())
+        if not quiet:
+            from baechi_cli.render.calibrate import render_calibration
+
+            render_calibration(result, output)
+    except (BaechiError, Exception) as err:  # noqa: BLE001 - every error becomes one line
+        _fail(err)
+
+
 def _parse_percent(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05."""
     raw = text.strip()

@@ -8,6 +8,13 @@
 
 Sizes follow SI/IEC: ``8GB`` = 8e9 bytes, ``8GiB`` = 8 * 2**30 bytes.
 
+A device may carry an *efficiency* table: per compute class
+(:data:`COMPUTE_CLASSES`: ``conv``, ``gemm``) a factor on its ``flops`` for
+the ops of that class (:meth:`Device.flops_for`); ops of no class run at
+``flops``. ``baechi devices calibrate`` measures one
+(:mod:`baechi_cli.calibrate`); :func:`dump_devices_yaml` writes any spec
+back as YAML.
+
 Communication: moving ``b`` bytes between two different devices takes
 ``latency + b / bandwidth`` µs (a per-pair ``links`` entry overrides the
 defaults); the same device costs nothing. The default is the fit Baechi
@@ -26,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,6 +51,13 @@ DEFAULT_LAUNCH_OVERHEAD_US = 5.0
 
 COMM_MODES = ("parallel", "sequential")
 
+# Compute classes: kinds of kernel that reach a FLOP rate of their own. The
+# cost rules tag their op types with one (costs/registry.py); a device's
+# efficiency table scales its flops per class.
+CONV = "conv"
+GEMM = "gemm"
+COMPUTE_CLASSES = (CONV, GEMM)
+
 
 @dataclass(frozen=True)
 class Device:
@@ -51,11 +66,32 @@ class Device:
     flops: float = DEFAULT_FLOPS  # peak FLOP/s
     memory_bandwidth: float = DEFAULT_MEMORY_BANDWIDTH  # bytes/s
     launch_overhead_us: float = DEFAULT_LAUNCH_OVERHEAD_US
+    # (compute class, factor on flops) pairs, sorted by class; a class not listed runs at flops.
+    # A tuple, not a dict, so that the dataclass stays hashable.
+    efficiency: tuple[tuple[str, float], ...] = ()
 
     @property
     def kind(self) -> str:
-        """Devices with the same compute characteristics share a kind."""
-        return f"{self.flops:g}F/{self.memory_bandwidth:g}B/{self.launch_overhead_us:g}us"
+        """Devices with the same compute characteristics share a kind.
+
+        >>> Device("d", 1, 1e12, 1e11, 2.0, (("conv", 0.5),)).kind
+        '1e+12F/1e+11B/2us/conv0.5'
+        """
+        classes = "".join(f"/{name}{factor:g}" for name, factor in self.efficiency)
+        return f"{self.flops:g}F/{self.memory_bandwidth:g}B/{self.launch_overhead_us:g}us{classes}"
+
+    def flops_for(self, compute_class: str) -> float:
+        """FLOP/s for an op of ``compute_class`` ("" for none): ``flops`` times its efficiency, if any.
+
+        >>> d = Device("d", 1, flops=1e12, efficiency=(("conv", 0.5),))
+        >>> d.flops_for("conv"), d.flops_for("gemm"), d.flops_for("")
+        (500000000000.0, 1000000000000.0, 1000000000000.0)
+        """
+        if compute_class:
+            for name, factor in self.efficiency:
+                if name == compute_class:
+                    return self.flops * factor
+        return self.flops
 
 
 @dataclass(frozen=True)
@@ -259,30 +295,45 @@ def parse_devices(spec: str) -> DeviceSpec:
     return DeviceSpec(tuple(devices), Interconnect(), source=text)
 
 
-_DEVICE_KEYS = {"name", "memory", "flops", "memory_bandwidth", "launch_overhead", "count"}
+_DEVICE_KEYS = {"name", "memory", "flops", "memory_bandwidth", "launch_overhead", "efficiency", "count"}
 _INTERCONNECT_KEYS = {"mode", "latency", "bandwidth", "links"}
 _LINK_KEYS = {"a", "b", "latency", "bandwidth"}
 
 
 def load_devices_yaml(path: str) -> DeviceSpec:
     """Read the YAML device schema of docs/DESIGN.md; every error names the file and key."""
-    import yaml
-
     try:
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
+            text = f.read()
     except FileNotFoundError:
         raise InputError("device file not found", path=path) from None
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"cannot read device file: {err}", path=path) from None
+    return devices_from_yaml(text, path)
+
+
+def devices_from_yaml(text: str, source: str) -> DeviceSpec:
+    """The DeviceSpec of YAML ``text`` (the schema of docs/DESIGN.md); errors name ``source`` and the key.
+
+    >>> devices_from_yaml("devices: {count: 2, memory: 1GB, efficiency: {conv: 0.5}}", "d.yaml").count
+    2
+    >>> devices_from_yaml("devices: [{memory: 1GB, launch_overhead: 0us}]", "d.yaml")
+    Traceback (most recent call last):
+    ...
+    baechi_cli.errors.InputError: d.yaml: devices[0].launch_overhead '0us' must be positive
+    """
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise InputError(f"not valid YAML{where}", path=path) from None
+        raise InputError(f"not valid YAML{where}", path=source) from None
     try:
-        return _spec_from_doc(doc, path)
+        return _spec_from_doc(doc, source)
     except InputError as err:
-        raise err.with_path(path) from None
+        raise err.with_path(source) from None
 
 
 def _check_keys(obj: Any, allowed: set[str], where: str) -> dict:
@@ -304,10 +355,34 @@ def _device_from_doc(d: dict, index: int, where: str) -> Device:
         memory_bandwidth=parse_rate(
             d.get("memory_bandwidth", DEFAULT_MEMORY_BANDWIDTH), f"{where}.memory_bandwidth", "B"
         ),
-        launch_overhead_us=parse_time_us(
+        launch_overhead_us=_positive_time_us(
             d.get("launch_overhead", DEFAULT_LAUNCH_OVERHEAD_US), f"{where}.launch_overhead"
         ),
+        efficiency=_efficiency(d.get("efficiency"), f"{where}.efficiency"),
     )
+
+
+def _positive_time_us(text: Any, what: str) -> float:
+    """:func:`parse_time_us`, zero refused: every kernel launch costs something."""
+    value = parse_time_us(text, what)
+    if value == 0:
+        raise InputError(f"{what} '{text}' must be positive")
+    return value
+
+
+def _efficiency(table: Any, where: str) -> tuple[tuple[str, float], ...]:
+    """``{conv: 0.6}`` -> ``(("conv", 0.6),)``: known classes, positive finite factors, sorted."""
+    if table is None:  # absent, or an empty ``efficiency:``
+        return ()
+    _check_keys(table, set(COMPUTE_CLASSES), where)
+    pairs = []
+    for name, factor in sorted(table.items()):
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise InputError(f"{where}.{name} '{factor}' is not a number (a factor on flops, e.g. 0.6)")
+        if not math.isfinite(factor) or factor <= 0:
+            raise InputError(f"{where}.{name} '{factor}' must be positive")
+        pairs.append((name, float(factor)))
+    return tuple(pairs)
 
 
 def _spec_from_doc(doc: Any, source: str) -> DeviceSpec:
@@ -370,3 +445,106 @@ def _device_ref(ref: Any, names: list[str], where: str) -> int:
     if isinstance(ref, str) and ref in names:
         return names.index(ref)
     raise InputError(f"{where}: '{ref}' is not a device name or index")
+
+
+# --- writing --------------------------------------------------------------------
+
+_PREFIXES = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3))
+
+
+def format_si(value: float, unit: str, digits: int = 4, sep: str = "") -> str:
+    """``value`` with an SI prefix and ``unit`` to ``digits`` significant digits (``sep`` between
+    the number and the prefix).
+
+    >>> format_si(8.531e10, ""), format_si(1.02e10, "B/s"), format_si(512.0, "B/s")
+    ('85.31G', '10.2GB/s', '512B/s')
+    >>> format_si(85312345678.9, "FLOP/s", sep=" ")
+    '85.31 GFLOP/s'
+    """
+    prefix, scale = _prefix(value)
+    return f"{value / scale:.{digits}g}{sep}{prefix}{unit}"
+
+
+def _prefix(value: float) -> tuple[str, float]:
+    return next(((p, s) for p, s in _PREFIXES if abs(value) >= s), ("", 1.0))
+
+
+def _exact_rate(stored: float, unit: str, per: float = 1.0) -> str | float:
+    """The shortest SI form of ``stored * per`` that reads back (:func:`parse_rate`, then ``/ per``)
+    as ``stored`` exactly; the bare number where none does.
+
+    >>> _exact_rate(2.5e12, "B/s"), _exact_rate(2039e9, "B/s"), _exact_rate(1 / 0.0001754, "B/s", per=1e6)
+    ('2.5TB/s', '2039GB/s', '5.701254275940707GB/s')
+    """
+    value = stored * per
+    prefixes = [(p, s) for p, s in (*_PREFIXES, ("", 1.0)) if abs(value) >= s or not p]
+    for digits in range(1, 18):  # the fewest digits, then the largest prefix
+        for prefix, scale in prefixes:
+            mantissa = f"{value / scale:.{digits}g}"
+            if float(mantissa) * scale / per == stored:
+                return f"{mantissa}{prefix}{unit}"
+    return value
+
+
+def _exact_time(us: float) -> str:
+    """The shortest form of ``us`` that :func:`parse_time_us` reads back exactly: ``134us``."""
+    return next(t for t in (f"{us:.{d}g}" for d in range(1, 18)) if float(t) == us) + "us"
+
+
+def dump_devices_yaml(spec: DeviceSpec, comments: Sequence[str] = ()) -> str:
+    """``spec`` as a device YAML that :func:`devices_from_yaml` reads back, after ``comments`` as ``#`` lines.
+
+    Every device is listed with every key, each number in the shortest form
+    that reads back as the same float, so the text reads back as ``spec``
+    and writing that again gives the same text. The interconnect's latency
+    and bandwidth are left out where they are the defaults (Baechi's PCIe
+    fit).
+
+    >>> print(dump_devices_yaml(parse_devices("1x8GB"), ["one device"]), end="")
+    # one device
+    devices:
+    - name: /device:GPU:0
+      memory: 8000000000
+      flops: 10.07T
+      memory_bandwidth: 448GB/s
+      launch_overhead: 5us
+    interconnect:
+      mode: parallel
+    """
+    import yaml
+
+    devices: list[dict[str, Any]] = []
+    for d in spec.devices:
+        entry: dict[str, Any] = {
+            "name": d.name,
+            "memory": d.memory_bytes,
+            "flops": _exact_rate(d.flops, ""),
+            "memory_bandwidth": _exact_rate(d.memory_bandwidth, "B/s"),
+            "launch_overhead": _exact_time(d.launch_overhead_us),
+        }
+        if d.efficiency:
+            entry["efficiency"] = dict(d.efficiency)
+        devices.append(entry)
+    ic = spec.interconnect
+    interconnect: dict[str, Any] = {"mode": ic.mode}
+    if ic.latency_us != DEFAULT_LATENCY_US:
+        interconnect["latency"] = _exact_time(ic.latency_us)
+    if ic.bandwidth_bytes_per_us != DEFAULT_BANDWIDTH_BYTES_PER_US:
+        interconnect["bandwidth"] = _exact_rate(ic.bandwidth_bytes_per_us, "B/s", per=1e6)
+    if ic.links:
+        interconnect["links"] = [
+            {
+                "a": spec.devices[a].name,
+                "b": spec.devices[b].name,
+                "latency": _exact_time(latency),
+                "bandwidth": _exact_rate(bandwidth, "B/s", per=1e6),
+            }
+            for (a, b), (latency, bandwidth) in sorted(ic.links.items())
+        ]
+    body = yaml.safe_dump(
+        {"devices": devices, "interconnect": interconnect},
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
+    )
+    return "".join(f"# {line}\n" if line else "#\n" for line in comments) + body

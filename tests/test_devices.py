@@ -1,6 +1,13 @@
 import pytest
 
-from baechi_cli.devices import PRESETS, parse_devices, parse_size
+from baechi_cli.devices import (
+    PRESETS,
+    Device,
+    devices_from_yaml,
+    dump_devices_yaml,
+    parse_devices,
+    parse_size,
+)
 from baechi_cli.errors import InputError
 
 
@@ -87,6 +94,40 @@ def test_yaml_template(tmp_path):
         ("devices: [{memory: 8GB}]\ninterconnect: {links: [{a: 0, b: 7}]}", "not a device"),
         ("devices: [{memory: 8GB}\n", "not valid YAML"),
         ("- 1\n- 2\n", "must be a mapping"),
+        # zero or negative rates, overheads and efficiencies
+        ("devices: [{memory: 8GB, flops: 0}]", "devices[0].flops '0' must be positive"),
+        ("devices: [{memory: 8GB, flops: -1T}]", "devices[0].flops '-1T' is not a rate"),
+        ("devices: [{memory: 8GB, memory_bandwidth: 0GB/s}]", "devices[0].memory_bandwidth '0GB/s' must be"),
+        (
+            "devices: [{memory: 8GB, memory_bandwidth: -5}]",
+            "devices[0].memory_bandwidth '-5' must be positive",
+        ),
+        (
+            "devices: [{memory: 8GB, launch_overhead: 0us}]",
+            "devices[0].launch_overhead '0us' must be positive",
+        ),
+        (
+            "devices: [{memory: 8GB, launch_overhead: -2}]",
+            "devices[0].launch_overhead '-2' must be a non-neg",
+        ),
+        (
+            "devices: {count: 2, memory: 8GB, launch_overhead: 0}",
+            "devices.launch_overhead '0' must be positive",
+        ),
+        (
+            "devices: [{memory: 8GB, efficiency: {conv: 0}}]",
+            "devices[0].efficiency.conv '0' must be positive",
+        ),
+        ("devices: [{memory: 8GB, efficiency: {gemm: -0.5}}]", "devices[0].efficiency.gemm '-0.5' must be"),
+        ("devices: [{memory: 8GB, efficiency: {conv: .nan}}]", "devices[0].efficiency.conv 'nan' must be"),
+        ("devices: [{memory: 8GB, efficiency: {conv: 60%}}]", "efficiency.conv '60%' is not a number"),
+        ("devices: [{memory: 8GB, efficiency: {conv: true}}]", "efficiency.conv 'True' is not a number"),
+        ("devices: [{memory: 8GB, efficiency: {lstm: 0.5}}]", "devices[0].efficiency: unknown key 'lstm'"),
+        ("devices: [{memory: 8GB, efficiency: [0.5]}]", "devices[0].efficiency must be a mapping"),
+        (
+            "devices: [{memory: 8GB}]\ninterconnect: {bandwidth: 0GB/s}",
+            "interconnect.bandwidth '0GB/s' must be",
+        ),
     ],
 )
 def test_yaml_errors_name_file_and_key(tmp_path, doc, fragment):
@@ -107,3 +148,43 @@ def test_comm_mode_override():
     assert parse_devices("2x8GB").with_comm_mode("sequential").interconnect.mode == "sequential"
     with pytest.raises(InputError):
         parse_devices("2x8GB").with_comm_mode("ring")
+
+
+def test_yaml_efficiency(tmp_path):
+    f = tmp_path / "d.yaml"
+    f.write_text("devices: {count: 2, memory: 8GB, flops: 10T, efficiency: {gemm: 0.8, conv: 1.25}}\n")
+    spec = parse_devices(str(f))
+    d = spec.devices[0]
+    assert d.efficiency == (("conv", 1.25), ("gemm", 0.8)) and spec.homogeneous
+    assert (d.flops_for("conv"), d.flops_for("gemm"), d.flops_for("")) == (12.5e12, 8e12, 10e12)
+    # An efficiency table makes another device kind; an empty one is no table.
+    assert d.kind != Device(d.name, d.memory_bytes, d.flops).kind
+    f.write_text("devices: [{memory: 8GB, efficiency: }]\n")
+    assert parse_devices(str(f)).devices[0] == Device("/device:GPU:0", 8 * 10**9)
+
+
+def test_dump_reads_back_as_the_same_spec():
+    specs = [parse_devices(name) for name in (*PRESETS, "2x16GB,2x8GiB")]
+    yaml_text = """
+devices:
+  - {name: a, memory: 8GiB, flops: 13.4T, memory_bandwidth: 448GB/s, launch_overhead: 3.5us,
+     efficiency: {conv: 0.61}}
+  - {name: b, memory: 4GB, flops: 123456789, memory_bandwidth: 1.5KB/s}
+interconnect:
+  mode: sequential
+  latency: 0
+  bandwidth: 10GB/s
+  links: [{a: a, b: 1, latency: 5us, bandwidth: 100GB/s}]
+"""
+    specs.append(devices_from_yaml(yaml_text, "d.yaml"))
+    for spec in specs:
+        text = dump_devices_yaml(spec, ["a comment", ""])
+        again = devices_from_yaml(text, "again.yaml")
+        assert text.startswith("# a comment\n#\n")
+        assert again.devices == spec.devices
+        assert again.interconnect.mode == spec.interconnect.mode
+        for pair in [(0, 1), (1, 0), (0, 0)]:
+            assert again.interconnect.transfer_time(12345, *pair) == pytest.approx(
+                spec.interconnect.transfer_time(12345, *pair), rel=1e-12
+            )
+        assert dump_devices_yaml(again) == dump_devices_yaml(spec)

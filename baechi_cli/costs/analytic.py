@@ -24,10 +24,14 @@ Counting is kept apart from the device model (as XLA's HloCostAnalysis is):
 rules in :mod:`baechi_cli.costs.registry` give device-independent
 :class:`OpCount` s; :func:`op_time_us` turns one into time on one device:
 
-    time_us = max(flops / device.flops, bytes moved / device.memory_bandwidth) * 1e6
+    time_us = max(flops / (device.flops * efficiency[class]), bytes moved / device.memory_bandwidth) * 1e6
               + device.launch_overhead_us
 
-for every op that launches a kernel. Ops whose rule kind is ``zero`` (NoOp,
+for every op that launches a kernel. ``efficiency[class]`` is the device's
+factor for the compute class of the op's rule (``conv``, ``gemm``:
+:attr:`~baechi_cli.costs.registry.RuleEntry.compute_class`), 1 for a rule
+of no class or a class the device lists no factor for: without an
+efficiency table every time is the plain roofline's. Ops whose rule kind is ``zero`` (NoOp,
 Const, Placeholder, Identity, Reshape, ReadVariableOp, control-flow
 plumbing, ...) or ``variable`` take 0 µs: on a GPU they launch no kernel --
 they alias a buffer, are fed, or are resolved on the host -- and charging them
@@ -148,11 +152,17 @@ class CostReport:
         }
 
 
-def op_time_us(count: OpCount, device: Device, launches_kernel: bool = True) -> float:
-    """Roofline time of one op on ``device``: compute- or memory-bound, plus launch overhead."""
+def op_time_us(
+    count: OpCount, device: Device, launches_kernel: bool = True, compute_class: str = ""
+) -> float:
+    """Roofline time of one op on ``device``: compute- or memory-bound, plus launch overhead.
+
+    The compute bound is at the device's FLOP/s for the op's ``compute_class``
+    (:meth:`~baechi_cli.devices.Device.flops_for`).
+    """
     if not launches_kernel:
         return 0.0
-    compute_s = count.flops / device.flops
+    compute_s = count.flops / device.flops_for(compute_class)
     memory_s = (count.bytes_read + count.bytes_written) / device.memory_bandwidth
     return max(compute_s, memory_s) * 1e6 + device.launch_overhead_us
 
@@ -298,10 +308,14 @@ def estimate_costs(
     """
     counts, kinds, fallbacks, inner = count_ops(graph, op_set)
     launches = [k not in NO_KERNEL_KINDS for k in kinds]
+    table = name_table(op_set)
+    classes = [table.get(t, NO_RULE).compute_class for t in graph.op_types]
     by_kind: dict[str, list[float]] = {}
     for device in devices.devices:
         if device.kind not in by_kind:
-            by_kind[device.kind] = [op_time_us(c, device, lk) for c, lk in zip(counts, launches, strict=True)]
+            by_kind[device.kind] = [
+                op_time_us(c, device, lk, cc) for c, lk, cc in zip(counts, launches, classes, strict=True)
+            ]
     reference = devices.devices[0].kind
 
     coverage: dict[str, dict[str, int]] = {}

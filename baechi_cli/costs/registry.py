@@ -63,6 +63,15 @@ model both read:
   its rule.
 * ``variable`` -- holds a variable (or optimizer slot): persistent bytes only.
 
+Some rules also carry a *compute class* (:attr:`RuleEntry.compute_class`):
+their kernels reach a FLOP rate of their own, and a device's ``efficiency``
+table scales its ``flops`` for them (:meth:`baechi_cli.devices.Device.flops_for`).
+:data:`COMPUTE_CLASS_OF` names them by TensorFlow op type -- convolutions and
+their gradients ``conv``; matmuls, batched matmuls and einsum ``gemm`` -- and
+an ONNX op counted by a TensorFlow rule takes that rule's class (``Conv`` is
+``conv``, ``Gemm`` and ``MatMul`` are ``gemm``). Every other rule has none
+(``""``: the device's ``flops`` as it is).
+
 Op types with no rule in their op set are *uncovered*; :func:`rule_for`
 gives them :data:`NO_RULE`, which counts :func:`bytes_only`.
 
@@ -85,6 +94,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from baechi_cli.devices import CONV, GEMM
 
 Shape = tuple[int, ...]
 
@@ -138,6 +149,8 @@ class RuleEntry:
     note: str  # one line for the coverage table
     # For an ONNX op counted by a TensorFlow op's rule: that TensorFlow op type.
     shares: str = ""
+    # The compute class of its kernels (COMPUTE_CLASS_OF), "" for none.
+    compute_class: str = ""
 
 
 TENSORFLOW = "tensorflow"
@@ -148,6 +161,19 @@ OP_SETS = (TENSORFLOW, ONNX)
 RULES: dict[str, RuleEntry] = {}
 ONNX_RULES: dict[str, RuleEntry] = {}
 _NAME_TABLES = {TENSORFLOW: RULES, ONNX: ONNX_RULES}
+
+#: Compute class by TensorFlow op type (see the module docstring); :func:`register` tags the rules with it.
+COMPUTE_CLASS_OF: dict[str, str] = {
+    **dict.fromkeys(
+        "Conv2D Conv3D DepthwiseConv2dNative "
+        "Conv2DBackpropInput Conv2DBackpropInputV2 Conv3DBackpropInput Conv3DBackpropInputV2 "
+        "DepthwiseConv2dNativeBackpropInput "
+        "Conv2DBackpropFilter Conv2DBackpropFilterV2 Conv3DBackpropFilter Conv3DBackpropFilterV2 "
+        "DepthwiseConv2dNativeBackpropFilter".split(),
+        CONV,
+    ),
+    **dict.fromkeys("MatMul SparseMatMul BatchMatMul BatchMatMulV2 BatchMatMulV3 Einsum".split(), GEMM),
+}
 
 #: The modules that register rules, in load order: the ONNX adapters reuse the TensorFlow rules.
 RULE_MODULES = ("baechi_cli.costs.rules_tf", "baechi_cli.costs.rules_onnx")
@@ -178,7 +204,8 @@ def register(
 
     ``note`` (default: the first line of ``fn``'s docstring) documents the rule
     in :func:`rule_table`; ``shares`` names the TensorFlow op type whose rule
-    an ONNX entry adapts. Registering an op type twice in one op set is an
+    an ONNX entry adapts, and whose compute class (:data:`COMPUTE_CLASS_OF`)
+    the entry takes. Registering an op type twice in one op set is an
     error, so two modules cannot silently fight over one op type.
     """
     if kind not in KINDS:
@@ -190,7 +217,8 @@ def register(
         for t in op_types:
             if t in table:
                 raise ValueError(f"op type {t!r} already has a rule")
-            table[t] = RuleEntry(t, kind, fn, text, shares)
+            compute_class = COMPUTE_CLASS_OF.get(t if op_set == TENSORFLOW else shares, "")
+            table[t] = RuleEntry(t, kind, fn, text, shares, compute_class)
         return fn
 
     return deco

@@ -1,0 +1,397 @@
+"""`baechi devices calibrate`: the measurements, the YAML and its round trip, per-class efficiency in the
+cost model, and every error path -- without torch, through a stand-in runner -- plus one real, quick
+calibration of the CPU where torch is installed."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+from click.testing import CliRunner
+
+from baechi_cli import calibrate as cal
+from baechi_cli.calibrate import (
+    CALIBRATE_STAGES,
+    Add,
+    Conv,
+    Copy,
+    Gemm,
+    Kernel,
+    Launch,
+    TorchRunner,
+    calibrate,
+    gemm_flops,
+    parse_targets,
+    plan_for,
+)
+from baechi_cli.cli import main
+from baechi_cli.costs.analytic import estimate_costs, op_time_us
+from baechi_cli.costs.registry import COMPUTE_CLASS_OF, OpCount, name_table, rule_for
+from baechi_cli.devices import (
+    COMPUTE_CLASSES,
+    Device,
+    DeviceSpec,
+    devices_from_yaml,
+    dump_devices_yaml,
+    parse_devices,
+)
+from baechi_cli.errors import InputError, MissingDependencyError
+from baechi_cli.graph import GraphBuilder
+from baechi_cli.io.onnx import read_onnx
+
+TESTDATA = pathlib.Path(__file__).parents[1] / "testdata"
+QUICK = plan_for("cpu", quick=True)
+WHEN = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
+
+
+class FakeRunner:
+    """Times every kernel by a rate model: GEMM ``gemm`` FLOP/s (half of it below n = 256), conv
+    ``conv_forward``/``conv_backward`` FLOP/s, ``bandwidth`` bytes/s, ``launch`` s per call, copies
+    ``latency`` s + bytes / ``link`` bytes/s (``links`` overrides per (src, dst)). ``broken`` maps
+    a kernel type to the time its runs return instead."""
+
+    def __init__(self, **overrides: object) -> None:
+        self.gemm, self.conv_forward, self.conv_backward = 1e11, 6e10, 4e10
+        self.bandwidth, self.launch, self.memory = 2e10, 2e-6, 16 * 10**9
+        self.latency, self.link, self.links = 10e-6, 1e10, {}
+        self.broken: dict[type, float] = {}
+        self.__dict__.update(overrides)
+        self.prepared: list[tuple[str, Kernel]] = []
+
+    def describe(self) -> str:
+        return "fake 1.0, 1 thread"
+
+    def label(self, target: str) -> str:
+        return f"fake {target}"
+
+    def memory_bytes(self, target: str) -> int:
+        return self.memory
+
+    def seconds(self, target: str, kernel: Kernel) -> float:
+        if isinstance(kernel, Gemm):
+            return gemm_flops(kernel.n) / (self.gemm if kernel.n >= 256 else self.gemm / 2)
+        if isinstance(kernel, Conv):
+            if kernel.backward:
+                return kernel.shape.backward_flops() / self.conv_backward
+            return kernel.shape.forward_flops() / self.conv_forward
+        if isinstance(kernel, Add):
+            return 12 * kernel.elements / self.bandwidth
+        if isinstance(kernel, Launch):
+            return kernel.calls * self.launch
+        latency, link = self.links.get((target, kernel.dst), (self.latency, self.link))
+        return latency + kernel.nbytes / link
+
+    def prepare(self, target: str, kernel: Kernel) -> Callable[[], float]:
+        self.prepared.append((target, kernel))
+        value = self.broken.get(type(kernel), self.seconds(target, kernel))
+        return lambda: value
+
+
+def run_cli(args: list[str]) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, args)
+    return result.exit_code, result.stdout, result.stderr
+
+
+# --- measurements and the YAML ---------------------------------------------------------
+
+
+def test_one_device_yaml_reads_back_as_the_measured_spec(tmp_path):
+    result = calibrate(
+        ("cpu",), FakeRunner(), QUICK, command="baechi devices calibrate --torch cpu", when=WHEN
+    )
+    (m,) = result.measured
+    assert m.gemm_flops == pytest.approx(1e11) and m.gemm_n == 256
+    conv_flops = sum(s.forward_flops() + s.backward_flops() for s in QUICK.conv)
+    conv_s = sum(s.forward_flops() / 6e10 + s.backward_flops() / 4e10 for s in QUICK.conv)
+    assert m.conv_flops == pytest.approx(conv_flops / conv_s)
+    assert m.bandwidth == pytest.approx(2e10) and m.launch_us == pytest.approx(2.0)
+
+    (d,) = result.spec.devices
+    assert d.name == "/device:CPU:0" and d.memory_bytes == 16 * 10**9
+    assert (d.flops, d.memory_bandwidth, d.launch_overhead_us) == (1e11, 2e10, 2.0)
+    assert d.efficiency == (("conv", round(conv_flops / conv_s / 1e11, 3)),)
+    assert result.spec.interconnect == DeviceSpec((d,)).interconnect  # one device: the default
+
+    # What the command writes is what `baechi place --devices FILE` reads.
+    path = tmp_path / "cpu.yaml"
+    path.write_text(result.yaml)
+    loaded = parse_devices(str(path))
+    assert loaded.devices == result.spec.devices and loaded.interconnect == result.spec.interconnect
+    # Writing the spec again gives the same YAML (the numbers survive the round trip).
+    body = result.yaml.split("devices:", 1)[1]
+    assert dump_devices_yaml(loaded).split("devices:", 1)[1] == body
+
+    header = result.yaml.split("devices:", 1)[0]
+    assert header.startswith("# baechi devices calibrate --torch cpu\n")
+    assert "2026-01-02 03:04 UTC with fake 1.0, 1 thread" in header
+    assert "interconnect: not measured" in header
+    assert all(line.startswith("#") for line in header.splitlines())
+
+
+def test_the_best_gemm_rate_is_kept_and_numbers_are_rounded_to_four_digits():
+    runner = FakeRunner(gemm=123456789012.0, bandwidth=9.87654321e9, launch=1.234567e-6)
+    (d,) = calibrate(("cpu",), runner, QUICK).spec.devices
+    assert (d.flops, d.memory_bandwidth, d.launch_overhead_us) == (1.235e11, 9.877e9, 1.235)
+
+
+def test_stages_are_reported_in_order():
+    stages: list[str] = []
+    steps: list[tuple[int, int]] = []
+    calibrate(
+        ("cuda:0", "cuda:1"), FakeRunner(), QUICK, progress=stages.append, steps=lambda *s: steps.append(s)
+    )
+    per_device = [s for s in CALIBRATE_STAGES if s != "transfers"]
+    assert stages == per_device * 2 + ["transfers"]
+    assert steps[-1] == (len(QUICK.transfer_exps), len(QUICK.transfer_exps))
+
+
+def test_two_cuda_devices_measure_and_fit_the_interconnect():
+    runner = FakeRunner(latency=8e-6, link=25e9)
+    result = calibrate(("cuda:0", "cuda:1"), runner, QUICK)
+    assert result.spec.names == ["/device:GPU:0", "/device:GPU:1"]
+    ic = result.spec.interconnect
+    assert ic.latency_us == pytest.approx(8.0) and ic.bandwidth_bytes_per_us == pytest.approx(25e3)
+    assert ic.links == {} and ic.mode == "parallel"
+    (fit,) = result.fits
+    assert (fit.src, fit.dst, fit.method) == ("cuda:0", "cuda:1", "torch-copy") and fit.r2 == pytest.approx(1)
+    copies = [k for t, k in runner.prepared if isinstance(k, Copy)]
+    assert [k.nbytes for k in copies] == [2**e for e in QUICK.transfer_exps]
+    assert "cuda:0 -> cuda:1: latency 8 us, bandwidth 25 GB/s" in result.yaml
+
+
+def test_three_cuda_devices_get_a_link_per_pair():
+    slow = {("cuda:1", "cuda:2"): (20e-6, 5e9)}
+    result = calibrate(("cuda:0", "cuda:1", "cuda:2"), FakeRunner(links=slow), QUICK)
+    ic = result.spec.interconnect
+    assert sorted(ic.links) == [(0, 1), (0, 2), (1, 2)]
+    assert ic.transfer_time(10**6, 2, 1) == pytest.approx(20 + 10**6 / 5e3)
+    assert ic.transfer_time(10**6, 0, 2) == pytest.approx(10 + 10**6 / 10e3)
+    # the defaults are the pairs' medians
+    assert ic.latency_us == pytest.approx(10.0) and ic.bandwidth_bytes_per_us == pytest.approx(10e3)
+
+
+def test_count_copies_the_measured_device():
+    result = calibrate(("cuda:2",), FakeRunner(), QUICK, count=3)
+    assert result.spec.names == ["/device:GPU:0", "/device:GPU:1", "/device:GPU:2"]
+    assert result.spec.homogeneous and "3 devices like cuda:2" in result.yaml
+    assert calibrate(("cuda:2",), FakeRunner(), QUICK).spec.names == ["/device:GPU:2"]
+
+
+def test_conv_flops_are_the_conv2d_rules_counts():
+    shape = QUICK.conv[0]
+    window = shape.kernel * shape.kernel * shape.cin
+    assert shape.forward_flops() == 2 * shape.batch * shape.size**2 * shape.cout * window
+    assert shape.backward_flops() == 2 * shape.forward_flops()
+    assert gemm_flops(64) == 2 * 64**3
+
+
+def test_target_names():
+    assert parse_targets("CUDA:1 ,cuda:0") == ("cuda:1", "cuda:0")
+    assert parse_targets("cpu:0") == ("cpu",)
+    for bad, fragment in [
+        ("tpu", "'tpu': not a device"),
+        ("cuda:x", "'cuda:x': not a device"),
+        ("cuda:0,cuda:0", "listed twice"),
+        ("cpu,cuda:0", "cpu is measured alone"),
+        ("cuda:0,", "'': not a device"),
+    ]:
+        with pytest.raises(InputError, match=fragment):
+            parse_targets(bad)
+
+
+# --- efficiency in the cost model ------------------------------------------------------
+
+
+def test_rules_carry_their_compute_class_and_onnx_aliases_take_it():
+    tf = name_table("tensorflow")
+    assert set(COMPUTE_CLASS_OF) <= set(tf) and set(COMPUTE_CLASS_OF.values()) == set(COMPUTE_CLASSES)
+    for op_type, entry in tf.items():
+        assert entry.compute_class == COMPUTE_CLASS_OF.get(op_type, "")
+    expected = {
+        "Conv": "conv",
+        "ConvTranspose": "conv",
+        "QLinearConv": "conv",
+        "Gemm": "gemm",
+        "MatMul": "gemm",
+        "Einsum": "gemm",
+        "Relu": "",
+        "Attention": "",
+    }
+    assert {t: rule_for(t, "onnx").compute_class for t in expected} == expected
+    for entry in name_table("onnx").values():
+        assert entry.compute_class == COMPUTE_CLASS_OF.get(entry.shares, "")
+
+
+def test_op_time_applies_the_class_efficiency_to_the_compute_bound_only():
+    d = Device("d", 1, flops=1e12, memory_bandwidth=1e11, launch_overhead_us=3.0, efficiency=(("conv", 0.5),))
+    compute_bound, memory_bound = OpCount(flops=1e9, bytes_read=1000), OpCount(flops=1e3, bytes_read=10**8)
+    assert op_time_us(compute_bound, d) == pytest.approx(1e3 + 3.0)
+    assert op_time_us(compute_bound, d, compute_class="conv") == pytest.approx(2e3 + 3.0)
+    assert op_time_us(compute_bound, d, compute_class="gemm") == pytest.approx(1e3 + 3.0)
+    assert op_time_us(memory_bound, d, compute_class="conv") == pytest.approx(1e3 + 3.0)
+    assert op_time_us(compute_bound, d, launches_kernel=False, compute_class="conv") == 0.0
+
+
+def test_onnx_model_times_scale_by_class_and_nothing_else_changes():
+    graph = read_onnx(str(TESTDATA / "torch_resnet.onnx"))
+    plain = Device("/device:CPU:0", 8 * 10**9, flops=1e11, memory_bandwidth=2e10, launch_overhead_us=2.0)
+    tuned = replace(plain, efficiency=(("conv", 0.5), ("gemm", 0.25)))
+    base, report = estimate_costs(graph, DeviceSpec((plain,)), op_set="onnx")
+    costed, _ = estimate_costs(graph, DeviceSpec((tuned,)), op_set="onnx")
+    factor = {"Conv": 0.5, "Gemm": 0.25}
+    changed = set()
+    for v, t in enumerate(graph.op_types):
+        if base.compute_us[v] == 0:  # no kernel (the graph input)
+            continue
+        compute = report.flops[v] / (1e11 * factor.get(t, 1.0))
+        memory = report.bytes_accessed[v] / 2e10
+        assert costed.compute_us[v] == pytest.approx(max(compute, memory) * 1e6 + 2.0), graph.names[v]
+        if costed.compute_us[v] != base.compute_us[v]:
+            changed.add(t)
+    assert changed == {"Conv", "Gemm"}
+    assert costed.compute_us_by_kind == {tuned.kind: costed.compute_us} and tuned.kind != plain.kind
+
+
+def test_a_calibrated_spec_times_convolutions_slower_than_matmuls(tmp_path):
+    result = calibrate(("cpu",), FakeRunner(), QUICK)
+    path = tmp_path / "cpu.yaml"
+    path.write_text(result.yaml)
+    spec = parse_devices(str(path))
+    b = GraphBuilder()
+    x = b.add_op("x", "Placeholder", [4 * 8 * 32 * 32 * 64], output_shapes=[(8, 32, 32, 64)])
+    w = b.add_op("w", "Const", [4 * 3 * 3 * 64 * 64], output_shapes=[(3, 3, 64, 64)])
+    c = b.add_op("conv", "Conv2D", [4 * 8 * 32 * 32 * 64], output_shapes=[(8, 32, 32, 64)])
+    b.add_edge(x, c)
+    b.add_edge(w, c)
+    costed, report = estimate_costs(b.build(), spec)
+    d = spec.devices[0]
+    expected = report.flops[c] / (d.flops * dict(d.efficiency)["conv"]) * 1e6 + d.launch_overhead_us
+    assert costed.compute_us[c] == pytest.approx(expected)
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", [Gemm, Conv, Add, Launch, Copy])
+@pytest.mark.parametrize("bad", [0.0, -1e-3, math.nan, math.inf])
+def test_a_broken_timer_is_an_error_naming_the_device_and_kernel(kernel, bad):
+    runner = FakeRunner(broken={kernel: bad})
+    with pytest.raises(InputError) as info:
+        calibrate(("cuda:0", "cuda:1"), runner, QUICK)
+    message = str(info.value)
+    assert message.startswith("cuda:0: timing ") and "the timer is broken" in message and "\n" not in message
+
+
+def test_a_device_without_memory_is_an_error():
+    with pytest.raises(InputError, match="cpu: the device reports 0 bytes of memory"):
+        calibrate(("cpu",), FakeRunner(memory=0), QUICK)
+
+
+def test_copies_that_do_not_grow_with_size_name_the_pair():
+    runner = FakeRunner(link=math.inf)  # every copy takes the latency alone
+    with pytest.raises(InputError, match=r"^cuda:0 -> cuda:1: the transfer time did not grow"):
+        calibrate(("cuda:0", "cuda:1"), runner, QUICK)
+
+
+def test_count_with_several_devices_is_an_error():
+    with pytest.raises(InputError, match="--count copies one measured device"):
+        calibrate(("cuda:0", "cuda:1"), FakeRunner(), QUICK, count=2)
+
+
+def fake_torch(available: bool, count: int) -> types.ModuleType:
+    torch = types.ModuleType("torch")
+    torch.__version__ = "0.0-fake"
+    torch.cuda = types.SimpleNamespace(is_available=lambda: available, device_count=lambda: count)
+    return torch
+
+
+@pytest.mark.parametrize(
+    "torch_module, devices, fragment",
+    [
+        (fake_torch(False, 0), "cuda:0", "--torch cuda:0: torch 0.0-fake sees no CUDA device here"),
+        (fake_torch(True, 1), "cuda:3", "--torch cuda:3: torch sees 1 CUDA device(s) here (cuda:0..cuda:0)"),
+        (fake_torch(True, 2), "cuda:0,cuda:2", "--torch cuda:2: torch sees 2 CUDA device(s)"),
+    ],
+)
+def test_a_device_torch_cannot_see_is_an_input_error(monkeypatch, torch_module, devices, fragment):
+    monkeypatch.setitem(sys.modules, "torch", torch_module)
+    with pytest.raises(InputError) as info:
+        TorchRunner.open(parse_targets(devices))
+    assert str(info.value).startswith(fragment)
+
+
+def test_cli_without_torch_exits_5_and_writes_nothing(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(MissingDependencyError):
+        TorchRunner.open(("cpu",))
+    out = tmp_path / "cpu.yaml"
+    code, stdout, stderr = run_cli(["devices", "calibrate", "--torch", "cpu", "-o", str(out)])
+    assert code == 5 and stdout == "" and not out.exists()
+    assert stderr == "error: calibration measures with PyTorch, which is not installed: pip install torch\n"
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--torch", "tpu"], "error: --torch 'tpu': not a device calibration can measure"),
+        (["--torch", "cuda:0,cuda:1", "--count", "2"], "error: --count copies one measured device"),
+    ],
+)
+def test_cli_bad_devices_exit_2_and_write_nothing(tmp_path, args, fragment):
+    out = tmp_path / "d.yaml"
+    code, stdout, stderr = run_cli(["devices", "calibrate", *args, "-o", str(out)])
+    assert code == 2 and stdout == "" and not out.exists()
+    assert stderr.startswith(fragment) and stderr.count("\n") == 1
+
+
+def test_cli_broken_timer_exits_2_and_writes_nothing(monkeypatch, tmp_path):
+    monkeypatch.setattr(cal.TorchRunner, "open", classmethod(lambda cls, t: FakeRunner(broken={Add: 0.0})))
+    out = tmp_path / "cpu.yaml"
+    code, stdout, stderr = run_cli(["devices", "calibrate", "--torch", "cpu", "--quick", "-o", str(out)])
+    assert code == 2 and not out.exists()
+    assert (
+        stderr.startswith("error: cpu: timing a + b of 4194304 elements gave 0.0 s")
+        and stderr.count("\n") == 1
+    )
+
+
+def test_cli_prints_the_yaml_or_writes_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(cal.TorchRunner, "open", classmethod(lambda cls, t: FakeRunner()))
+    code, stdout, _ = run_cli(["devices", "calibrate", "--torch", "cpu", "--quick"])
+    assert code == 0 and stdout.startswith("# baechi devices calibrate --torch cpu --quick\n")
+    assert devices_from_yaml(stdout, "stdout").devices[0].flops == 1e11
+
+    out = tmp_path / "cpu.yaml"
+    code, stdout, _ = run_cli(
+        ["devices", "calibrate", "--torch", "cpu", "--quick", "--count", "2", "-o", str(out)]
+    )
+    assert code == 0 and parse_devices(str(out)).count == 2
+    assert "cpu (fake cpu): GEMM 100 GFLOP/s" in stdout and f"wrote {out}: 2 device(s)" in stdout
+    code, stdout, _ = run_cli(["devices", "calibrate", "--torch", "cpu", "--quick", "-q", "-o", str(out)])
+    assert code == 0 and stdout == ""
+
+
+def test_help_lists_the_devices_group():
+    code, stdout, _ = run_cli(["devices", "--help"])
+    assert code == 0 and "calibrate" in stdout
+
+
+# --- the real thing ------------------------------------------------------------------------
+
+
+def test_real_quick_cpu_calibration(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "cpu.yaml"
+    code, _, stderr = run_cli(["devices", "calibrate", "--torch", "cpu", "--quick", "-q", "-o", str(out)])
+    assert code == 0, stderr
+    (d,) = parse_devices(str(out)).devices
+    assert d.name == "/device:CPU:0" and d.memory_bytes > 2**30
+    assert d.flops > 1e8 and d.memory_bandwidth > 1e8 and 0 < d.launch_overhead_us < 1e4
+    assert [name for name, _ in d.efficiency] == ["conv"]
+    assert "with torch " in out.read_text()
