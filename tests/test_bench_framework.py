@@ -1,0 +1,99 @@
+"""bench/framework.py: its memory measurement checked against bytes computed by hand, and a smoke run.
+
+The measurement tests need torch (and the smoke run transformers): ``pip install
+-e '.[bench]'``; without them they are skipped. The no-torch path runs everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
+import framework  # noqa: E402
+
+F32 = 4
+SCALARS = 64  # the loss and a few 0-d tensors autograd and the optimizer allocate on the way
+
+
+@pytest.fixture
+def linear():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    batch, n_in, n_out = 64, 1024, 512
+    return torch.nn.Linear(n_in, n_out), torch.randn(batch, n_in), (batch, n_in, n_out)
+
+
+def test_sgd_peak_of_a_linear_layer_is_computed_by_hand(linear):
+    model, x, (batch, n_in, n_out) = linear
+    m = framework.measure(model, x, "sgd", "cpu", warmup=1, steps=1)
+    params = F32 * (n_in * n_out + n_out)
+    assert m["resident_bytes"] == params  # SGD keeps no state
+    assert m["input_bytes"] == F32 * batch * n_in
+    # The peak is at the layer's backward: dW and db while the gradient of its output is live
+    # (the output itself, saved by pow, is freed by then).
+    expected = params + F32 * batch * n_in + params + F32 * batch * n_out
+    assert expected <= m["peak_bytes"] <= expected + SCALARS
+    # At the boundary: the output (pow saved it; its square was freed once mean had read it).
+    boundary = params + F32 * batch * n_in + F32 * batch * n_out
+    assert boundary <= m["boundary_bytes"] <= boundary + SCALARS
+    assert m["end_minus_grads_bytes"] == 0  # every allocation and free of the step was seen
+    assert m["step_s"] > 0 and m["forward_s"] > 0
+
+
+def test_adam_peak_of_a_linear_layer_is_computed_by_hand(linear):
+    model, x, (batch, n_in, n_out) = linear
+    m = framework.measure(model, x, "adam", "cpu", warmup=1, steps=1)
+    params = F32 * (n_in * n_out + n_out)
+    assert m["optimizer_state_bytes"] >= 2 * params  # exp_avg, exp_avg_sq (+ 0-d step counters)
+    assert m["resident_bytes"] == params + m["optimizer_state_bytes"]
+    # torch's single-tensor Adam (the CPU default) computes the weight's denominator as
+    # exp_avg_sq.sqrt() / bias_correction2_sqrt: two weight-sized temporaries beside all gradients.
+    expected = m["resident_bytes"] + F32 * batch * n_in + params + 2 * F32 * n_in * n_out
+    assert expected <= m["peak_bytes"] <= expected + SCALARS
+    assert m["end_minus_grads_bytes"] == 0
+
+
+def test_saved_tensors_of_a_linear_layer(linear):
+    model, x, (batch, _, n_out) = linear
+    _, resident = framework.storage_bytes([*model.parameters(), x])
+    saved = framework.saved_by_node(model, x, resident)
+    # pow saves its input (the layer's output); addmm's saved tensors are the input and the weight.
+    assert saved == {"PowBackward0": F32 * batch * n_out}
+
+
+def test_quick_run_writes_the_tables(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    argv = ["--quick", "--models", "resnet50", "--devices", "1x1TB", "--warmup", "1", "--steps", "1"]
+    assert framework.main([*argv, "--out", str(tmp_path), "--cache", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "framework.json").read_text())
+    assert [(r["model"], r["optimizer"]) for r in results["rows"]] == [
+        ("resnet50", "sgd"),
+        ("resnet50", "adam"),
+    ]
+    for row in results["rows"]:
+        m, p = row["measured"], row["predicted"]
+        assert m["end_minus_grads_bytes"] == 0
+        assert m["resident_bytes"] < m["boundary_bytes"] <= m["peak_bytes"]
+        assert p["resident_bytes"] < p["peak_bytes"] and p["step_s"] > 0
+        assert p["live_explained_bytes"] == p["boundary_bytes"] - p["resident_bytes"]
+    adam = results["rows"][1]["measured"]["optimizer_state_bytes"] - 2 * F32 * results["rows"][1]["params"]
+    assert 0 <= adam <= F32 * 1000  # exp_avg and exp_avg_sq, and a 0-d step counter per parameter
+    text = (tmp_path / "framework.md").read_text()
+    assert "## Targets" in text and "| resnet50 | adam |" in text
+
+
+def test_without_torch_it_notes_that_and_keeps_the_tables(tmp_path, monkeypatch, capsys):
+    md = tmp_path / "framework.md"
+    md.write_text("# Title\n\nintro\n\n| table |\n")
+    monkeypatch.setattr(framework.importlib.util, "find_spec", lambda name: None)
+    assert framework.main(["--out", str(tmp_path)]) == 0
+    assert framework.main(["--out", str(tmp_path)]) == 0  # a second run replaces the note
+    lines = md.read_text().splitlines()
+    assert lines[:2] == ["# Title", ""] and lines[3:] == ["", "intro", "", "| table |"]
+    assert lines[2].startswith(framework.NOTE_PREFIX) and "torch and transformers" in lines[2]
+    assert "pip install -e '.[bench]'" in capsys.readouterr().err
