@@ -270,6 +270,10 @@ class GraphBuilder:
         """Make op ``v``'s outputs views of tensor ``(src, port)`` (:attr:`OpGraph.view_of`)."""
         self._view_of[v] = (src, port)
 
+    def add_temporary(self, v: int, nbytes: int) -> None:
+        """Give op ``v`` ``nbytes`` more scratch while it runs."""
+        self._cols["temporary_bytes"][v] += int(nbytes)
+
     def add_output(self, v: int, nbytes: int, shape: tuple[int, ...] | None = None, dtype: str = "") -> int:
         """Give op ``v`` one more output port of ``nbytes``; returns the port."""
         c = self._cols

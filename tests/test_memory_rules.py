@@ -183,3 +183,45 @@ def test_a_cast_to_its_own_dtype_is_a_view():
     b.add_edge(a, same)
     b.add_edge(a, half)
     assert mark_views(b.build(), "onnx").view_of == {same: (a, 0)}
+
+
+def test_tied_weights_contribute_a_gradient_each_until_the_step(tmp_path):
+    """GPT-2's embedding is also its output layer: each reader's gradient lives until opt.step(), and
+    the owner adds them into a new buffer, as AccumulateGrad does (bench/framework.md, gpt2)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from baechi_cli.io.models import load_model
+
+    w = numpy_helper.from_array(np.ones((10, 4), np.float32), "wte")
+    nodes = [
+        helper.make_node("Gather", ["wte", "ids"], ["h"], name="embed"),
+        helper.make_node("MatMul", ["h", "wte_t"], ["logits"], name="lm_head"),
+        helper.make_node("Transpose", ["wte"], ["wte_t"], name="tie", perm=[1, 0]),
+    ]
+    nodes = [nodes[0], nodes[2], nodes[1]]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3, 10])],
+        [w],
+    )
+    path = tmp_path / "tied.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    g = load_model(str(path), None).graph
+    names = g.index()
+    assert g.attrs[names["embed"]]["_accumulated_parameter_bytes"] == 160
+    assert g.attrs[names["tie"]]["_shared_parameter_bytes"] == 160
+    assert g.persistent_bytes[names["embed"]] == 160 and g.persistent_bytes[names["tie"]] == 0
+
+    t = synthesize_training(g, SPEC, ["bytes", "zero", "flops", "flops"], "sgd")
+    tn = t.index()
+    tie_grad, embed_grad, step = tn["gradients/tie"], tn["gradients/embed"], tn["optimizer/step"]
+    contribution = len(t.output_bytes[tie_grad]) - 1
+    assert t.output_bytes[tie_grad][contribution] == 160
+    assert any(
+        t.edge_src[e] == tie_grad and t.edge_port[e] == contribution for e in t.in_edges[step]
+    )  # kept until the step
+    assert t.temporary_bytes[embed_grad] == g.temporary_bytes[names["embed"]] + 160  # grad + new

@@ -121,7 +121,9 @@ Graph mapping:
   ``""`` when omitted; initializer inputs included, which is how a cost rule
   sees a Conv's kernel shape) and ``_data_inputs`` (the input position of
   each explicit input edge, in edge order: initializers and omitted inputs
-  have none).
+  have none), and, for a float initializer several ops read (tied
+  weights), ``_shared_parameter_bytes`` on every reader but the first (its
+  owner) and ``_accumulated_parameter_bytes`` on the owner.
 * ``attrs[v]["_module"]``: for a PyTorch export, the qualified name of the
   module the node's op came from (``"layer1.0.conv1"``; ``""`` the root),
   from the legacy exporter's node names or the dynamo exporter's node
@@ -795,6 +797,18 @@ def _own_initializers(graph: OpGraph, inits: dict[str, _Tensor], consumers: dict
     persistent = list(graph.persistent_bytes)
     for name, ops in consumers.items():
         persistent[ops[0]] += inits[name].nbytes
+        if len(ops) > 1 and inits[name].dtype.startswith(("float", "bfloat")):
+            # A shared weight (tied embeddings): every reader contributes a gradient of its
+            # size, which the owner accumulates (see passes.training).
+            for v in ops[1:]:
+                attrs = graph.attrs[v]
+                attrs["_shared_parameter_bytes"] = (
+                    attrs.get("_shared_parameter_bytes", 0) + inits[name].nbytes
+                )
+            owner = graph.attrs[ops[0]]
+            owner["_accumulated_parameter_bytes"] = owner.get("_accumulated_parameter_bytes", 0) + (
+                inits[name].nbytes
+            )
         root = find(ops[0])
         for v in ops[1:]:
             other = find(v)

@@ -146,11 +146,18 @@ def needs_gradient(graph: OpGraph) -> list[bool]:
     for v in graph.topo_order():
         if graph.op_types[v] in _GRAPH_INPUTS:
             continue
-        # A parameter owner always does (a TensorFlow variable's output is a
-        # handle, not a float); others when a float output depends on one.
-        need[v] = graph.persistent_bytes[v] > 0 or (
-            any(_is_float(t) for t in graph.output_dtypes[v])
-            and any(need[graph.edge_src[e]] for e in graph.in_edges[v] if graph.edge_port[e] != CONTROL_PORT)
+        # A parameter owner, or a reader of a shared one, always does (a TensorFlow
+        # variable's output is a handle, not a float); others when a float output
+        # depends on one.
+        need[v] = (
+            graph.persistent_bytes[v] > 0
+            or "_shared_parameter_bytes" in graph.attrs[v]
+            or (
+                any(_is_float(t) for t in graph.output_dtypes[v])
+                and any(
+                    need[graph.edge_src[e]] for e in graph.in_edges[v] if graph.edge_port[e] != CONTROL_PORT
+                )
+            )
         )
     return need
 
@@ -194,6 +201,7 @@ def synthesize_training(
     grad_op: dict[int, int] = {}
     feeds_backward: set[int] = set()  # backward ops that send a gradient to another one
     composite = gelu_saved(graph)  # exported composites that autograd runs as one op
+    contributions: list[tuple[int, int]] = []  # (backward op, port): gradients of a shared weight
     for v in reversed(order):
         if not need[v]:
             continue
@@ -217,6 +225,12 @@ def synthesize_training(
         )
         grad_op[v] = b
         grad_port[b] = {t: k for k, t in enumerate(wanted)}
+        # Tied weights: a reader's gradient of the shared weight lives until opt.step(); the
+        # owner's backward adds the contributions into a new buffer (AccumulateGrad's grad + new).
+        shared = graph.attrs[v].get("_shared_parameter_bytes", 0)
+        if shared:
+            contributions.append((b, builder.add_output(b, shared, None, "float32")))
+        builder.add_temporary(b, graph.attrs[v].get("_accumulated_parameter_bytes", 0))
         builder.add_edge(v, b, CONTROL_PORT)
         # The gradients of v's outputs, from the backward ops of its consumers.
         incoming = []
@@ -241,6 +255,8 @@ def synthesize_training(
         for b in grad_op.values():
             if b not in feeds_backward:
                 builder.add_edge(b, step, CONTROL_PORT)
+        for b, port in contributions:
+            builder.add_edge(b, step, port)
     # Optimizer updates, after every backward op so that ids stay grouped.
     update_op, slots = UPDATE_OP[optimizer], OPTIMIZER_SLOTS[optimizer]
     device_of_kind = {kind: next(d for d in devices.devices if d.kind == kind) for kind in by_kind}
