@@ -512,21 +512,28 @@ def run_candidate(prepared: Prepared, spec: PlacerSpec, options: PlaceOptions) -
     if not evaluation.feasible:
         if spec.respects_memory:  # the ledger bounds the evaluator's peak
             raise RuntimeError(f"{spec.title} exceeded device memory")
-        return Candidate(spec.name, seconds, error=over_memory(evaluation.timeline, devices, prepared.path))
+        return Candidate(
+            spec.name, seconds, error=over_memory(evaluation.timeline, graph, devices, prepared.path)
+        )
     return Candidate(spec.name, seconds, placement, evaluation)
 
 
-def over_memory(sim: SimResult, devices: DeviceSpec, path: str) -> InfeasibleError:
-    """The error for a placement whose simulated peak exceeds a device's memory."""
+def over_memory(sim: SimResult, graph: OpGraph, devices: DeviceSpec, path: str) -> InfeasibleError:
+    """The error for a placement whose simulated peak exceeds a device's memory.
+
+    It names the device, the op running when the peak is reached, the peak and the excess.
+    """
     d = sim.over_memory()[0]
     device = devices.devices[d]
+    peak = sim.peak_bytes[d]
+    at = next(t for t, level in sim.memory_curve[d] if level == peak)
+    running = [v for v in sim.order[d] if sim.start[v] <= at < sim.end[v] or sim.start[v] == at]
+    where = f" while '{graph.names[running[0]]}' runs" if running else ""
+    excess = f"peaks at {peak} bytes{where}, {peak - device.memory_bytes} over its {device.memory_bytes}"
     if len(set(sim.device_of)) == 1:
-        problem = f"the model does not fit one device: {device.name} has {device.memory_bytes} bytes"
+        problem = f"the model does not fit one device: {device.name} {excess}"
     else:
-        problem = (
-            f"the placement does not fit: {device.name} peaks at {sim.peak_bytes[d]} bytes, "
-            f"over its {device.memory_bytes} by {sim.peak_bytes[d] - device.memory_bytes}"
-        )
+        problem = f"the placement does not fit: {device.name} {excess}"
     return InfeasibleError(problem, path=path)
 
 

@@ -225,3 +225,21 @@ def test_tied_weights_contribute_a_gradient_each_until_the_step(tmp_path):
         t.edge_src[e] == tie_grad and t.edge_port[e] == contribution for e in t.in_edges[step]
     )  # kept until the step
     assert t.temporary_bytes[embed_grad] == g.temporary_bytes[names["embed"]] + 160  # grad + new
+
+
+def test_an_infeasible_one_device_run_names_the_device_the_op_and_the_excess():
+    import os
+
+    import pytest
+
+    from baechi_cli.errors import InfeasibleError
+    from baechi_cli.pipeline import PlaceOptions, place_model
+
+    model = os.path.join(os.path.dirname(os.path.dirname(__file__)), "testdata", "torch_resnet.onnx")
+    options = PlaceOptions(algo="single", training=True, optimizer="adam")
+    with pytest.raises(InfeasibleError) as err:
+        place_model(model, parse_devices("2x10MB"), options)
+    message = str(err.value)
+    assert "the model does not fit one device: /device:GPU:0 peaks at " in message
+    peak = int(message.split("peaks at ")[1].split()[0])
+    assert "while 'gradients/" in message and f", {peak - 10_000_000} over its 10000000" in message
