@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
 from baechi_cli.placers import Placement
-from baechi_cli.sim import SimResult, simulate
+from baechi_cli.sim import SimResult, check_placement, simulate
 
 OBJECTIVES = ("makespan",)
 
@@ -55,10 +55,6 @@ class Evaluation:
     def feasible(self) -> bool:
         """Every device's simulated peak fits its memory."""
         return self.timeline.feasible
-
-    @property
-    def step_time_us(self) -> float:
-        return self.timeline.step_time_us
 
 
 def device_order(sequence: Sequence[int], device_of: Sequence[int], ndev: int) -> list[list[int]]:
@@ -84,6 +80,8 @@ def evaluate(
     if placement.sequence is not None:
         if len(placement.sequence) != graph.num_ops:
             raise ValueError(f"sequence lists {len(placement.sequence)} ops, graph has {graph.num_ops}")
+        # device_order indexes by device: a bad device_of is a ValueError here, not an IndexError
+        check_placement(graph, devices, placement.device_of)
         order = device_order(placement.sequence, placement.device_of, devices.count)
     timeline = simulate(graph, devices, placement.device_of, order)
     return Evaluation(objective, timeline.step_time_us, timeline)

@@ -580,7 +580,7 @@ def choose(candidates: list[Candidate]) -> Candidate:
     respect memory come first, since their message says what the model needs
     ("does not fit one device" says less); otherwise the first failure speaks.
     """
-    feasible = [c for c in candidates if c.evaluation is not None]
+    feasible = [c for c in candidates if c.ok]
     if feasible:
         return min(feasible, key=lambda c: c.evaluation.value_us)  # type: ignore[union-attr]
     failed = sorted(

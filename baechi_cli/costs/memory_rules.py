@@ -207,10 +207,10 @@ def gelu_saved(graph: OpGraph) -> dict[int, Saved]:
     for erf, op_type in enumerate(types):
         if op_type != "Erf":
             continue
-        (into_erf,) = data_in(erf) or [None]
-        if into_erf is None or types[src[into_erf]] != "Div":
+        into_erf = data_in(erf)
+        if len(into_erf) != 1 or types[src[into_erf[0]]] != "Div":
             continue
-        div = src[into_erf]
+        div = src[into_erf[0]]
         div_in = data_in(div)
         if not div_in:
             continue
