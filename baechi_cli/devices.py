@@ -134,6 +134,13 @@ class DeviceSpec:
     def homogeneous(self) -> bool:
         return len({d.kind for d in self.devices}) == 1
 
+    def with_memory(self, memory_bytes: Sequence[int]) -> DeviceSpec:
+        """The same devices holding ``memory_bytes[i]`` each (a placer's budget); ``self`` when unchanged."""
+        if [d.memory_bytes for d in self.devices] == list(memory_bytes):
+            return self
+        devices = tuple(replace(d, memory_bytes=b) for d, b in zip(self.devices, memory_bytes))
+        return replace(self, devices=devices)
+
     def with_comm_mode(self, mode: str) -> DeviceSpec:
         if mode not in COMM_MODES:
             raise InputError(f"unknown communication mode '{mode}' (use parallel or sequential)")

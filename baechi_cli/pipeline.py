@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from baechi_cli import placers
@@ -135,6 +135,10 @@ class Prepared:
     # True when placement_graph only contracts graph (no edge dropped), so a
     # placer's node sequence expands into a valid op sequence.
     expands_sequence: bool = True
+    # Set when forward-only placement contracted the graph: the placement graph
+    # without it (same groups), for when a placement made under forward-only's
+    # premise (every device holds the whole model) does not fit after all.
+    without_forward_only: Callable[[], OpGraph] | None = field(default=None, repr=False)
     # Ops 0..model_ops-1 are the input's; with --training the synthesized
     # backward and optimizer ops follow them.
     model_ops: int = 0
@@ -444,6 +448,14 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
     peak = max(single.peak_bytes) if single is not None else None
     graph, placement_graph, more, keeps_order = optimization_passes(graph, devices, options, peak)
     passes += more
+    without_forward_only = None
+    if not keeps_order:  # forward-only placement ran
+
+        @functools.cache
+        def without_forward_only() -> OpGraph:
+            fine = replace(options, forward_only=False)
+            return optimization_passes(graph, devices, fine, peak).placement_graph
+
     timings["passes"] += time.perf_counter() - t0
     return Prepared(
         path=path,
@@ -458,6 +470,7 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         single_device=single,
         placement_graph=placement_graph,
         expands_sequence=keeps_order,
+        without_forward_only=without_forward_only,
         model_ops=model_ops,
         training=training,
         notes=notes,
@@ -491,27 +504,59 @@ def training_pass(
     return out, info, record
 
 
+# What a placer is told each device holds when memory need not be counted.
+AMPLE_MEMORY = 2**62
+
+
 def run_candidate(prepared: Prepared, spec: PlacerSpec, options: PlaceOptions) -> Candidate:
     """Run one placer on the placement graph and judge its expanded placement with the evaluator.
 
-    Infeasible placements and solver failures become the candidate's error. A
-    placer that promises to respect memory (``spec.respects_memory``) and whose
-    placement the evaluator finds over memory is a bug; for one that does not
-    (one device), that is the model's infeasibility.
+    Infeasible placements and solver failures become the candidate's error.
+    A placer that promises to respect memory (``spec.respects_memory``):
+
+    * after forward-only placement places as if memory were ample, the pass's
+      premise (every device holds the whole model); should the evaluator find
+      the expanded placement over memory after all, it places again on the
+      graph without forward-only placement;
+    * else it keeps its placement graph within memory. The ops it expands to
+      may count a little differently (a fused node holds all its members'
+      tensors while it runs, the ops only their own), so when the evaluator
+      finds the expanded placement over memory the placer runs again on
+      devices whose memory is cut by the excess
+      (:func:`~baechi_cli.placers.memory.cut_budget`).
+
+    For a placer that does not respect memory (one device), over memory is the
+    model's infeasibility.
     """
-    graph, devices, pgraph = prepared.graph, prepared.devices, prepared.placement_graph
+    from baechi_cli.placers.memory import MEMORY_ATTEMPTS, cut_budget
+
+    graph, devices = prepared.graph, prepared.devices
+    pgraph, expands_sequence = prepared.placement_graph, prepared.expands_sequence
+    premise = prepared.without_forward_only is not None and spec.respects_memory
+    capacity = [d.memory_bytes for d in devices.devices]
+    budget = capacity
     t0 = time.perf_counter()
-    try:
-        placement = spec.place(pgraph, devices, options.placer_options(spec))
-    except (InfeasibleError, SolverError) as err:
-        return Candidate(spec.name, time.perf_counter() - t0, error=err.with_path(prepared.path))
-    if pgraph is not graph:
-        placement = expand(placement, pgraph, graph, prepared.expands_sequence)
+    for _ in range(MEMORY_ATTEMPTS):
+        given = devices.with_memory([AMPLE_MEMORY] * devices.count if premise else budget)
+        try:
+            placement = spec.place(pgraph, given, options.placer_options(spec))
+        except (InfeasibleError, SolverError) as err:
+            return Candidate(spec.name, time.perf_counter() - t0, error=err.with_path(prepared.path))
+        if pgraph is not graph:
+            placement = expand(placement, pgraph, graph, expands_sequence)
+        evaluation = prepared.judge(placement)
+        if evaluation.feasible or not spec.respects_memory:
+            break
+        if premise:
+            assert prepared.without_forward_only is not None
+            pgraph, expands_sequence, premise = prepared.without_forward_only(), True, False
+            continue
+        cut = cut_budget(budget, evaluation.timeline.peak_bytes, capacity)
+        if cut is None:
+            break
+        budget = cut
     seconds = time.perf_counter() - t0
-    evaluation = prepared.judge(placement)
     if not evaluation.feasible:
-        if spec.respects_memory:  # the ledger bounds the evaluator's peak
-            raise RuntimeError(f"{spec.title} exceeded device memory")
         return Candidate(
             spec.name, seconds, error=over_memory(evaluation.timeline, graph, devices, prepared.path)
         )
@@ -519,22 +564,12 @@ def run_candidate(prepared: Prepared, spec: PlacerSpec, options: PlaceOptions) -
 
 
 def over_memory(sim: SimResult, graph: OpGraph, devices: DeviceSpec, path: str) -> InfeasibleError:
-    """The error for a placement whose simulated peak exceeds a device's memory.
+    """The error for a placement whose simulated peak exceeds a device's memory (names device, op, excess)."""
+    from baechi_cli.placers.memory import over_memory_error
 
-    It names the device, the op running when the peak is reached, the peak and the excess.
-    """
-    d = sim.over_memory()[0]
-    device = devices.devices[d]
-    peak = sim.peak_bytes[d]
-    at = next(t for t, level in sim.memory_curve[d] if level == peak)
-    running = [v for v in sim.order[d] if sim.start[v] <= at < sim.end[v] or sim.start[v] == at]
-    where = f" while '{graph.names[running[0]]}' runs" if running else ""
-    excess = f"peaks at {peak} bytes{where}, {peak - device.memory_bytes} over its {device.memory_bytes}"
-    if len(set(sim.device_of)) == 1:
-        problem = f"the model does not fit one device: {device.name} {excess}"
-    else:
-        problem = f"the placement does not fit: {device.name} {excess}"
-    return InfeasibleError(problem, path=path)
+    one_device = len(set(sim.device_of)) == 1
+    problem = "the model does not fit one device" if one_device else "the placement does not fit"
+    return over_memory_error(sim, graph, devices, problem).with_path(path)
 
 
 def expand(placement: Placement, pgraph: OpGraph, graph: OpGraph, with_sequence: bool) -> Placement:

@@ -350,9 +350,10 @@ class ListSchedule:
         self.transfers: list[Transfer] = []
         self.edge_transfer = [-1] * graph.num_edges
         self._sent: dict[int, int] = {}  # tensor * ndev + device (or -1 - edge) -> transfer index
-        # Without per-link overrides a tensor's transfer time is the same between any two devices.
+        # Without per-link overrides a tensor's transfer time is the same between any two
+        # devices: µs per tensor id, else None.
         t = self.tensors
-        self._length = (
+        self.transfer_us = (
             None
             if self.ic.links
             else [
@@ -367,13 +368,13 @@ class ListSchedule:
 
     def data_ready_all(self, v: int) -> list[float]:
         """``data_ready(v, d)`` for every device d at once (parallel mode: O(indegree + D))."""
-        if self.sequential or self._length is None:
+        if self.sequential or self.transfer_us is None:
             return [self._inputs(v, d, False) for d in range(self.ndev)]
         # In parallel mode a copy arrives at producer end + transfer time whether
         # it was sent earlier (cached) or would be sent now: ready on d is the
         # latest of the local inputs' ends and the remote inputs' arrivals.
         g = self.graph
-        edge_src, edge_tensor, length = g.edge_src, self.tensors.edge_tensor, self._length
+        edge_src, edge_tensor, length = g.edge_src, self.tensors.edge_tensor, self.transfer_us
         device_of, end, scheduled = self.device_of, self.end, self.scheduled
         local = [0.0] * self.ndev
         best, best_dev, second = 0.0, -1, 0.0  # latest remote arrivals from two different devices
@@ -434,8 +435,8 @@ class ListSchedule:
                     arrival = tentative[key]
                 else:
                     length = (
-                        self._length[tid]
-                        if self._length is not None
+                        self.transfer_us[tid]
+                        if self.transfer_us is not None
                         else transfer_length(self.tensors, self.ic, tid, du, d)
                     )
                     send = recv = end[u]

@@ -100,6 +100,7 @@ def dags(
     repeat_p: float = 0.0,
     group_p: float = 0.25,
     backward_p: float = 0.0,
+    view_p: float = 0.0,
     relabel: bool = False,
 ) -> OpGraph:
     """A DAG of ``min_ops..max_ops`` ops (module docstring).
@@ -111,7 +112,9 @@ def dags(
     none) and, with probability ``repeat_p``, is added twice (``AddN(x, x)``).
     With probability ``group_p`` an op joins the group of an earlier op; with
     ``backward_p`` it is a backward op whose ``forward_op`` is another op or
-    -1. ``relabel`` draws op ids independent of the topological order.
+    -1. With ``view_p`` an op that reads a tensor is a view of it (its
+    outputs take no memory, :attr:`OpGraph.view_of`), or of resident storage.
+    ``relabel`` draws op ids independent of the topological order.
     """
     n = draw(ints(min_ops, max_ops))
     ops = []
@@ -157,6 +160,15 @@ def dags(
         b.add_op(f"v{v}", "X", is_backward=is_backward[v], forward_op=forward_op[v], **op)
     for i, j, port, measured in edges:
         b.add_edge(id_of[i], id_of[j], port, transfer_us=measured)
+    if view_p:
+        first_read: dict[int, tuple[int, int]] = {}
+        for i, j, port, _ in edges:
+            if port != CONTROL_PORT:
+                first_read.setdefault(j, (i, port))
+        for j in sorted(first_read):
+            if chance(draw, view_p):
+                i, port = first_read[j] if draw(st.booleans()) else (-1, 0)
+                b.set_view(id_of[j], id_of[i] if i >= 0 else -1, port)
     group = list(range(n))
     for v in range(1, n):
         if chance(draw, group_p):

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from baechi_cli.devices import devices_from_yaml, dump_devices_yaml, load_devices_yaml, parse_devices
+
 sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
 import framework  # noqa: E402
 
@@ -97,3 +99,61 @@ def test_without_torch_it_notes_that_and_keeps_the_tables(tmp_path, monkeypatch,
     assert lines[:2] == ["# Title", ""] and lines[3:] == ["", "intro", "", "| table |"]
     assert lines[2].startswith(framework.NOTE_PREFIX) and "torch and transformers" in lines[2]
     assert "pip install -e '.[bench]'" in capsys.readouterr().err
+
+
+def test_split_devices_share_ratio_times_the_peak_among_copies_of_the_first_device():
+    base = devices_from_yaml(
+        "devices: [{name: /device:CPU:0, memory: 1GB, flops: 185.4G, memory_bandwidth: 33.54GB/s,"
+        " launch_overhead: 1.235us, efficiency: {conv: 0.744}}, {name: other, memory: 2GB}]\n"
+        "interconnect: {mode: sequential, latency: 10us, links: [{a: 0, b: 1, bandwidth: 1GB/s}]}",
+        "base.yaml",
+    )
+    peak = 846_589_424
+    for ratio in (framework.FIT_RATIO, framework.ALGORITHMS_RATIO):
+        for count in framework.DEVICE_COUNTS:
+            spec = framework.split_devices(base, peak, ratio, count)
+            assert spec.names == [f"/device:CPU:{i}" for i in range(count)]
+            assert ratio * peak - count < spec.total_memory <= ratio * peak
+            assert len({d.memory_bytes for d in spec.devices}) == 1
+            assert {d.kind for d in spec.devices} == {base.devices[0].kind}  # its rates and efficiency
+            assert spec.interconnect.mode == "sequential" and spec.interconnect.latency_us == 10
+            assert spec.interconnect.links == {}  # base's links name base's devices
+            yaml_text = dump_devices_yaml(spec)
+            assert devices_from_yaml(yaml_text, "split.yaml").devices == spec.devices
+
+
+def test_splits_place_each_row_on_every_device_count_and_render_the_counts(tmp_path):
+    peak = 8_226_528  # about the one-device training peak of testdata/keras_cnn.onnx with SGD
+    row = {
+        "model": "cnn",
+        "optimizer": "sgd",
+        "onnx": "testdata/keras_cnn.onnx",
+        "measured": {"peak_bytes": peak},
+    }
+    splits = framework.run_splits([row], parse_devices("1x1TB"), str(tmp_path))
+    assert [r["devices"] for r in splits["rows"]] == list(framework.DEVICE_COUNTS)
+    for r in splits["rows"]:
+        for key, ratio in (("auto", framework.FIT_RATIO), ("placers", framework.ALGORITHMS_RATIO)):
+            spec = load_devices_yaml(os.path.join(framework.ROOT, r[key]["spec"]))
+            assert spec.count == r["devices"] and spec.devices[0].memory_bytes == r[key]["memory_bytes"]
+            assert r[key]["memory_bytes"] == int(ratio * peak) // r["devices"]
+        auto = r["auto"]
+        assert auto["verdict"] == ("PASS" if auto["placed"] and auto["peak_over_memory"] <= 1 else "MISS")
+        by_algorithm = r["placers"]["by_algorithm"]
+        assert list(by_algorithm) == list(framework.SPLIT_ALGORITHMS)
+        assert r["placers"]["verdict"] == (
+            "PASS" if all(p["placed"] for p in by_algorithm.values()) else "MISS"
+        )
+        for record in [auto, *by_algorithm.values()]:
+            assert ("error" in record) != record["placed"]
+            if record["placed"]:
+                assert len(record["peak_bytes"]) == r["devices"] and record["peak_over_memory"] <= 1
+    text = "\n".join(framework.render_splits(splits))
+    passes = sum(r["auto"]["verdict"] == "PASS" for r in splits["rows"])
+    assert f"1.3 x P, auto: {passes} PASS, {len(splits['rows']) - passes} MISS" in text
+    assert text.count("\n| cnn | sgd |") == 2 * len(framework.DEVICE_COUNTS)
+
+
+def test_only_splits_needs_a_measured_framework_json(tmp_path, capsys):
+    assert framework.main(["--only", "splits", "--out", str(tmp_path)]) == 2
+    assert "run bench/framework.py without --only first" in capsys.readouterr().err

@@ -241,5 +241,6 @@ def test_an_infeasible_one_device_run_names_the_device_the_op_and_the_excess():
         place_model(model, parse_devices("2x10MB"), options)
     message = str(err.value)
     assert "the model does not fit one device: /device:GPU:0 peaks at " in message
-    peak = int(message.split("peaks at ")[1].split()[0])
-    assert "while 'gradients/" in message and f", {peak - 10_000_000} over its 10000000" in message
+    peak = int(message.split("peaks at ")[1].split("(")[1].split()[0])
+    excess = f"({peak - 10_000_000} bytes) over its 10.00 MB (10000000 bytes)"
+    assert "while 'gradients/" in message and excess in message

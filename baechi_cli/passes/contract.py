@@ -6,7 +6,11 @@
 * runs its members one after another: compute is their sum (per device kind
   too), temporary bytes their maximum (a device runs one op at a time);
 * holds all its members' tensors: its output ports are its members' ports
-  back to back, so a placer's memory ledger still counts every tensor;
+  back to back, so a placer's memory ledger still counts every tensor, but
+  once: views (``view_of``) stay views when a node is one view op, and inside
+  a node a view's storage is counted at the view's port (a port that only
+  the node reads and a view of it uses takes no bytes; a view of resident
+  storage none);
 * keeps its members' persistent bytes, plus one received copy of every
   outside tensor that its members consume over an edge the contraction drops
   (``keep_edge``), so the ledger stays an upper bound of the real peak when
@@ -119,11 +123,13 @@ def contract(
         new_dst.append(dst)
         new_bytes.append(graph.edge_bytes[e])
         new_transfer.append(graph.edge_transfer_us[e])
+    output_bytes = per_node(graph.output_bytes, concat)
+    view_of = _views(graph, members, node_of, port_base, output_bytes) if graph.view_of else {}
     original = graph.members
     return OpGraph(
         names=[graph.names[v] for v in heads],
         op_types=[graph.op_types[ops[0]] if len(ops) == 1 else "Fused" for ops in members],
-        output_bytes=per_node(graph.output_bytes, concat),
+        output_bytes=output_bytes,
         compute_us=per_node(graph.compute_us, sum),
         persistent_bytes=[b + x for b, x in zip(persistent, extra)] if any(extra) else persistent,
         temporary_bytes=per_node(graph.temporary_bytes, max),
@@ -145,7 +151,41 @@ def contract(
         members=members
         if original is None
         else [sorted(concat([original[v] for v in ops])) for ops in members],
+        view_of=view_of,
     )
+
+
+def _views(
+    graph: OpGraph,
+    members: list[list[int]],
+    node_of: Sequence[int],
+    port_base: list[int],
+    output_bytes: list[list[int]],
+) -> dict[int, tuple[int, int]]:
+    """The node graph's views; zeroes ``output_bytes`` of ports whose storage a view inside the node counts.
+
+    A node that is one view op views its source's node port (or resident
+    storage). Inside a bigger node, a view of resident storage allocates
+    nothing, and a view of a member's port that only the node reads takes
+    over that port's storage: the port counts no bytes and the view's ports
+    keep theirs, so the storage lives until the view's readers are done.
+    """
+    view_of: dict[int, tuple[int, int]] = {}
+    read_outside: set[tuple[int, int]] = set()
+    for e in range(graph.num_edges):
+        u = graph.edge_src[e]
+        if node_of[u] != node_of[graph.edge_dst[e]]:
+            read_outside.add((u, graph.edge_port[e]))
+    for v, (src, port) in graph.view_of.items():
+        node = node_of[v]
+        if len(members[node]) == 1:
+            view_of[node] = (-1, 0) if src < 0 else (node_of[src], port_base[src] + port)
+        elif src < 0:
+            for p in range(len(graph.output_bytes[v])):
+                output_bytes[node][port_base[v] + p] = 0
+        elif node_of[src] == node and (src, port) not in read_outside:
+            output_bytes[node][port_base[src] + port] = 0
+    return view_of
 
 
 def node_index(graph: OpGraph, num_original_ops: int) -> list[int]:

@@ -2,8 +2,9 @@
 
 Repeatedly commits the (ready op, device) pair with the earliest possible
 start, counting communication (and, in ``sequential`` mode, busy channels and
-cached copies), among the devices where the op's colocation group fits; the
-first op of a group places the whole group (co-adjusted colocation). Ties go
+cached copies), among the devices where the op fits at that time, its memory
+counted along the schedule (:mod:`baechi_cli.placers.liveness`); the first op
+of a group places the whole group (co-adjusted colocation). Ties go
 to the op's topological index, then the lower device index.
 
 Complexity and data structures: see :mod:`baechi_cli.placers.listsched`.
@@ -27,8 +28,11 @@ from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
 from baechi_cli.placers import NoOptions, Placement
 from baechi_cli.placers.listsched import list_schedule
+from baechi_cli.placers.memory import place_in_memory
 
 
 def place(graph: OpGraph, devices: DeviceSpec, options: NoOptions) -> Placement:
-    """Place ``graph`` with m-ETF; raises InfeasibleError when an op's group fits nowhere."""
-    return list_schedule(graph, devices, "m-ETF")
+    """Place ``graph`` with m-ETF; raises InfeasibleError when no placement it finds fits memory."""
+    return place_in_memory(
+        graph, devices, "m-ETF", lambda budget: list_schedule(graph, devices, "m-ETF", budget=budget)
+    )

@@ -7,10 +7,15 @@ ready once all its
 predecessors are committed, and a device is a candidate for it when:
 
 * the op's colocation group is already on that device, or the group is
-  unplaced and fits there (co-adjusted colocation: committing the group's
-  first op places the whole group, memory counted by
-  :class:`~baechi_cli.placers.memory.MemoryLedger`);
-* the placer's ``allowed(v, d)`` does not forbid it.
+  unplaced and the op fits there at the time it would start (co-adjusted
+  colocation: committing the group's first op places the whole group;
+  memory counted along the schedule by
+  :class:`~baechi_cli.placers.liveness.LiveLedger`, when there is a budget).
+
+Later ops of a placed group go to its device whatever the memory; should one
+exceed the budget there, or should no device have room for any ready op, the
+schedule goes on over budget and says so in its estimate, and
+:func:`~baechi_cli.placers.memory.place_in_memory` retries with a margin.
 
 Start times come from :class:`~baechi_cli.sim.ListSchedule`, the simulator's
 list-schedule API (device channels and cached copies in ``sequential``
@@ -34,12 +39,12 @@ when their channel got busier. No step rescans all ready ops.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
 from baechi_cli.placers import Placement
-from baechi_cli.placers.memory import MemoryLedger, infeasible
+from baechi_cli.placers.liveness import LiveLedger
 from baechi_cli.sim import ListSchedule
 
 # (op, device, device_of so far) -> 0 most preferred; breaks ties between one op's devices.
@@ -52,13 +57,17 @@ def list_schedule(
     algorithm: str,
     preference: Preference | None = None,
     preference_first: bool = False,
+    budget: Sequence[int] | None = None,
 ) -> Placement:
-    """Place and order every op; raises InfeasibleError when an op fits no device.
+    """Place and order every op, within ``budget`` bytes per device (None: memory is ample).
 
     ``preference`` breaks ties between one op's devices; with
     ``preference_first`` it also ranks ops: among candidates that can start
     at the same time, preferred (op, device) pairs go before lower
-    topological indices.
+    topological indices. With a budget, the placement's ``info`` has the
+    ledger's ``estimated_peak_bytes`` per device; when some op fits no device
+    it goes where it exceeds the budget least (the estimate then says so, and
+    :func:`~baechi_cli.placers.memory.place_in_memory` retries).
     """
     n, ndev = graph.num_ops, devices.count
     order = graph.topo_order()
@@ -67,21 +76,22 @@ def list_schedule(
         rank[v] = i
     device_of = [-1] * n
     schedule = ListSchedule(graph, devices, device_of)
-    ledger = MemoryLedger(graph, devices)
+    ledger = None if budget is None else LiveLedger(graph, devices, schedule, budget)
     groups = graph.group_members()
     group, in_edges, out_edges, edge_dst = graph.group, graph.in_edges, graph.out_edges, graph.edge_dst
+    group_device: dict[int, int] = {}  # colocation group -> its device, once its first op is committed
     sequential = schedule.sequential
     dev_free = schedule.dev_free
     pref = preference or (lambda v, d, device_of: 0)
 
     waiting: list[list[tuple[float, int, int, int]]] = [[] for _ in range(ndev)]
     available: list[list[tuple[int, int, int]]] = [[] for _ in range(ndev)]
-    dead: list[set[int]] = [set() for _ in range(ndev)]  # ops whose group cannot go to that device
+    dead: list[set[int]] = [set() for _ in range(ndev)]  # ops whose group was refused by that device
     missing = [len(in_edges[v]) for v in range(n)]
     pending = 0  # ready, uncommitted ops
 
     def offer(v: int) -> None:
-        placed = ledger.device_of[v]  # set for the whole group when its first op is committed
+        placed = group_device.get(group[v], -1)
         if placed < 0:
             readies = schedule.data_ready_all(v)
             targets = [(d, readies[d]) for d in range(ndev) if v not in dead[d]]
@@ -98,7 +108,7 @@ def list_schedule(
     def valid(v: int, d: int) -> bool:
         if schedule.scheduled[v] or v in dead[d]:
             return False
-        placed = ledger.device_of[v]
+        placed = group_device.get(group[v], -1)
         return placed < 0 or placed == d
 
     def best(d: int) -> tuple[float, int, int, int] | None:
@@ -138,6 +148,32 @@ def list_schedule(
             return (t, k1, k2, v)
         return None
 
+    def commit(v: int, d: int) -> None:
+        nonlocal pending
+        schedule.commit(v, d)
+        if ledger is not None:
+            ledger.commit(v, d)
+        pending -= 1
+        for e in out_edges[v]:
+            w = edge_dst[e]
+            missing[w] -= 1
+            if missing[w] == 0:
+                offer(w)
+                pending += 1
+
+    def place_group(v: int, d: int) -> None:
+        members = groups[group[v]]
+        # Members refused by d earlier, now bound to it, and ready: offer them to d.
+        refused = [
+            x for x in members if x != v and x in dead[d] and missing[x] == 0 and not schedule.scheduled[x]
+        ]
+        group_device[group[v]] = d
+        dead[d].difference_update(members)
+        for x in refused:
+            offer(x)
+        if ledger is not None:
+            ledger.place_group(group[v], d)
+
     look_ahead = True  # refuse placements that would strand a big colocation group
     stranded: list[tuple[int, int]] = []  # (op, device) refused only by the look-ahead
     for v in order:
@@ -151,36 +187,39 @@ def list_schedule(
             if top is not None and (choice is None or top < choice[0]):
                 choice = (top, d)
         if choice is None:
-            if not stranded:
-                stuck = [v for v in range(n) if missing[v] == 0 and not schedule.scheduled[v]]
-                raise infeasible(graph, devices, algorithm, ledger, stuck)
-            # Only the look-ahead stood in the way: place greedily from here on.
-            look_ahead = False
-            for v, d in stranded:
-                dead[d].discard(v)
-            for v in sorted({v for v, _ in stranded}):
-                if missing[v] == 0 and not schedule.scheduled[v]:
-                    offer(v)
-            stranded.clear()
+            if stranded:  # only the look-ahead stood in the way: place greedily from here on
+                look_ahead = False
+                for v, d in stranded:
+                    dead[d].discard(v)
+                for v in sorted({v for v, _ in stranded}):
+                    if missing[v] == 0 and not schedule.scheduled[v]:
+                        offer(v)
+                stranded.clear()
+                continue
+            # No device has room for any ready op: the least bad goes over its budget.
+            assert ledger is not None  # without a budget every op is admitted
+            v = min(
+                (v for v in range(n) if missing[v] == 0 and not schedule.scheduled[v]), key=rank.__getitem__
+            )
+            d = min(
+                range(ndev),
+                key=lambda d: (ledger.excess(v, d, max(dev_free[d], schedule.data_ready(v, d))), d),
+            )
+            place_group(v, d)
+            commit(v, d)
             continue
-        (_, _, _, v), d = choice
-        if ledger.device_of[v] < 0:  # first op of its group: place the whole group
-            ops = groups[group[v]]
-            extra = ledger.extra(ops, d)
-            if not ledger.fits(extra):
-                dead[d].update(ops)  # the ledger only grows: it never fits later
-                continue
-            if look_ahead and not ledger.leaves_room(ops, d, extra):
-                dead[d].update(ops)
-                stranded.extend((x, d) for x in ops)
-                continue
-            ledger.commit(ops, d, extra)
-        schedule.commit(v, d)
-        pending -= 1
-        for e in out_edges[v]:
-            w = edge_dst[e]
-            missing[w] -= 1
-            if missing[w] == 0:
-                offer(w)
-                pending += 1
-    return Placement(list(device_of), sequence=list(schedule.sequence), schedule=schedule)
+        (start, _, _, v), d = choice
+        if group_device.get(group[v], -1) < 0:  # first op of its group: place the whole group
+            if ledger is not None:
+                ops = groups[group[v]]
+                if not ledger.admits(v, d, start):
+                    dead[d].update(ops)
+                    continue
+                if look_ahead and not ledger.leaves_room(group[v], d):
+                    dead[d].update(ops)
+                    stranded.extend((x, d) for x in ops)
+                    continue
+            place_group(v, d)
+        commit(v, d)
+    info = {} if ledger is None else {"estimated_peak_bytes": ledger.peak_bytes()}
+    return Placement(list(device_of), sequence=list(schedule.sequence), schedule=schedule, info=info)

@@ -1,6 +1,15 @@
-"""MemoryLedger: what placers count against each device's memory while placing.
+"""Memory for placers: fitting a placement in memory, and the whole-step ledger.
 
-The simulator frees tensors when their last consumer ends; a placer deciding
+:func:`place_in_memory` is how m-TOPO, m-ETF and m-SCT keep their promise
+never to exceed device memory: they count memory by liveness along the
+schedule they build (:class:`~baechi_cli.placers.liveness.LiveLedger`), the
+evaluator confirms what their own count cannot promise, and a placement the
+evaluator finds over memory is placed again with that device's budget cut
+by the excess. :func:`over_memory_error` is the one error for a placement
+over memory, whoever made it.
+
+:class:`MemoryLedger` is the simple, conservative alternative for placers
+that plan no schedule (see docs/ADDING_A_PLACER.md). The simulator frees tensors when their last consumer ends; a placer deciding
 op by op cannot know those times yet. The ledger therefore counts an upper
 bound of the simulator's peak: every op's persistent and output bytes for
 the whole step, the largest temporary bytes of any op on the device (a device
@@ -28,11 +37,110 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InfeasibleError
 from baechi_cli.graph import CONTROL_PORT, OpGraph
+
+if TYPE_CHECKING:
+    from baechi_cli.placers import Placement
+    from baechi_cli.sim import SimResult
+
+# Placements tried before giving up: the first with each device's memory as its
+# budget, each later one with the budgets the evaluator showed too generous cut.
+MEMORY_ATTEMPTS = 8
+# Besides the excess, a cut takes this share of the device's memory more, so that
+# a placement that changes a little under the cut still fits.
+CUT_MARGIN = 0.02
+
+
+def ample(graph: OpGraph, devices: DeviceSpec) -> bool:
+    """Whether every device could hold the whole graph however it is placed and scheduled.
+
+    Every op's persistent and output bytes, the largest temporary and one copy
+    of every tensor: then no placer needs to count memory at all. O(V + E).
+    """
+    t = graph.tensors
+    copies = sum(b for b, port in zip(t.nbytes, t.port) if port != CONTROL_PORT)
+    need = sum(own_bytes(graph)) + max(graph.temporary_bytes, default=0) + copies
+    return all(d.memory_bytes >= need for d in devices.devices)
+
+
+def place_in_memory(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    algorithm: str,
+    attempt: Callable[[list[int] | None], Placement],
+) -> Placement:
+    """The placement ``attempt(budget)`` makes within device memory, as the evaluator judges it.
+
+    ``attempt`` places ``graph`` keeping each device ``d`` within
+    ``budget[d]`` bytes as it counts them (``None``: memory is ample, count
+    nothing) and reports its count as ``info["estimated_peak_bytes"]``. When
+    memory is ample, the first attempt is the placement. Otherwise a
+    placement is accepted when the evaluator's peaks fit, or without a
+    simulation when the placer's count is exact or above it (``parallel``
+    mode, a planned sequence: the evaluator runs the plan) and fits. Else the
+    budget of each device over memory is cut by its excess plus a margin and
+    the placer tries again, at most :data:`MEMORY_ATTEMPTS` times; then the
+    last placement's :func:`over_memory_error` is raised.
+
+    The placement's ``info["memory"]`` says how many attempts it took.
+    """
+    from baechi_cli.evaluate import evaluate
+
+    if ample(graph, devices):
+        return attempt(None)
+    capacity = [d.memory_bytes for d in devices.devices]
+    budget = list(capacity)
+    exact = devices.interconnect.mode == "parallel"
+    for tries in range(1, MEMORY_ATTEMPTS + 1):
+        placement = attempt(budget)
+        estimate = placement.info.get("estimated_peak_bytes")
+        if exact and placement.sequence is not None and estimate is not None:
+            if all(e <= c for e, c in zip(estimate, capacity)):
+                placement.info["memory"] = {"attempts": tries, "checked_by": "the placer's own count"}
+                return placement
+        timeline = evaluate(graph, devices, placement).timeline
+        if timeline.feasible:
+            placement.info["memory"] = {"attempts": tries, "checked_by": "the evaluator"}
+            return placement
+        budget = cut_budget(budget, timeline.peak_bytes, capacity)
+        if budget is None:
+            break
+    minimum = hard_minimum(graph, devices)
+    if minimum is not None:
+        raise minimum
+    raise over_memory_error(timeline, graph, devices, f"{algorithm} found no placement that fits")
+
+
+def cut_budget(budget: Sequence[int], peaks: Sequence[int], capacity: Sequence[int]) -> list[int] | None:
+    """``budget`` with each device whose ``peaks`` exceed its ``capacity`` cut by the excess and a margin.
+
+    None when a budget would reach zero: no point trying again.
+    """
+    cut = [b - (p - c) - int(c * CUT_MARGIN) if p > c else b for b, p, c in zip(budget, peaks, capacity)]
+    return cut if min(cut) > 0 else None
+
+
+def over_memory_error(sim: SimResult, graph: OpGraph, devices: DeviceSpec, problem: str) -> InfeasibleError:
+    """The error for a placement whose simulated peak exceeds a device's memory.
+
+    ``problem`` opens it; it goes on with the first device over memory, the op
+    running when that device's peak is reached, the peak and the excess.
+    """
+    d = sim.over_memory()[0]
+    device = devices.devices[d]
+    peak = sim.peak_bytes[d]
+    at = next(t for t, level in sim.memory_curve[d] if level == peak)
+    running = [v for v in sim.order[d] if sim.start[v] <= at < sim.end[v] or sim.start[v] == at]
+    where = f" while '{graph.names[running[0]]}' runs" if running else ""
+    return InfeasibleError(
+        f"{problem}: {device.name} peaks at {_fmt(peak)}{where}, "
+        f"{_fmt(peak - device.memory_bytes)} over its {_fmt(device.memory_bytes)}"
+    )
 
 
 def own_bytes(graph: OpGraph) -> list[int]:
@@ -177,35 +285,12 @@ def infeasible(
     (``stuck``), says which group found no room and how much each device had
     left; without them, what the ledger's conservative count needs.
     """
+    minimum = hard_minimum(graph, devices)
+    if minimum is not None:
+        return minimum
     own = own_bytes(graph)
     groups = graph.group_members()
-    largest_device = max(d.memory_bytes for d in devices.devices)
-    total = devices.total_memory
-    gives = f"devices give {_fmt(largest_device)} on the largest one / {_fmt(total)} in total"
-
-    def need(per_op: Sequence[int]) -> tuple[int, int, int]:
-        """(largest group's bytes, total bytes, the heaviest op of that group)."""
-        by_group = {g: sum(per_op[v] for v in ops) for g, ops in groups.items()}
-        worst = max(by_group, key=lambda g: (by_group[g], -g))
-        heaviest = max(groups[worst], key=lambda v: (per_op[v], -v))
-        return by_group[worst], sum(per_op), heaviest
-
-    one, all_, worst = need(graph.persistent_bytes)
-    if one > largest_device or all_ > total:
-        return InfeasibleError(
-            f"the model does not fit: it needs at least {_fmt(one)} on one device "
-            f"(colocation group of '{graph.names[worst]}') / {_fmt(all_)} in total "
-            f"for weights alone; {gives}"
-        )
-    pair = _worst_pair(graph)
-    if pair is not None and pair[0] > largest_device:
-        together, apart, e = pair[1], pair[2], pair[3]
-        u, v = graph.edge_src[e], graph.edge_dst[e]
-        return InfeasibleError(
-            f"the model does not fit: '{graph.names[v]}' reads a {_fmt(graph.edge_bytes[e]).split(' (')[0]} "
-            f"tensor from '{graph.names[u]}'; on one device their colocation groups hold "
-            f"{_fmt(together)}, apart the received copy makes {_fmt(apart)} on the reader's device; {gives}"
-        )
+    gives = _gives(devices)
     if ledger is not None and stuck:
         group = groups[graph.group[stuck[0]]]
         heaviest = max(group, key=lambda v: (own[v], -v))
@@ -218,12 +303,93 @@ def infeasible(
             f"Counting every tensor live for the whole step and a copy of every tensor a device "
             f"receives, the model needs {_fmt(sum(own))} in total; {gives}"
         )
-    one, all_, worst = need(own)
+    one, all_, worst = _need(groups, own)
     return InfeasibleError(
         f"{algorithm} could not fit the model: counting every tensor live for the whole step, "
         f"it needs at least {_fmt(one)} on one device (colocation group of '{graph.names[worst]}') "
         f"/ {_fmt(all_)} in total; {gives}"
     )
+
+
+def hard_minimum(graph: OpGraph, devices: DeviceSpec) -> InfeasibleError | None:
+    """The error when no placement at all can fit, else None.
+
+    The largest colocation group's weights must fit the largest device and all
+    weights the devices together; a producer/consumer pair needs, on one
+    device, either both groups' weights or the consumer's plus a copy of the
+    tensor. O(V + E).
+    """
+    groups = graph.group_members()
+    largest_device = max(d.memory_bytes for d in devices.devices)
+    one, all_, worst = _need(groups, graph.persistent_bytes)
+    if one > largest_device or all_ > devices.total_memory:
+        return InfeasibleError(
+            f"the model does not fit: it needs at least {_fmt(one)} on one device "
+            f"(colocation group of '{graph.names[worst]}') / {_fmt(all_)} in total "
+            f"for weights alone; {_gives(devices)}"
+        )
+    op_need = _largest_op_need(graph)
+    if op_need is not None and op_need[0] > largest_device:
+        need, v, weights, own, largest_input = op_need
+        return InfeasibleError(
+            f"the model does not fit: '{graph.names[v]}' needs at least {_fmt(need)} on one device "
+            f"while it runs: its colocation group's weights {_fmt(weights).split(' (')[0]}, its outputs "
+            f"and temporaries {_fmt(own).split(' (')[0]}, its largest input "
+            f"{_fmt(largest_input).split(' (')[0]}; {_gives(devices)}"
+        )
+    pair = _worst_pair(graph)
+    if pair is not None and pair[0] > largest_device:
+        together, apart, e = pair[1], pair[2], pair[3]
+        u, v = graph.edge_src[e], graph.edge_dst[e]
+        return InfeasibleError(
+            f"the model does not fit: '{graph.names[v]}' reads a {_fmt(graph.edge_bytes[e]).split(' (')[0]} "
+            f"tensor from '{graph.names[u]}'; on one device their colocation groups hold "
+            f"{_fmt(together)}, apart the received copy makes {_fmt(apart)} on the reader's device; "
+            f"{_gives(devices)}"
+        )
+    return None
+
+
+def _largest_op_need(graph: OpGraph) -> tuple[int, int, int, int, int] | None:
+    """The op needing the most memory on its device while it runs, whatever the placement.
+
+    Its group's weights, its temporaries and its outputs (unless it is a
+    view), and its largest input that is not a view (a view may share storage
+    with the weights or another input). Returns (bytes, op, weights, outputs
+    and temporaries, input). O(V + E).
+    """
+    weights: dict[int, int] = {}
+    for v, g in enumerate(graph.group):
+        weights[g] = weights.get(g, 0) + graph.persistent_bytes[v]
+    view_of = graph.view_of
+    best = None
+    for v in range(graph.num_ops):
+        own = graph.temporary_bytes[v] + (0 if v in view_of else sum(graph.output_bytes[v]))
+        largest_input = max(
+            (
+                graph.edge_bytes[e]
+                for e in graph.in_edges[v]
+                if graph.edge_port[e] != CONTROL_PORT and graph.edge_src[e] not in view_of
+            ),
+            default=0,
+        )
+        need = weights[graph.group[v]] + own + largest_input
+        if best is None or need > best[0]:
+            best = (need, v, weights[graph.group[v]], own, largest_input)
+    return best
+
+
+def _need(groups: dict[int, list[int]], per_op: Sequence[int]) -> tuple[int, int, int]:
+    """(largest group's bytes, total bytes, the heaviest op of that group)."""
+    by_group = {g: sum(per_op[v] for v in ops) for g, ops in groups.items()}
+    worst = max(by_group, key=lambda g: (by_group[g], -g))
+    heaviest = max(groups[worst], key=lambda v: (per_op[v], -v))
+    return by_group[worst], sum(per_op), heaviest
+
+
+def _gives(devices: DeviceSpec) -> str:
+    largest = max(d.memory_bytes for d in devices.devices)
+    return f"devices give {_fmt(largest)} on the largest one / {_fmt(devices.total_memory)} in total"
 
 
 def _worst_pair(graph: OpGraph) -> tuple[int, int, int, int] | None:

@@ -6,9 +6,9 @@
    constraints allow at most one favorite child per op and one favorite
    parent per op, which is what Hanen & Munier's rounding and its
    approximation bound use).
-2. List-schedule like m-ETF (same engine, same memory filter and co-adjusted
-   colocation) with the favorite-child rule, twice, keeping the schedule the
-   evaluator judges faster:
+2. List-schedule like m-ETF (same engine, same memory by liveness and
+   co-adjusted colocation) with the favorite-child rule, twice, keeping the
+   schedule the evaluator judges faster (of those within memory):
 
    * favorites break ties: when a favorite child can start equally early on
      several devices, it goes to its favorite parent's device, so it runs
@@ -34,11 +34,11 @@ from __future__ import annotations
 import time
 
 from baechi_cli.devices import DeviceSpec
-from baechi_cli.errors import InfeasibleError
 from baechi_cli.evaluate import evaluate
 from baechi_cli.graph import OpGraph
 from baechi_cli.placers import Placement, SCTOptions
 from baechi_cli.placers.listsched import list_schedule
+from baechi_cli.placers.memory import place_in_memory
 from baechi_cli.placers.sct_lp import favorite_children, solve_favorite_lp
 
 
@@ -56,22 +56,20 @@ def place(graph: OpGraph, devices: DeviceSpec, options: SCTOptions) -> Placement
         parent = favorite_parent[v]
         return 0 if parent >= 0 and device_of[parent] == d else 1
 
-    # Two readings of the rule, both from the same LP; the better one, as the evaluator
-    # judges it, wins.
+    def better_reading(budget: list[int] | None) -> Placement:
+        """Both readings of the rule from the same LP; the one the evaluator judges faster (fitting first)."""
+        schedules = [
+            list_schedule(graph, devices, "m-SCT", preference, preference_first=first, budget=budget)
+            for first in (False, True)
+        ]
+        judged = [evaluate(graph, devices, p) for p in schedules]
+        best = min(range(2), key=lambda i: (not judged[i].feasible, judged[i].value_us, i))
+        schedules[best].info["rule"] = "favorites first" if best == 1 else "favorites break ties"
+        return schedules[best]
+
     t0 = time.perf_counter()
-    schedules = []
-    for first in (False, True):
-        try:
-            schedules.append(list_schedule(graph, devices, "m-SCT", preference, preference_first=first))
-        except InfeasibleError as err:
-            failure = err
-    if not schedules:
-        raise failure
-    placement = min(schedules, key=lambda p: evaluate(graph, devices, p).value_us)
-    placement.info = {
-        "rule": "favorites first"
-        if placement is schedules[-1] and len(schedules) == 2
-        else "favorites break ties",
+    placement = place_in_memory(graph, devices, "m-SCT", better_reading)
+    placement.info |= {
         "schedule_seconds": round(time.perf_counter() - t0, 6),
         "solver": {
             "backend": lp.backend,

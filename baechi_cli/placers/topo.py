@@ -4,13 +4,19 @@ Walks the ops in topological order and fills the devices in turn: each device
 takes whole colocation groups until the next group would push its compute
 past an equal share (total compute / device count), then the next device
 starts. A group that does not fit the current device's memory goes to the
-next device with room (wrapping around), so m-TOPO fails only when no device
-can take the group; a device where the group would leave no room for a big
-unplaced group (:meth:`MemoryLedger.leaves_room`) is passed over when another
-one will do.
+next device with room (wrapping around); a device where the group would
+leave no room for a big unplaced group
+(:meth:`~baechi_cli.placers.liveness.LiveLedger.leaves_room`) is passed over
+when another one will do.
 
-Complexity: O((V + E) log V) for the order plus O(V + E) ledger work per
-device tried.
+Memory is counted by liveness, as m-ETF counts it: the walk commits each op to
+a list schedule on its device (ops in topological order per device), and a
+group fits a device when its first op fits there at the time it would start.
+The evaluator, which orders each device's ops itself, confirms the placement
+(:func:`~baechi_cli.placers.memory.place_in_memory`).
+
+Complexity: O((V + E) log V) for the order; with memory to count, O(V + E)
+for the schedule and the ledger, times the devices tried per group.
 
 Example:
     >>> from baechi_cli.graph import GraphBuilder
@@ -27,43 +33,64 @@ from __future__ import annotations
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
 from baechi_cli.placers import NoOptions, Placement
-from baechi_cli.placers.memory import MemoryLedger, infeasible
+from baechi_cli.placers.liveness import LiveLedger
+from baechi_cli.placers.memory import place_in_memory
+from baechi_cli.sim import ListSchedule
 
 
 def place(graph: OpGraph, devices: DeviceSpec, options: NoOptions) -> Placement:
-    """Place ``graph`` with m-TOPO; raises InfeasibleError when a group fits nowhere."""
+    """Place ``graph`` with m-TOPO; raises InfeasibleError when no placement it finds fits memory."""
+    return place_in_memory(graph, devices, "m-TOPO", lambda budget: _fill(graph, devices, budget))
+
+
+def _fill(graph: OpGraph, devices: DeviceSpec, budget: list[int] | None) -> Placement:
+    """One walk, within ``budget`` bytes per device (None: no memory to count)."""
     ndev = devices.count
     dur = graph.compute_us
     share = sum(dur) / ndev
     groups = graph.group_members()
-    ledger = MemoryLedger(graph, devices)
+    device_of = [-1] * graph.num_ops
+    schedule = ledger = None
+    if budget is not None:
+        schedule = ListSchedule(graph, devices, [-1] * graph.num_ops)
+        ledger = LiveLedger(graph, devices, schedule, budget)
     load = [0.0] * ndev
     current = 0
     for v in graph.topo_order():
-        if ledger.device_of[v] >= 0:
-            continue
-        ops = groups[graph.group[v]]
-        compute = sum(dur[x] for x in ops)
-        if current < ndev - 1 and load[current] > 0 and load[current] + compute > share:
-            current += 1
-        d, extra = _first_with_room(ledger, ops, [(current + step) % ndev for step in range(ndev)])
-        if d < 0:
-            raise infeasible(graph, devices, "m-TOPO", ledger, ops)
-        ledger.commit(ops, d, extra)
-        load[d] += compute
-    return Placement(ledger.device_of, info={"compute_share_us": share})
+        if device_of[v] < 0:
+            ops = groups[graph.group[v]]
+            compute = sum(dur[x] for x in ops)
+            if current < ndev - 1 and load[current] > 0 and load[current] + compute > share:
+                current += 1
+            d = current
+            if ledger is not None:
+                d = _first_with_room(ledger, schedule, v, [(current + step) % ndev for step in range(ndev)])
+                ledger.place_group(graph.group[v], d)
+            for x in ops:
+                device_of[x] = d
+            load[d] += compute
+        if ledger is not None:
+            schedule.commit(v, device_of[v])
+            ledger.commit(v, device_of[v])
+    info = {"compute_share_us": share}
+    if ledger is not None:
+        info["estimated_peak_bytes"] = ledger.peak_bytes()
+    return Placement(device_of, info=info)
 
 
-def _first_with_room(
-    ledger: MemoryLedger, ops: list[int], candidates: list[int]
-) -> tuple[int, dict[int, int]]:
-    """The first device where ``ops`` fit without stranding a big group, else the first where they fit."""
-    fallback: tuple[int, dict[int, int]] = (-1, {})
+def _first_with_room(ledger: LiveLedger, schedule: ListSchedule, v: int, candidates: list[int]) -> int:
+    """The first device where ``v`` fits without stranding a big group, else the first where it
+    fits, else the one it exceeds least."""
+    group = ledger.graph.group[v]
+    fallback = -1
+    excess = []
     for d in candidates:
-        extra = ledger.extra(ops, d)
-        if ledger.fits(extra):
-            if ledger.leaves_room(ops, d, extra):
-                return d, extra
-            if fallback[0] < 0:
-                fallback = (d, extra)
-    return fallback
+        start = max(schedule.dev_free[d], schedule.data_ready(v, d))
+        over = ledger.excess(v, d, start)
+        if over <= 0:
+            if ledger.leaves_room(group, d):
+                return d
+            if fallback < 0:
+                fallback = d
+        excess.append((over, d))
+    return fallback if fallback >= 0 else min(excess)[1]

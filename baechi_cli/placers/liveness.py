@@ -1,0 +1,380 @@
+"""LiveLedger: the memory a list schedule holds on each device, counted as the evaluator counts it.
+
+m-ETF, m-SCT and m-TOPO build a :class:`~baechi_cli.sim.ListSchedule` one op
+at a time, so they know when each committed op runs. The ledger follows that
+schedule with the evaluator's memory rules (:mod:`baechi_cli.sim`):
+
+* persistent bytes of the colocation groups on a device, for the whole step;
+* an op's output from its start until its last consumer on that device and
+  its last send have ended; a received copy from the receive's start until
+  its last consumer there has ended; temporary bytes while the op runs;
+* views (``graph.view_of``) allocate nothing and keep what they view alive.
+
+What the future may still decide is counted on the safe side: a tensor stays
+live on a device while a consumer that might still run there (not committed,
+its colocation group not pinned to another device) has not been committed;
+where the sends of a tensor are not known in advance (``sequential`` mode,
+per-link rates) it stays live on its producer's device until every consumer
+is committed. Once a tensor's free time is known, levels already recorded
+after it are lowered. So the ledger's level at each committed op's start is
+an upper bound of the evaluator's level there, and its peak an upper bound of
+the evaluator's peak whenever the evaluator runs the planned schedule
+(``parallel`` mode with the placer's sequence; tests/test_liveness.py checks
+this on drawn graphs).
+
+:meth:`LiveLedger.admits` answers "does op v fit on device d if it starts at
+s?": at s (everything live then, v's fresh outputs, temporaries and received
+copies), for a received copy over the whole window from its arrival, and,
+when v's group is not placed yet, its persistent bytes over the whole step.
+
+Cost: O(indegree + outdegree) per commit and per question, plus, for a copy
+received while other ops run, the number of ops it spans on that device.
+Flat lists throughout; buffers are numbered as they are allocated.
+
+Example:
+    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.devices import parse_devices
+    >>> from baechi_cli.sim import ListSchedule
+    >>> b = GraphBuilder()
+    >>> a = b.add_op("a", "A", [100], compute_us=1)
+    >>> c = b.add_op("c", "C", [10], compute_us=1)
+    >>> _ = b.add_edge(a, c)
+    >>> g, spec = b.build(), parse_devices("1x1KB")
+    >>> schedule = ListSchedule(g, spec, [-1, -1])
+    >>> ledger = LiveLedger(g, spec, schedule, [1000])
+    >>> for v in (a, c):
+    ...     _ = schedule.commit(v, 0); ledger.commit(v, 0)
+    >>> ledger.peak_bytes()   # a's output is still live while c writes its own
+    [110]
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections.abc import Sequence
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.sim import ListSchedule
+
+
+class LiveLedger:
+    """Live bytes per device along a list schedule (module docstring).
+
+    ``budget`` is the bytes each device may hold (its memory, or less when a
+    placer retries with a margin). Call :meth:`place_group` when a group's
+    device is chosen and :meth:`commit` right after ``schedule.commit``.
+
+    A *buffer* is one allocation (an op's output, a received copy); a
+    *location* ``tensor * devices + device`` is where a tensor can be read,
+    and views make several locations share a buffer. A buffer is freed once
+    every location on it is settled: no read that might still happen there.
+    """
+
+    def __init__(self, graph: OpGraph, devices: DeviceSpec, schedule: ListSchedule, budget: Sequence[int]):
+        n, ndev = graph.num_ops, devices.count
+        self.graph = graph
+        self.schedule = schedule
+        self.ndev = ndev
+        self.budget = list(budget)
+        tensors = graph.tensors
+        self._edge_tensor = tensors.edge_tensor
+        self._copy_bytes = tensors.nbytes
+        # Sends leave when the producer ends and take a known time: a tensor whose
+        # remaining readers are all elsewhere is freed by then.
+        self._sends_known = not schedule.sequential and schedule.transfer_us is not None
+        self._reads: list[list[int]] = [[] for _ in range(len(tensors.src))]  # data edges per tensor
+        consumed: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # (port, tensor) read per op
+        for e in range(graph.num_edges):
+            if graph.edge_port[e] == CONTROL_PORT:
+                continue
+            t = self._edge_tensor[e]
+            if not self._reads[t]:
+                consumed[graph.edge_src[e]].append((graph.edge_port[e], t))
+            self._reads[t].append(e)
+        self._read_done = bytearray(graph.num_edges)
+        self._consumed = consumed
+        view_of = graph.view_of
+        self._view_of = view_of
+        # Bytes v allocates at its start that outlive it (``fresh``), and those that do
+        # not: temporaries and outputs nothing reads (``transient``).
+        self._fresh = [
+            0 if v in view_of else sum(graph.output_bytes[v][p] for p, _ in consumed[v]) for v in range(n)
+        ]
+        self._transient = [
+            graph.temporary_bytes[v] + (0 if v in view_of else sum(graph.output_bytes[v]) - self._fresh[v])
+            for v in range(n)
+        ]
+        self._members = graph.group_members()
+        self._group_persistent = {
+            g: sum(graph.persistent_bytes[v] for v in ops) for g, ops in self._members.items()
+        }
+        self.group_device: dict[int, int] = {}
+        # Groups whose weights are big enough to strand: a placer filling devices
+        # greedily can leave no device with room for one of them although the
+        # total fits. (group, persistent bytes), largest first; see leaves_room().
+        self._big_threshold = max(min(self.budget, default=0) // 100, 1)
+        self._big = sorted(
+            ((g, b) for g, b in self._group_persistent.items() if b >= self._big_threshold),
+            key=lambda x: (-x[1], x[0]),
+        )
+        self._big_unplaced = sum(b for _, b in self._big)
+
+        self._buf_device: list[int] = []
+        self._buf_bytes: list[int] = []
+        self._buf_free: list[float] = []  # latest known end of a use
+        self._buf_holds: list[int] = []  # unsettled locations on it
+        self._loc: dict[int, int] = {}  # location -> buffer
+        self._pending: dict[int, int] = {}  # unsettled location -> reads that still hold it
+        self._producer: dict[int, int] = {}  # location where its tensor is produced -> the producing op
+        self._waits_for_all: set[int] = set()  # producer locations held by every uncommitted read
+
+        self.persistent = [0] * ndev
+        self._live = [0] * ndev  # bytes of the buffers not freed by the time ``_advanced``
+        self._advanced = [float("-inf")] * ndev
+        self._frees: list[list[tuple[float, int]]] = [[] for _ in range(ndev)]
+        self._starts: list[list[float]] = [[] for _ in range(ndev)]  # committed ops' starts
+        self._level: list[list[int]] = [[] for _ in range(ndev)]  # non-persistent bytes at each
+        self._peak_level = [0] * ndev  # at least max(level); exact unless _peak_stale
+        self._peak_stale = [False] * ndev
+
+    # ---------------------------------------------------------------- queries
+
+    def peak_bytes(self) -> list[int]:
+        """The ledger's peak per device: at least the evaluator's when it runs this schedule."""
+        return [p + max(level, default=0) for p, level in zip(self.persistent, self._level)]
+
+    def excess(self, v: int, d: int, start: float) -> int:
+        """Bytes by which committing ``v`` on ``d`` at ``start`` exceeds d's budget (<= 0: it fits)."""
+        self._advance(d, self.schedule.dev_free[d])
+        g = self.graph
+        budget = self.budget[d]
+        base = self.persistent[d]
+        if self.group_device.get(g.group[v], -1) < 0:
+            base += self._group_persistent[g.group[v]]
+        copies, arrival = self._new_copies(v, d)
+        worst = base + self._live[d] + copies + self._fresh[v] + self._transient[v] - budget
+        if (copies or base > self.persistent[d]) and base + self._peak_level[d] + copies > budget:
+            level = self._level[d]
+            if self._peak_stale[d]:
+                self._peak_level[d] = max(level, default=0)
+                self._peak_stale[d] = False
+            worst = max(worst, base + self._peak_level[d] - budget)
+            if copies and level:
+                i = max(bisect_right(self._starts[d], arrival) - 1, 0)
+                worst = max(worst, base + max(level[i:]) + copies - budget)
+        return worst
+
+    def admits(self, v: int, d: int, start: float) -> bool:
+        """Whether ``v`` fits on ``d`` starting at ``start`` (see :meth:`excess`)."""
+        return self.excess(v, d, start) <= 0
+
+    def leaves_room(self, group: int, d: int) -> bool:
+        """Whether, with ``group`` on ``d``, the big unplaced groups' weights still pack (first fit decreasing).
+
+        A look-ahead against stranding a large group: it runs only while the big
+        groups are a sizeable share of the free memory, and costs
+        O(big groups x devices) then.
+        """
+        own = self._group_persistent[group]
+        pending = self._big_unplaced - (own if own >= self._big_threshold else 0)
+        if pending <= 0:
+            return True
+        free = [b - p - lvl for b, p, lvl in zip(self.budget, self.persistent, self._peak_level)]
+        free[d] -= own
+        if pending * 2 <= sum(free):
+            return True
+        for g, nbytes in self._big:
+            if g == group or g in self.group_device:
+                continue
+            for x in range(len(free)):
+                if free[x] >= nbytes:
+                    free[x] -= nbytes
+                    break
+            else:
+                return False
+        return True
+
+    # ---------------------------------------------------------------- updates
+
+    def place_group(self, group: int, d: int) -> None:
+        """Pin colocation group ``group`` to ``d``: its weights live there all step, and its
+        ops' reads settle the tensors they read on every other device."""
+        self.group_device[group] = d
+        nbytes = self._group_persistent[group]
+        self.persistent[d] += nbytes
+        if nbytes >= self._big_threshold:
+            self._big_unplaced -= nbytes
+        g, ndev, pending = self.graph, self.ndev, self._pending
+        for x in self._members[group]:
+            for e in g.in_edges[x]:
+                if g.edge_port[e] == CONTROL_PORT or self._read_done[e]:
+                    continue
+                t = self._edge_tensor[e]
+                for y in range(ndev):
+                    key = t * ndev + y
+                    if y != d and key in pending and key not in self._waits_for_all:
+                        self._release_read(key)
+
+    def commit(self, v: int, d: int) -> None:
+        """Follow ``schedule.commit(v, d)``, which must have just run."""
+        g, schedule, ndev = self.graph, self.schedule, self.ndev
+        s, f = schedule.start[v], schedule.end[v]
+        self._advance(d, s)
+        level, starts = self._level[d], self._starts[d]
+        loc, buf_free = self._loc, self._buf_free
+        device_of = schedule.device_of
+        edge_tensor, edge_src = self._edge_tensor, g.edge_src
+        reads: list[tuple[int, int]] = []  # (edge, location of its producer when elsewhere, else -1)
+        for e in g.in_edges[v]:
+            if g.edge_port[e] == CONTROL_PORT:
+                continue
+            t = edge_tensor[e]
+            du = device_of[edge_src[e]]
+            key = t * ndev + d
+            origin = -1
+            if du != d:
+                origin = t * ndev + du
+                transfer = schedule.transfers[schedule.edge_transfer[e]]
+                source = loc.get(origin)
+                if source is not None and transfer.send_end > buf_free[source]:
+                    buf_free[source] = transfer.send_end
+                if key not in loc and self._copy_bytes[t]:
+                    nbytes = self._copy_bytes[t]
+                    self._locate(key, self._allocate(d, nbytes, transfer.end), -1)
+                    # The copy is there from the receive's start: raise the levels since.
+                    i = max(bisect_right(starts, transfer.recv_start) - 1, 0)
+                    for j in range(i, len(level)):
+                        level[j] += nbytes
+                        if level[j] > self._peak_level[d]:
+                            self._peak_level[d] = level[j]
+            b = loc.get(key)
+            if b is not None and f > buf_free[b]:
+                buf_free[b] = f
+            reads.append((e, origin))
+        source = self._view_of.get(v)
+        for port, t in self._consumed[v]:
+            if source is None:
+                nbytes = g.output_bytes[v][port]
+                if nbytes:
+                    self._locate(t * ndev + d, self._allocate(d, nbytes, f), v)
+            else:
+                b = self._viewed(v, source, d)
+                if b is not None:
+                    self._locate(t * ndev + d, b, v)
+        sample = self._live[d] + self._transient[v]
+        starts.append(s)
+        level.append(sample)
+        if sample > self._peak_level[d]:
+            self._peak_level[d] = sample
+        for e, origin in reads:
+            self._read_done[e] = 1
+            key = edge_tensor[e] * ndev + d
+            if key in self._pending:
+                self._release_read(key)
+            if origin in self._waits_for_all:
+                self._release_read(origin)
+
+    # ---------------------------------------------------------------- internals
+
+    def _allocate(self, d: int, nbytes: int, free: float) -> int:
+        b = len(self._buf_device)
+        self._buf_device.append(d)
+        self._buf_bytes.append(nbytes)
+        self._buf_free.append(free)
+        self._buf_holds.append(0)
+        self._live[d] += nbytes
+        return b
+
+    def _locate(self, key: int, b: int, producer: int) -> None:
+        """Put location ``key`` on buffer ``b`` (``producer``: the op making it there, or -1 for a copy)."""
+        ndev = self.ndev
+        t, y = divmod(key, ndev)
+        self._loc[key] = b
+        self._buf_holds[b] += 1
+        waits_for_all = producer >= 0 and not self._sends_known
+        group, group_device, done = self.graph.group, self.group_device, self._read_done
+        edge_dst = self.graph.edge_dst
+        holding = 0
+        for e in self._reads[t]:
+            if not done[e] and (waits_for_all or group_device.get(group[edge_dst[e]], y) == y):
+                holding += 1
+        if producer >= 0:
+            self._producer[key] = producer
+        if waits_for_all:
+            self._waits_for_all.add(key)
+        self._pending[key] = holding
+        if holding == 0:
+            self._settle(key)
+
+    def _release_read(self, key: int) -> None:
+        self._pending[key] -= 1
+        if self._pending[key] == 0:
+            self._settle(key)
+
+    def _settle(self, key: int) -> None:
+        """No read can still happen at ``key``: its buffer is free once its other locations settle."""
+        del self._pending[key]
+        self._waits_for_all.discard(key)
+        b = self._loc[key]
+        producer = self._producer.pop(key, -1)
+        if producer >= 0 and self._sends_known:
+            t = key // self.ndev
+            if any(not self._read_done[e] for e in self._reads[t]):  # readers elsewhere, sent at once
+                free = self.schedule.end[producer] + self.schedule.transfer_us[t]
+                if free > self._buf_free[b]:
+                    self._buf_free[b] = free
+        self._buf_holds[b] -= 1
+        if self._buf_holds[b] == 0:
+            self._free(b)
+
+    def _free(self, b: int) -> None:
+        d, free, nbytes = self._buf_device[b], self._buf_free[b], self._buf_bytes[b]
+        if free > self._advanced[d]:
+            heapq.heappush(self._frees[d], (free, nbytes))
+            return
+        # Freed in the past: lower the levels recorded after. (A level recorded at the
+        # free time itself keeps the buffer: it stands for the moment just before too.)
+        self._live[d] -= nbytes
+        level = self._level[d]
+        for j in range(bisect_right(self._starts[d], free), len(level)):
+            level[j] -= nbytes
+            self._peak_stale[d] = True
+
+    def _viewed(self, v: int, source: tuple[int, int], d: int) -> int | None:
+        """The buffer a view ``v`` on ``d`` aliases (None for a view of resident storage)."""
+        src, port = source
+        if src < 0:
+            return None
+        g = self.graph
+        for e in g.in_edges[v]:
+            if g.edge_src[e] == src and g.edge_port[e] == port:
+                return self._loc.get(self._edge_tensor[e] * self.ndev + d)
+        return None
+
+    def _new_copies(self, v: int, d: int) -> tuple[int, float]:
+        """Bytes of the copies ``v`` would receive on ``d``, and the earliest they could arrive."""
+        g, schedule, ndev = self.graph, self.schedule, self.ndev
+        device_of, end = schedule.device_of, schedule.end
+        nbytes, arrival = 0, float("inf")
+        counted: list[int] = []
+        for e in g.in_edges[v]:
+            u = g.edge_src[e]
+            if g.edge_port[e] == CONTROL_PORT or device_of[u] == d:
+                continue
+            t = self._edge_tensor[e]
+            if t * ndev + d in self._loc or t in counted:
+                continue
+            counted.append(t)
+            nbytes += self._copy_bytes[t]
+            arrival = min(arrival, end[u])  # a copy is received no earlier than its producer ends
+        return nbytes, arrival
+
+    def _advance(self, d: int, t: float) -> None:
+        """Give back the buffers of ``d`` freed by time ``t`` (no later op on d starts before t)."""
+        frees = self._frees[d]
+        while frees and frees[0][0] <= t:
+            self._live[d] -= heapq.heappop(frees)[1]
+        if t > self._advanced[d]:
+            self._advanced[d] = t
