@@ -43,15 +43,32 @@ config in code, fixed batch) and each optimizer (SGD, Adam) it
    phases (forward, backward, optimizer ops' durations). SPEC is
    ``--devices``, else what ``baechi devices calibrate --torch cpu`` (or
    ``cuda:0``) measures on this machine just before.
+4. **splits** it (issue 15's targets): with P the *measured* peak, for N = 2
+   and 4, N devices with SPEC's first device's rates and ``int(r * P) // N``
+   bytes each, written as device YAML into ``--cache``/splits/, for r = 1.3
+   (``--algo auto`` must place the step, every device's simulated peak within
+   its memory) and r = 1.6 (m-TOPO, m-ETF and m-SCT must each place it); the
+   export is loaded and costed once per spec (``pipeline.prepare``), each
+   placer run through ``pipeline.run_candidate``. Recorded: placed or the
+   error's first line, auto's pick, step time, each device's simulated peak
+   against its memory, and the placer's own estimate
+   (``placement.info["estimated_peak_bytes"]``, where it gives one) against
+   that peak.
 
 It writes ``framework.md`` (tables, the targets: one-device peak within
 +-15% of the measured peak, step within +-25%; for every miss the component
-that differs most) and ``framework.json`` (raw numbers) into ``--out``
-(default bench/). ``--quick`` builds tiny versions of the models for a smoke
-run (written to a temporary folder unless ``--out`` is given). Without torch
-and transformers (``pip install -e '.[bench]'``) it prints the install hint,
-notes it at the top of an existing framework.md and exits 0. Targets are
-reported, not enforced: the script exits 0 either way.
+that differs most; the Splits section with its PASS/MISS counts) and
+``framework.json`` (raw numbers) into ``--out`` (default bench/). ``--quick``
+builds tiny versions of the models for a smoke run (written to a temporary
+folder unless ``--out`` is given). ``--only splits`` re-runs step 4 alone from
+the measured rows of ``--out``'s framework.json and the exports in the
+cache, on the device spec stored there (so ``--devices`` is refused), and
+rewrites framework.md and .json with the other sections as they were:
+about 3 minutes here, no torch needed; ``--models`` picks the rows (the
+section then holds only those). Without torch and transformers
+(``pip install -e '.[bench]'``) a full run prints the install hint, notes it
+at the top of an existing framework.md and exits 0. Targets are reported,
+not enforced: the script exits 0 either way.
 """
 
 from __future__ import annotations
@@ -71,7 +88,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -82,10 +99,26 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
     sys.path.pop(0)
 sys.path.insert(0, ROOT)
 
-from baechi_cli.devices import DeviceSpec, load_devices_yaml, parse_devices  # noqa: E402
+from baechi_cli import placers  # noqa: E402
+from baechi_cli.devices import (  # noqa: E402
+    DeviceSpec,
+    devices_from_yaml,
+    dump_devices_yaml,
+    load_devices_yaml,
+    parse_devices,
+)
 from baechi_cli.errors import BaechiError  # noqa: E402
 from baechi_cli.graph import CONTROL_PORT, OpGraph  # noqa: E402
-from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
+from baechi_cli.pipeline import (  # noqa: E402
+    Candidate,
+    PlaceOptions,
+    Prepared,
+    auto_candidates,
+    choose,
+    place_model,
+    prepare,
+    run_candidate,
+)
 from baechi_cli.sim import SimResult  # noqa: E402
 
 INSTALL_HINT = "pip install -e '.[bench]'  (torch==2.13.0 CPU build and transformers)"
@@ -689,6 +722,152 @@ def run_case(case: Case, args: argparse.Namespace, devices: DeviceSpec) -> list[
     return rows
 
 
+# ---------------------------------------------------------------- splits
+
+FIT_RATIO = 1.3  # auto must place the step on devices whose memories add up to this times the measured peak
+ALGORITHMS_RATIO = 1.6  # and each of SPLIT_ALGORITHMS on this much
+DEVICE_COUNTS = (2, 4)
+SPLIT_ALGORITHMS = ("topo", "etf", "sct")
+SPLITS_FOLDER = "splits"  # under --cache: the device YAMLs placed on
+
+
+def split_devices(base: DeviceSpec, peak_bytes: int, ratio: float, count: int) -> DeviceSpec:
+    """``count`` devices whose memories add up to ``ratio * peak_bytes``: each has
+    ``int(ratio * peak_bytes) // count`` bytes (so the sum falls short by under ``count``
+    bytes, never over), the rates of ``base``'s first device, and that device's name with
+    ``0 .. count-1`` in place of its trailing digits; ``base``'s interconnect, less its
+    per-pair links (they name ``base``'s devices).
+    """
+    template = base.devices[0]
+    stem = template.name.rstrip("0123456789")
+    memory = int(ratio * peak_bytes) // count
+    devices = tuple(replace(template, name=f"{stem}{i}", memory_bytes=memory) for i in range(count))
+    return DeviceSpec(devices, replace(base.interconnect, links={}))
+
+
+def split_spec_file(row: dict[str, Any], base: DeviceSpec, ratio: float, count: int, folder: str) -> str:
+    """Write the :func:`split_devices` spec of ``row``'s measured peak as device YAML into
+    ``folder``; its path (``baechi place --devices`` takes it as is)."""
+    peak = row["measured"]["peak_bytes"]
+    stem = os.path.splitext(os.path.basename(row["onnx"]))[0]
+    path = os.path.join(folder, f"{stem}-{row['optimizer']}-{count}dev-{ratio:g}P.yaml")
+    comment = (
+        f"bench/framework.py splits: {count} devices, memories adding up to {ratio:g} x P, P = {peak} "
+        f"bytes, the measured one-device training peak of {row['model']} with {row['optimizer']}"
+    )
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(dump_devices_yaml(split_devices(base, peak, ratio, count), [comment]))
+    return path
+
+
+def problem_line(error: BaechiError) -> str:
+    """The error's first line without the model's path (the row names the model)."""
+    text = str(error).removeprefix(f"{error.path}: ") if error.path else str(error)
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def candidate_record(candidate: Candidate) -> dict[str, Any]:
+    """What one placer did: ``placed``, and then ``step_s``, ``peak_bytes`` (the evaluator's
+    simulated peak per device), ``peak_over_memory`` (max over devices),
+    ``estimated_peak_bytes`` (``placement.info``'s per-device estimate, None where the placer
+    gives none) and ``estimate_over_peak`` (max over the devices with a peak; None without an
+    estimate); else ``error`` (:func:`problem_line`).
+    """
+    if candidate.sim is None or candidate.placement is None:
+        assert candidate.error is not None  # run_candidate's candidates have a placement or an error
+        return {"placed": False, "error": problem_line(candidate.error)}
+    peaks = list(candidate.sim.peak_bytes)
+    estimate = candidate.placement.info.get("estimated_peak_bytes")
+    used = [d for d, peak in enumerate(peaks) if peak > 0]
+    return {
+        "placed": True,
+        "step_s": candidate.sim.step_time_us / 1e6,
+        "peak_bytes": peaks,
+        "peak_over_memory": max(p / m for p, m in zip(peaks, candidate.sim.memory_limits)),
+        "estimated_peak_bytes": None if estimate is None else [int(e) for e in estimate],
+        "estimate_over_peak": (
+            None if estimate is None or not used else max(estimate[d] / peaks[d] for d in used)
+        ),
+    }
+
+
+def auto_record(prepared: Prepared, options: PlaceOptions) -> dict[str, Any]:
+    """``--algo auto`` on ``prepared``: ``algorithm``, the placer it keeps, and that
+    placer's :func:`candidate_record`; else ``algorithm`` None, ``placed`` False and the
+    error ``baechi place`` reports (:func:`problem_line`)."""
+    try:
+        chosen = choose(auto_candidates(prepared, options))
+    except BaechiError as err:
+        return {"algorithm": None, "placed": False, "error": problem_line(err)}
+    return {"algorithm": chosen.algorithm, **candidate_record(chosen)}
+
+
+def split_row(row: dict[str, Any], count: int, base: DeviceSpec, folder: str) -> dict[str, Any]:
+    """One model, optimizer and device count: ``auto``, placed by ``--algo auto`` on devices of
+    ``FIT_RATIO`` x the measured peak P in all (:func:`auto_record`), and ``placers``, placed
+    by each of ``SPLIT_ALGORITHMS`` on ``ALGORITHMS_RATIO`` x P (``by_algorithm``: a
+    :func:`candidate_record` each); both with ``ratio``, ``spec`` (the YAML's path),
+    ``memory_bytes`` (per device) and ``verdict``.
+
+    ``auto`` passes when auto places the step and every device's simulated peak is within
+    its memory; ``placers`` when every placer places it. The ONNX export is loaded and costed
+    once per spec (``pipeline.prepare``), as ``baechi place MODEL --training --optimizer O
+    --devices SPEC [--algo A]`` would.
+    """
+    options = PlaceOptions(training=True, optimizer=row["optimizer"])
+    path = os.path.join(ROOT, row["onnx"])
+    result: dict[str, Any] = {
+        "model": row["model"],
+        "optimizer": row["optimizer"],
+        "devices": count,
+        "measured_peak_bytes": row["measured"]["peak_bytes"],
+    }
+    for key, ratio in (("auto", FIT_RATIO), ("placers", ALGORITHMS_RATIO)):
+        t0 = time.perf_counter()
+        spec_path = split_spec_file(row, base, ratio, count, folder)
+        devices = load_devices_yaml(spec_path)
+        prepared = prepare(path, devices, options, lambda stage: None)
+        if key == "auto":
+            outcome = auto_record(prepared, options)
+            passed = outcome["placed"] and outcome["peak_over_memory"] <= 1
+        else:
+            by_algorithm = {
+                a: candidate_record(run_candidate(prepared, placers.get(a), options))
+                for a in SPLIT_ALGORITHMS
+            }
+            outcome = {"by_algorithm": by_algorithm}
+            passed = all(r["placed"] for r in by_algorithm.values())
+        result[key] = {
+            "ratio": ratio,
+            "spec": os.path.relpath(spec_path, ROOT),
+            "memory_bytes": devices.devices[0].memory_bytes,
+            "verdict": "PASS" if passed else "MISS",
+            **outcome,
+        }
+        log(
+            f"{row['model']} {row['optimizer']}, {count} devices of {ratio:g} x P, {key}: "
+            f"{result[key]['verdict']} ({time.perf_counter() - t0:.1f} s)"
+        )
+    return result
+
+
+def run_splits(rows: list[dict[str, Any]], base: DeviceSpec, cache: str) -> dict[str, Any]:
+    """The Splits section of ``rows`` (framework.json's, measured): :func:`split_row` for each
+    row and each of ``DEVICE_COUNTS``, the device rates those of ``base``'s first device."""
+    folder = os.path.join(cache, SPLITS_FOLDER)
+    os.makedirs(folder, exist_ok=True)
+    t0 = time.perf_counter()
+    split_rows = [split_row(row, count, base, folder) for row in rows for count in DEVICE_COUNTS]
+    log(f"splits: {len(split_rows)} rows in {time.perf_counter() - t0:.0f} s")
+    return {
+        "fit_ratio": FIT_RATIO,
+        "algorithms_ratio": ALGORITHMS_RATIO,
+        "device_counts": list(DEVICE_COUNTS),
+        "algorithms": list(SPLIT_ALGORITHMS),
+        "rows": split_rows,
+    }
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -837,6 +1016,119 @@ def method(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def placer_cell(record: dict[str, Any]) -> str:
+    """One placer's result in the Splits tables: step; max peak / memory; max estimate / peak."""
+    if not record["placed"]:
+        return "not placed"
+    estimate = record["estimate_over_peak"]
+    return f"{fmt_s(record['step_s'])}; {record['peak_over_memory']:.2f}" + (
+        "" if estimate is None else f"; {estimate:.2f}"
+    )
+
+
+def auto_cells(record: dict[str, Any]) -> list[str]:
+    """Auto's cells in the Splits tables: the placer it kept, step, each device's peak / memory,
+    the largest estimate / peak (``-`` without an estimate); blank where it placed nothing."""
+    if not record["placed"]:
+        return ["none", "", "", ""]
+    estimate = record["estimate_over_peak"]
+    return [
+        placers.title(record["algorithm"]),
+        fmt_s(record["step_s"]),
+        ", ".join(f"{peak / record['memory_bytes']:.2f}" for peak in record["peak_bytes"]),
+        "-" if estimate is None else f"{estimate:.2f}",
+    ]
+
+
+def render_splits(splits: dict[str, Any]) -> list[str]:
+    """The Splits section of framework.md from framework.json's ``splits``."""
+    rows = splits["rows"]
+    fit, each = f"{splits['fit_ratio']:g} x P", f"{splits['algorithms_ratio']:g} x P"
+    titles = [placers.title(a) for a in splits["algorithms"]]
+    auto_pass = sum(r["auto"]["verdict"] == "PASS" for r in rows)
+    placers_pass = sum(r["placers"]["verdict"] == "PASS" for r in rows)
+    placed = ", ".join(
+        f"{title} {sum(r['placers']['by_algorithm'][a]['placed'] for r in rows)}"
+        for a, title in zip(splits["algorithms"], titles)
+    )
+    lines = [
+        "",
+        "## Splits",
+        "",
+        "*P* is the one-device training peak measured in PyTorch (the Targets table's). For each model, "
+        f"optimizer and N of {', '.join(map(str, splits['device_counts']))}: N devices with the rates of "
+        f"the device spec above, each with 1/N of {fit} or of {each} (rounded down), written as device "
+        "YAML under bench/cache/splits/ and placed as `baechi place MODEL --training --optimizer O "
+        "--devices SPEC [--algo A]` would (the library: `pipeline.prepare` once per spec, each placer "
+        f"through `run_candidate`). **{fit} passes** when auto places the step and every device's "
+        f"simulated peak is within its memory; **{each} passes** when {', '.join(titles)} each place it. "
+        "*peak / memory*: the evaluator's simulated peak of a device over its memory; *estimate / peak*: "
+        "the placer's own estimate of a device's peak (`placement.info['estimated_peak_bytes']`, where "
+        "the placer gives one) over the simulated peak, the largest over the devices with a peak. "
+        "`python bench/framework.py --only splits` re-runs this section from framework.json's measured "
+        "peaks.",
+        "",
+        f"**Summary**: {fit}, auto: {auto_pass} PASS, {len(rows) - auto_pass} MISS; {each}, every placer: "
+        f"{placers_pass} PASS, {len(rows) - placers_pass} MISS (placed at {each}: {placed} of {len(rows)}).",
+        "",
+        f"### {fit}, auto",
+        "",
+    ]
+    lines += table(
+        ["model", "optimizer", "devices", "P", "memory each", "auto", "placer", "step"]
+        + ["peak / memory by device", "estimate / peak"],
+        [
+            [
+                r["model"],
+                r["optimizer"],
+                str(r["devices"]),
+                fmt_bytes(r["measured_peak_bytes"]),
+                fmt_bytes(r["auto"]["memory_bytes"]),
+                r["auto"]["verdict"],
+                *auto_cells(r["auto"]),
+            ]
+            for r in rows
+        ],
+    )
+    lines += [
+        "",
+        f"### {each}, {', '.join(titles)}",
+        "",
+        "Each placer's cell: step; largest peak / memory; largest estimate / peak (where the placer gives "
+        "an estimate).",
+        "",
+    ]
+    lines += table(
+        ["model", "optimizer", "devices", "memory each", "all place", *titles],
+        [
+            [
+                r["model"],
+                r["optimizer"],
+                str(r["devices"]),
+                fmt_bytes(r["placers"]["memory_bytes"]),
+                r["placers"]["verdict"],
+                *(placer_cell(r["placers"]["by_algorithm"][a]) for a in splits["algorithms"]),
+            ]
+            for r in rows
+        ],
+    )
+    why = [
+        f"- {r['model']} {r['optimizer']}, {r['devices']} devices of {ratio:g} x P, {name}: {record['error']}"
+        for r in rows
+        for name, ratio, record in [
+            ("auto", r["auto"]["ratio"], r["auto"]),
+            *(
+                (t, r["placers"]["ratio"], r["placers"]["by_algorithm"][a])
+                for a, t in zip(splits["algorithms"], titles)
+            ),
+        ]
+        if not record["placed"]
+    ]
+    if why:
+        lines += ["", "### Why not placed", "", *why]
+    return lines
+
+
 def render(results: dict[str, Any]) -> str:
     rows = results["rows"]
     ok = [r for r in rows if "error" not in r["predicted"]]
@@ -966,6 +1258,8 @@ def render(results: dict[str, Any]) -> str:
     notes = sorted({(r["model"], n) for r in ok for n in r["predicted"]["notes"]})
     if notes:
         lines += ["", "## baechi's notes", ""] + [f"- {model}: {note}" for model, note in notes]
+    if "splits" in results:
+        lines += render_splits(results["splits"])
     return "\n".join(lines) + "\n"
 
 
@@ -1004,8 +1298,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out", help="folder for framework.md and .json (default bench/; --quick: a temp folder)"
     )
-    parser.add_argument("--cache", default=os.path.join(HERE, "cache"), help="folder for the ONNX exports")
+    parser.add_argument(
+        "--cache", default=os.path.join(HERE, "cache"), help="folder for the ONNX exports and split specs"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("splits",),
+        help="splits: re-run only the Splits section, from the measured rows of --out's framework.json",
+    )
     args = parser.parse_args(argv)
+    if args.only and args.devices:
+        parser.error("--only splits takes the device spec framework.json's rows were predicted with")
     names = args.models.split(",") if args.models else list(CASE_BY_NAME)
     unknown = [n for n in names if n not in CASE_BY_NAME]
     if unknown:
@@ -1016,8 +1319,49 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def write_results(results: dict[str, Any], out: str) -> None:
+    """framework.json (``results``) and framework.md (:func:`render` of it) into ``out``."""
+    with open(os.path.join(out, JSON_NAME), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out, MD_NAME), "w", encoding="utf-8") as f:
+        f.write(render(results))
+    log(f"wrote {os.path.join(out, MD_NAME)} and {JSON_NAME}")
+
+
+def devices_of_text(text: str) -> DeviceSpec:
+    """framework.json's ``devices``: a device YAML (calibrated), or a spec such as ``1x1TB``."""
+    import yaml
+
+    return (
+        devices_from_yaml(text, JSON_NAME) if isinstance(yaml.safe_load(text), dict) else parse_devices(text)
+    )
+
+
+def rerun_splits(args: argparse.Namespace) -> int:
+    """``--only splits``: the Splits section of the rows of ``--out``'s framework.json (the
+    ``--models`` among them) on their device spec, written back with the other sections as
+    they were; 2 when that file or an ONNX export it names is missing."""
+    path = os.path.join(args.out, JSON_NAME)
+    if not os.path.exists(path):
+        log(f"bench/framework.py --only splits: no {path}; run bench/framework.py without --only first")
+        return 2
+    with open(path, encoding="utf-8") as f:
+        results = json.load(f)
+    names = {case.name for case in args.cases}
+    rows = [r for r in results["rows"] if r["model"] in names]
+    missing = sorted({r["onnx"] for r in rows if not os.path.exists(os.path.join(ROOT, r["onnx"]))})
+    if missing:
+        log(f"bench/framework.py --only splits: {', '.join(missing)} missing; run without --only to export")
+        return 2
+    results["splits"] = run_splits(rows, devices_of_text(results["devices"]), args.cache)
+    write_results(results, args.out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.only == "splits":
+        return rerun_splits(args)
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         log(f"bench/framework.py: {' and '.join(missing)} not installed, nothing measured; {INSTALL_HINT}")
@@ -1051,12 +1395,9 @@ def main(argv: list[str] | None = None) -> int:
         "peak_tolerance": PEAK_TOLERANCE,
         "time_tolerance": TIME_TOLERANCE,
         "rows": rows,
+        "splits": run_splits(rows, devices, args.cache),
     }
-    with open(os.path.join(args.out, JSON_NAME), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, MD_NAME), "w", encoding="utf-8") as f:
-        f.write(render(results))
-    log(f"wrote {os.path.join(args.out, MD_NAME)} and {JSON_NAME}")
+    write_results(results, args.out)
     return 0
 
 

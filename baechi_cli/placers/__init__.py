@@ -11,10 +11,11 @@ A placer is a function ``place(graph, devices, options) -> Placement``:
   the ops and :func:`baechi_cli.evaluate.evaluate` decides its step time,
   memory and feasibility, for every placer alike.
 * It honours colocation groups (a whole group on one device) and, when
-  :attr:`PlacerSpec.respects_memory`, never exceeds device memory as the
-  :class:`~baechi_cli.placers.memory.MemoryLedger` counts it, raising
-  :class:`~baechi_cli.errors.InfeasibleError` (how much memory is needed and
-  how much the devices give) when it cannot place the graph.
+  :attr:`PlacerSpec.respects_memory`, returns only placements within device
+  memory as the evaluator counts it on ``graph`` (m-TOPO, m-ETF and m-SCT:
+  :func:`~baechi_cli.placers.memory.place_in_memory`), raising
+  :class:`~baechi_cli.errors.InfeasibleError` (what does not fit where, and
+  by how much) when it finds none.
 
 Adding a placer is one module with a ``place`` function plus one
 :func:`register` call (see docs/DESIGN.md, "Adding a placer"). The CLI's
