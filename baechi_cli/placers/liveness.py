@@ -56,6 +56,7 @@ from collections.abc import Sequence
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.placers.memory import first_fit
 from baechi_cli.sim import ListSchedule
 
 
@@ -185,16 +186,7 @@ class LiveLedger:
         free[d] -= own
         if pending * 2 <= sum(free):
             return True
-        for g, nbytes in self._big:
-            if g == group or g in self.group_device:
-                continue
-            for x in range(len(free)):
-                if free[x] >= nbytes:
-                    free[x] -= nbytes
-                    break
-            else:
-                return False
-        return True
+        return first_fit([b for g, b in self._big if g != group and g not in self.group_device], free)
 
     # ---------------------------------------------------------------- updates
 

@@ -143,6 +143,18 @@ def over_memory_error(sim: SimResult, graph: OpGraph, devices: DeviceSpec, probl
     )
 
 
+def first_fit(sizes: Sequence[int], free: list[int]) -> bool:
+    """Whether ``sizes`` (largest first) pack into devices with ``free`` bytes, first fit. Uses up ``free``."""
+    for nbytes in sizes:
+        for x in range(len(free)):
+            if free[x] >= nbytes:
+                free[x] -= nbytes
+                break
+        else:
+            return False
+    return True
+
+
 def own_bytes(graph: OpGraph) -> list[int]:
     """Bytes each op holds on its device for the whole step in the ledger: persistent + outputs.
 
@@ -233,16 +245,7 @@ class MemoryLedger:
         free = [c - u - extra.get(x, 0) for x, (c, u) in enumerate(zip(self.capacity, self.used))]
         if pending * 2 <= sum(free):
             return True
-        for g, nbytes in self._big:
-            if g == placing or self.device_of[g] >= 0:
-                continue
-            for x in range(len(free)):
-                if free[x] >= nbytes:
-                    free[x] -= nbytes
-                    break
-            else:
-                return False
-        return True
+        return first_fit([b for g, b in self._big if g != placing and self.device_of[g] < 0], free)
 
     def commit(self, ops: Sequence[int], d: int, extra: dict[int, int]) -> None:
         """Place ``ops`` on ``d``; ``extra`` must be ``self.extra(ops, d)``."""
