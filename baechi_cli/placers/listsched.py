@@ -203,16 +203,16 @@ def list_schedule(
             )
             d = min(
                 range(ndev),
-                key=lambda d: (ledger.excess(v, d, max(dev_free[d], schedule.data_ready(v, d))), d),
+                key=lambda d: (ledger.excess(v, d), d),
             )
             place_group(v, d)
             commit(v, d)
             continue
-        (start, _, _, v), d = choice
+        (_, _, _, v), d = choice
         if group_device.get(group[v], -1) < 0:  # first op of its group: place the whole group
             if ledger is not None:
                 ops = groups[group[v]]
-                if not ledger.admits(v, d, start):
+                if not ledger.admits(v, d):
                     dead[d].update(ops)
                     continue
                 if look_ahead and not ledger.leaves_room(group[v], d):

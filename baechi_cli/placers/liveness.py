@@ -22,9 +22,10 @@ the evaluator's peak whenever the evaluator runs the planned schedule
 (``parallel`` mode with the placer's sequence; tests/test_liveness.py checks
 this on drawn graphs).
 
-:meth:`LiveLedger.admits` answers "does op v fit on device d if it starts at
-s?": at s (everything live then, v's fresh outputs, temporaries and received
-copies), for a received copy over the whole window from its arrival, and,
+:meth:`LiveLedger.admits` answers "does op v fit on device d if committed
+there next?": when d is next free (everything live then, v's fresh outputs,
+temporaries and received copies; v starts then or later, when no more is
+live), for a received copy over the whole window from its arrival, and,
 when v's group is not placed yet, its persistent bytes over the whole step.
 
 Cost: O(indegree + outdegree) per commit and per question, plus, for a copy
@@ -146,8 +147,11 @@ class LiveLedger:
         """The ledger's peak per device: at least the evaluator's when it runs this schedule."""
         return [p + max(level, default=0) for p, level in zip(self.persistent, self._level)]
 
-    def excess(self, v: int, d: int, start: float) -> int:
-        """Bytes by which committing ``v`` on ``d`` at ``start`` exceeds d's budget (<= 0: it fits)."""
+    def excess(self, v: int, d: int) -> int:
+        """Bytes by which committing ``v`` on ``d`` next exceeds d's budget (<= 0: it fits).
+
+        Counted when ``d`` is next free: v starts then or later, when no more is live.
+        """
         self._advance(d, self.schedule.dev_free[d])
         g = self.graph
         budget = self.budget[d]
@@ -167,9 +171,9 @@ class LiveLedger:
                 worst = max(worst, base + max(level[i:]) + copies - budget)
         return worst
 
-    def admits(self, v: int, d: int, start: float) -> bool:
-        """Whether ``v`` fits on ``d`` starting at ``start`` (see :meth:`excess`)."""
-        return self.excess(v, d, start) <= 0
+    def admits(self, v: int, d: int) -> bool:
+        """Whether ``v`` fits on ``d`` if committed there next (see :meth:`excess`)."""
+        return self.excess(v, d) <= 0
 
     def leaves_room(self, group: int, d: int) -> bool:
         """Whether, with ``group`` on ``d``, the big unplaced groups' weights still pack (first fit decreasing).

@@ -64,7 +64,7 @@ def _fill(graph: OpGraph, devices: DeviceSpec, budget: list[int] | None) -> Plac
                 current += 1
             d = current
             if ledger is not None:
-                d = _first_with_room(ledger, schedule, v, [(current + step) % ndev for step in range(ndev)])
+                d = _first_with_room(ledger, v, [(current + step) % ndev for step in range(ndev)])
                 ledger.place_group(graph.group[v], d)
             for x in ops:
                 device_of[x] = d
@@ -78,15 +78,14 @@ def _fill(graph: OpGraph, devices: DeviceSpec, budget: list[int] | None) -> Plac
     return Placement(device_of, info=info)
 
 
-def _first_with_room(ledger: LiveLedger, schedule: ListSchedule, v: int, candidates: list[int]) -> int:
+def _first_with_room(ledger: LiveLedger, v: int, candidates: list[int]) -> int:
     """The first device where ``v`` fits without stranding a big group, else the first where it
     fits, else the one it exceeds least."""
     group = ledger.graph.group[v]
     fallback = -1
     excess = []
     for d in candidates:
-        start = max(schedule.dev_free[d], schedule.data_ready(v, d))
-        over = ledger.excess(v, d, start)
+        over = ledger.excess(v, d)
         if over <= 0:
             if ledger.leaves_room(group, d):
                 return d
