@@ -97,6 +97,8 @@ _PLACE_OPTION_FIELDS = (
     "coplace",
     "fusion",
     "profile",
+    "budget",
+    "seed",
 )
 
 
@@ -105,6 +107,14 @@ def _place_options(algo: str, placing: dict[str, Any]) -> PlaceOptions:
     from baechi_cli.pipeline import PlaceOptions
 
     return PlaceOptions(algo=algo, **placing)
+
+
+def _check_budget(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not value > 0:  # also catches nan
+        raise click.BadParameter(f"{value:g} is not a positive number of seconds")
+    if value is not None and value == float("inf"):
+        raise click.BadParameter("inf is not a number of seconds")
+    return value
 
 
 def _common_options(fn: Callable) -> Callable:
@@ -172,15 +182,31 @@ def _common_options(fn: Callable) -> Callable:
         ),
         click.option(
             "--coplace/--no-coplace",
-            default=True,
-            show_default=True,
-            help="Co-placement: single-consumer chains and forward/backward pairs share a device.",
+            default=None,
+            help="Co-placement: single-consumer chains and forward/backward pairs share a device. "
+            "Default: on, and auto also tries it off.",
         ),
         click.option(
             "--fusion/--no-fusion",
-            default=True,
+            default=None,
+            help="Fuse connected ops of one group into one node before placing. Default: on, and "
+            "auto also tries it off.",
+        ),
+        click.option(
+            "--budget",
+            type=float,
+            callback=_check_budget,
+            metavar="SECONDS",
+            help="How long auto searches beyond its first candidates (other pass options, "
+            "refinement, exact); counted by a fixed cost model, so the result does not depend on "
+            "the machine. Default: 1 s, more above 5,000 nodes.",
+        ),
+        click.option(
+            "--seed",
+            type=click.IntRange(min=0),
+            default=0,
             show_default=True,
-            help="Fuse connected ops of one group into one node before placing.",
+            help="Seed of auto's refinement (the same seed gives the same plan).",
         ),
         click.option(
             "--profile",

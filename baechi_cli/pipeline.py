@@ -15,10 +15,11 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from baechi_cli import placers
+from baechi_cli.bounds import LowerBounds, lower_bounds
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import BaechiError, InfeasibleError, InputError, SolverError
 from baechi_cli.evaluate import Evaluation, evaluate
@@ -34,7 +35,10 @@ from baechi_cli.io.models import (
 from baechi_cli.notes import placement_notes, uncovered_note
 from baechi_cli.placers import Placement, PlacerSpec
 from baechi_cli.placers.single import largest_device
-from baechi_cli.sim import SimResult, lower_bound
+from baechi_cli.sim import SimResult
+
+if TYPE_CHECKING:
+    from baechi_cli.search import Search
 
 STAGES = ("load", "profile", "passes", "place", "simulate", "write")
 
@@ -48,9 +52,14 @@ class PlaceOptions:
     comm: str | None = None  # overrides the device spec's interconnect mode
     solver_time_limit: float | None = 60.0  # seconds, for m-SCT's LP
     sct_threshold: float = 0.5
-    coplace: bool = True
-    fusion: bool = True
-    forward_only: bool | None = None  # None: on exactly when every device holds the whole model
+    # The passes' options. None: the default (co-placement and fusion on,
+    # forward-only placement when every device holds the whole model), and
+    # --algo auto also tries the other setting; True/False pins it.
+    coplace: bool | None = None
+    fusion: bool | None = None
+    forward_only: bool | None = None
+    budget: float | None = None  # seconds auto may search beyond its first candidates (None: by size)
+    seed: int = 0  # refinement's tie-breaking and annealing
     profile: str | None = None  # a baechi.profile/v1 file whose costs replace the analytic model's
     dims: dict[str, int] | None = None  # ONNX symbolic dims bound by --dim NAME=VALUE
     training: bool = False  # synthesize the backward pass and optimizer of a forward-only model
@@ -68,9 +77,11 @@ class PlaceOptions:
             "batch_size": self.batch_size,
             "solver_time_limit": self.solver_time_limit,
             "sct_threshold": self.sct_threshold,
-            "coplace": self.coplace,
-            "fusion": self.fusion,
+            "coplace": "auto" if self.coplace is None else self.coplace,
+            "fusion": "auto" if self.fusion is None else self.fusion,
             "forward_only": "auto" if self.forward_only is None else self.forward_only,
+            "budget_s": self.budget,
+            "seed": self.seed,
             "profile": self.profile,
             "dims": dict(sorted(self.dims.items())) if self.dims else None,
             "training": self.training,
@@ -127,18 +138,10 @@ class Prepared:
     passes: list[PassRecord]
     timings: dict[str, float]
     cost_report: Any
-    lower_bound_us: float
+    bounds: LowerBounds
     single_device: SimResult | None  # None when the model does not fit one device
-    # What the placers see: ``graph`` after forward-only placement and fusion
-    # (``members`` maps its nodes back onto ``graph``'s ops), or ``graph`` itself.
-    placement_graph: OpGraph
-    # True when placement_graph only contracts graph (no edge dropped), so a
-    # placer's node sequence expands into a valid op sequence.
-    expands_sequence: bool = True
-    # Set when forward-only placement contracted the graph: the placement graph
-    # without it (same groups), for when a placement made under forward-only's
-    # premise (every device holds the whole model) does not fit after all.
-    without_forward_only: Callable[[], OpGraph] | None = field(default=None, repr=False)
+    # What the placers see under the options given (None resolved to the default).
+    variant: Variant
     # Ops 0..model_ops-1 are the input's; with --training the synthesized
     # backward and optimizer ops follow them.
     model_ops: int = 0
@@ -147,6 +150,32 @@ class Prepared:
     # Evaluations by placement: one placement proposed several times (one device,
     # above all) is judged once.
     judged: dict[tuple, Evaluation] = field(default_factory=dict, repr=False)
+    # Why forward-only placement is on or off by default (the pass record's reason).
+    forward_only_reason: str = ""
+    # The other settings of the passes auto tries, by PassOptions, made on first use.
+    variants: dict[PassOptions, Variant] = field(default_factory=dict, repr=False)
+
+    @property
+    def lower_bound_us(self) -> float:
+        """The best lower bound known on any plan's step time (:mod:`baechi_cli.bounds`)."""
+        return self.bounds.best_us
+
+    @property
+    def placement_graph(self) -> OpGraph:
+        """What the placers see under the options given."""
+        return self.variant.placement_graph
+
+    def variant_for(self, options: PassOptions) -> Variant:
+        """The placement graph under ``options`` (the passes run once per setting)."""
+        if options == self.variant.options:
+            return self.variant
+        found = self.variants.get(options)
+        if found is None:
+            reason = self.forward_only_reason
+            if options.forward_only != self.variant.options.forward_only:
+                reason = "tried by auto"
+            found = self.variants[options] = optimization_passes(self.graph, self.devices, options, reason)
+        return found
 
     def judge(self, placement: Placement) -> Evaluation:
         """``evaluate()`` of a placement of ``graph``'s ops, remembered."""
@@ -193,6 +222,21 @@ class Candidate:
     evaluation: Evaluation | None = None
     error: BaechiError | None = None
     skipped: str | None = None  # why auto did not run it
+    variant: PassOptions | None = None  # the passes' setting it placed under
+    # "refine": local search from the candidate ``start`` names; "exact": CP-SAT.
+    stage: str = "place"
+    start: str | None = None  # for a refined candidate: the label of the one it started from
+
+    # How the passes' setting differs from the options given (set by auto's search).
+    differences: str = ""
+
+    @property
+    def label(self) -> str:
+        """What tables call it: the placer's title, with how auto changed the passes' options."""
+        if self.stage == "refine":
+            return f"{self.start}, refined"
+        name = placers.title(self.algorithm)
+        return f"{name} ({self.differences})" if self.differences else name
 
     @property
     def ok(self) -> bool:
@@ -218,6 +262,7 @@ class PlaceOutcome:
     candidates: list[Candidate]
     timings: dict[str, float]
     notes: list[str]
+    search: Search | None = None  # what --algo auto did
 
     # Shortcuts used by the CLI and the report.
     @property
@@ -320,57 +365,80 @@ def constraint_passes(graph: OpGraph, fmt: str, path: str) -> tuple[OpGraph, lis
     return graph, records
 
 
-class Optimized(NamedTuple):
-    """What the optimization passes return."""
+class PassOptions(NamedTuple):
+    """One setting of the optimization passes: a point of ``--algo auto``'s search space."""
 
-    graph: OpGraph  # the op graph, with every group the passes formed
-    placement_graph: OpGraph  # what the placers see (nodes with ``members`` when ops were contracted)
+    forward_only: bool
+    coplace: int | None  # co-placement's bound, in groups per device of the model's memory; None: off
+    fusion: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "forward_only": self.forward_only,
+            "coplace": self.coplace is not None,
+            "coplace_groups_per_device": self.coplace,
+            "fusion": self.fusion,
+        }
+
+    def differences(self, base: PassOptions) -> str:
+        """How this setting differs from ``base``, for labels: ``no forward-only, co-placement/32``."""
+        out = []
+        if self.forward_only != base.forward_only:
+            out.append("forward-only" if self.forward_only else "no forward-only")
+        if self.coplace != base.coplace:
+            out.append("no co-placement" if self.coplace is None else f"co-placement/{self.coplace}")
+        if self.fusion != base.fusion:
+            out.append("fusion" if self.fusion else "no fusion")
+        return ", ".join(out)
+
+
+@dataclass
+class Variant:
+    """The placement graph of one :class:`PassOptions`: what the placers see under that setting."""
+
+    options: PassOptions
+    placement_graph: OpGraph  # nodes with ``members`` when ops were contracted
     records: list[PassRecord]
-    # True when placement_graph only contracts graph (no edge dropped), so a
+    # True when placement_graph only contracts the op graph (no edge dropped), so a
     # placer's node sequence expands into a valid op sequence; forward-only
     # placement drops the backward ops' edges, and then the evaluator orders ops.
-    keeps_order: bool
+    expands_sequence: bool = True
+    # Set when forward-only placement contracted the graph: the placement graph
+    # without it (same other options), for when a placement made under
+    # forward-only's premise (every device holds the whole model) does not fit.
+    without_forward_only: Callable[[], OpGraph] | None = field(default=None, repr=False)
+
+    @functools.cached_property
+    def fingerprint(self) -> int:
+        """Equal for variants whose placers would see the same graph (auto runs one of them)."""
+        g = self.placement_graph
+        members = None if g.members is None else tuple(tuple(m) for m in g.members)
+        return hash((members, tuple(g.group), g.num_edges, self.expands_sequence))
 
 
 def optimization_passes(
-    graph: OpGraph, devices: DeviceSpec, options: PlaceOptions, model_peak_bytes: int | None
-) -> Optimized:
-    """Forward-only placement, co-placement and fusion (see :class:`Optimized`).
+    graph: OpGraph, devices: DeviceSpec, options: PassOptions, forward_only_reason: str
+) -> Variant:
+    """Forward-only placement, co-placement and fusion as ``options`` say (see :class:`Variant`).
 
-    ``model_peak_bytes`` is the peak of a one-device run (None when the model
-    fits no device): forward-only placement is on by default exactly when
-    every device could hold that. The op graph comes back with every group
-    the passes formed; the placement graph is what the placers see (nodes
-    with ``members`` when a pass contracted ops).
+    ``forward_only_reason`` is what the forward-only pass's record says about
+    why it ran or not. The placement graph's nodes carry ``members`` when a
+    pass contracted ops.
     """
-    from baechi_cli.passes.contract import groups_of
     from baechi_cli.passes.coplace import coplace
     from baechi_cli.passes.forward_only import forward_only
     from baechi_cli.placers.memory import own_bytes
 
     records: list[PassRecord] = []
     current = graph
-    keeps_order = True
-    smallest = min(d.memory_bytes for d in devices.devices)
-    if not any(graph.is_backward):
-        records.append(skipped_pass("forward_only", graph, "the graph has no backward ops"))
-    elif options.forward_only is False:
-        records.append(skipped_pass("forward_only", graph, "--no-forward-only"))
-    elif options.forward_only is None and (model_peak_bytes is None or model_peak_bytes > smallest):
-        records.append(
-            skipped_pass(
-                "forward_only", graph, "some device cannot hold the whole model (the paper's condition)"
-            )
-        )
-    else:
+    if options.forward_only:
         current, record = run_pass("forward_only", forward_only, current)
-        keeps_order = False
-        record.details["reason"] = (
-            "--forward-only" if options.forward_only else "every device can hold the whole model"
-        )
+        record.details["reason"] = forward_only_reason
         records.append(record)
-    if options.coplace:
-        cap = sum(own_bytes(graph)) // (COPLACE_GROUPS_PER_DEVICE * devices.count)
+    else:
+        records.append(skipped_pass("forward_only", graph, forward_only_reason))
+    if options.coplace is not None:
+        cap = sum(own_bytes(graph)) // (options.coplace * devices.count)
         current, record = run_pass("coplace", lambda g: coplace(g, max_group_bytes=cap), current)
         record.details["max_group_bytes"] = cap
         records.append(record)
@@ -383,15 +451,45 @@ def optimization_passes(
         records.append(record)
     else:
         records.append(skipped_pass("fusion", current, "--no-fusion"))
-    if current.members is None:  # not contracted: only groups changed
-        return Optimized(current, current, records, keeps_order)
-    return Optimized(graph.replace(group=groups_of(current, graph)), current, records, keeps_order)
+    variant = Variant(options, current, records, expands_sequence=not options.forward_only)
+    if options.forward_only:
+        fine = options._replace(forward_only=False)
+
+        @functools.cache
+        def without_forward_only() -> OpGraph:
+            return optimization_passes(graph, devices, fine, "").placement_graph
+
+        variant.without_forward_only = without_forward_only
+    return variant
 
 
-def bounds(graph: OpGraph, devices: DeviceSpec) -> tuple[float, Placement, Evaluation]:
-    """The lower bound, and the one-device placement (on the largest device) with its evaluation."""
+def default_pass_options(
+    graph: OpGraph, devices: DeviceSpec, options: PlaceOptions, model_peak_bytes: int | None
+) -> tuple[PassOptions, str]:
+    """The passes' setting for ``options`` (None resolved to the default), and why forward-only is on or off.
+
+    ``model_peak_bytes`` is the peak of a one-device run (None when the model
+    fits no device): forward-only placement is on by default exactly when
+    every device could hold that (the paper's condition).
+    """
+    smallest = min(d.memory_bytes for d in devices.devices)
+    if not any(graph.is_backward):
+        forward_only, reason = False, "the graph has no backward ops"
+    elif options.forward_only is not None:
+        forward_only = options.forward_only
+        reason = "--forward-only" if forward_only else "--no-forward-only"
+    elif model_peak_bytes is None or model_peak_bytes > smallest:
+        forward_only, reason = False, "some device cannot hold the whole model (the paper's condition)"
+    else:
+        forward_only, reason = True, "every device can hold the whole model"
+    coplace = None if options.coplace is False else COPLACE_GROUPS_PER_DEVICE
+    return PassOptions(forward_only, coplace, options.fusion is not False), reason
+
+
+def bounds(graph: OpGraph, devices: DeviceSpec) -> tuple[LowerBounds, Placement, Evaluation]:
+    """The lower bounds, and the one-device placement (on the largest device) with its evaluation."""
     single = Placement([largest_device(devices)] * graph.num_ops)
-    return lower_bound(graph, devices), single, evaluate(graph, devices, single)
+    return lower_bounds(graph, devices), single, evaluate(graph, devices, single)
 
 
 def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callable[[str], None]) -> Prepared:
@@ -446,16 +544,9 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
 
     t0 = time.perf_counter()
     peak = max(single.peak_bytes) if single is not None else None
-    graph, placement_graph, more, keeps_order = optimization_passes(graph, devices, options, peak)
-    passes += more
-    without_forward_only = None
-    if not keeps_order:  # forward-only placement ran
-
-        @functools.cache
-        def without_forward_only() -> OpGraph:
-            fine = replace(options, forward_only=False)
-            return optimization_passes(graph, devices, fine, peak).placement_graph
-
+    pass_options, forward_only_reason = default_pass_options(graph, devices, options, peak)
+    variant = optimization_passes(graph, devices, pass_options, forward_only_reason)
+    passes += variant.records
     timings["passes"] += time.perf_counter() - t0
     return Prepared(
         path=path,
@@ -466,15 +557,14 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         passes=passes,
         timings=timings,
         cost_report=cost_report,
-        lower_bound_us=bound,
+        bounds=bound,
         single_device=single,
-        placement_graph=placement_graph,
-        expands_sequence=keeps_order,
-        without_forward_only=without_forward_only,
+        variant=variant,
         model_ops=model_ops,
         training=training,
         notes=notes,
         judged={_placement_key(single_placement): single_evaluation},
+        forward_only_reason=forward_only_reason,
     )
 
 
@@ -508,8 +598,13 @@ def training_pass(
 AMPLE_MEMORY = 2**62
 
 
-def run_candidate(prepared: Prepared, spec: PlacerSpec, options: PlaceOptions) -> Candidate:
-    """Run one placer on the placement graph and judge its expanded placement with the evaluator.
+def run_candidate(
+    prepared: Prepared, spec: PlacerSpec, options: PlaceOptions, variant: Variant | None = None
+) -> Candidate:
+    """Run one placer on a placement graph and judge its expanded placement with the evaluator.
+
+    ``variant`` is the setting of the passes to place under (default: the
+    options given, ``prepared.variant``).
 
     Infeasible placements and solver failures become the candidate's error.
     A placer that promises to respect memory (``spec.respects_memory``):
@@ -531,8 +626,9 @@ def run_candidate(prepared: Prepared, spec: PlacerSpec, options: PlaceOptions) -
     from baechi_cli.placers.memory import MEMORY_ATTEMPTS, cut_budget
 
     graph, devices = prepared.graph, prepared.devices
-    pgraph, expands_sequence = prepared.placement_graph, prepared.expands_sequence
-    premise = prepared.without_forward_only is not None and spec.respects_memory
+    variant = variant or prepared.variant
+    pgraph, expands_sequence = variant.placement_graph, variant.expands_sequence
+    premise = variant.without_forward_only is not None and spec.respects_memory
     capacity = [d.memory_bytes for d in devices.devices]
     budget = capacity
     t0 = time.perf_counter()
@@ -541,15 +637,16 @@ def run_candidate(prepared: Prepared, spec: PlacerSpec, options: PlaceOptions) -
         try:
             placement = spec.place(pgraph, given, options.placer_options(spec))
         except (InfeasibleError, SolverError) as err:
-            return Candidate(spec.name, time.perf_counter() - t0, error=err.with_path(prepared.path))
+            seconds = time.perf_counter() - t0
+            return Candidate(spec.name, seconds, error=err.with_path(prepared.path), variant=variant.options)
         if pgraph is not graph:
             placement = expand(placement, pgraph, graph, expands_sequence)
         evaluation = prepared.judge(placement)
         if evaluation.feasible or not spec.respects_memory:
             break
         if premise:
-            assert prepared.without_forward_only is not None
-            pgraph, expands_sequence, premise = prepared.without_forward_only(), True, False
+            assert variant.without_forward_only is not None
+            pgraph, expands_sequence, premise = variant.without_forward_only(), True, False
             continue
         cut = cut_budget(budget, evaluation.timeline.peak_bytes, capacity)
         if cut is None:
@@ -557,10 +654,9 @@ def run_candidate(prepared: Prepared, spec: PlacerSpec, options: PlaceOptions) -
         budget = cut
     seconds = time.perf_counter() - t0
     if not evaluation.feasible:
-        return Candidate(
-            spec.name, seconds, error=over_memory(evaluation.timeline, graph, devices, prepared.path)
-        )
-    return Candidate(spec.name, seconds, placement, evaluation)
+        error = over_memory(evaluation.timeline, graph, devices, prepared.path)
+        return Candidate(spec.name, seconds, error=error, variant=variant.options)
+    return Candidate(spec.name, seconds, placement, evaluation, variant=variant.options)
 
 
 def over_memory(sim: SimResult, graph: OpGraph, devices: DeviceSpec, path: str) -> InfeasibleError:
@@ -590,22 +686,6 @@ def expand(placement: Placement, pgraph: OpGraph, graph: OpGraph, with_sequence:
         schedule=placement.schedule,
         info=placement.info,
     )
-
-
-def auto_candidates(prepared: Prepared, options: PlaceOptions) -> list[Candidate]:
-    """``--algo auto``: every registered placer auto tries, by priority; a skipped one says why."""
-    nodes = prepared.placement_graph.num_ops
-    candidates = []
-    for spec, skipped in placers.auto_candidates(nodes):
-        if skipped:
-            reason = (
-                f"skipped by auto: {spec.title} over {nodes} nodes: {spec.auto_skip_reason} "
-                f"(auto runs it up to {spec.auto_max_nodes} nodes); use --algo {spec.name}"
-            )
-            candidates.append(Candidate(spec.name, 0.0, skipped=reason))
-        else:
-            candidates.append(run_candidate(prepared, spec, options))
-    return candidates
 
 
 def choose(candidates: list[Candidate]) -> Candidate:
@@ -651,9 +731,14 @@ def place_model(
     timings = dict.fromkeys(STAGES, 0.0) | prepared.timings
 
     step("place")
-    candidates = (
-        auto_candidates(prepared, options) if spec is None else [run_candidate(prepared, spec, options)]
-    )
+    search = None
+    if spec is None:
+        from baechi_cli.search import auto_search
+
+        search = auto_search(prepared, options)
+        candidates = search.candidates
+    else:
+        candidates = [run_candidate(prepared, spec, options)]
     timings["place"] = sum(c.place_seconds for c in candidates)
     chosen = choose(candidates)
 
@@ -668,7 +753,7 @@ def place_model(
             f"the profile {prepared.cost_report.path} was taken from a file with another sha256; "
             "its ops match this model's by name, so its costs were used"
         )
-    outcome = PlaceOutcome(prepared, chosen, candidates, timings, notes)
+    outcome = PlaceOutcome(prepared, chosen, candidates, timings, notes, search)
 
     step("write")
     t0 = time.perf_counter()

@@ -113,12 +113,12 @@ from baechi_cli.pipeline import (  # noqa: E402
     Candidate,
     PlaceOptions,
     Prepared,
-    auto_candidates,
     choose,
     place_model,
     prepare,
     run_candidate,
 )
+from baechi_cli.search import auto_search  # noqa: E402
 from baechi_cli.sim import SimResult  # noqa: E402
 
 INSTALL_HINT = "pip install -e '.[bench]'  (torch==2.13.0 CPU build and transformers)"
@@ -796,7 +796,7 @@ def auto_record(prepared: Prepared, options: PlaceOptions) -> dict[str, Any]:
     placer's :func:`candidate_record`; else ``algorithm`` None, ``placed`` False and the
     error ``baechi place`` reports (:func:`problem_line`)."""
     try:
-        chosen = choose(auto_candidates(prepared, options))
+        chosen = choose(auto_search(prepared, options).candidates)
     except BaechiError as err:
         return {"algorithm": None, "placed": False, "error": problem_line(err)}
     return {"algorithm": chosen.algorithm, **candidate_record(chosen)}

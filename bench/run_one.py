@@ -33,7 +33,15 @@ from synthetic import layered_dag  # noqa: E402
 
 from baechi_cli import placers  # noqa: E402
 from baechi_cli.devices import DeviceSpec, parse_devices  # noqa: E402
-from baechi_cli.pipeline import PlaceOptions, Prepared, bounds, prepare, run_candidate  # noqa: E402
+from baechi_cli.pipeline import (  # noqa: E402
+    PassOptions,
+    PlaceOptions,
+    Prepared,
+    Variant,
+    bounds,
+    prepare,
+    run_candidate,
+)
 
 SYNTHETIC = "synthetic:"
 
@@ -59,9 +67,9 @@ def prepare_synthetic(num_ops: int, devices: DeviceSpec) -> Prepared:
         passes=[],
         timings=timings,
         cost_report=None,
-        lower_bound_us=bound,
+        bounds=bound,
         single_device=single.timeline if single.feasible else None,
-        placement_graph=graph,
+        variant=Variant(PassOptions(forward_only=False, coplace=None, fusion=False), graph, []),
     )
 
 

@@ -88,10 +88,15 @@ def result_json(prepared: Prepared, sim: SimResult) -> dict[str, Any]:
     }
 
 
-def candidate_json(c: Candidate) -> dict[str, Any]:
+def candidate_json(c: Candidate, prepared: Prepared) -> dict[str, Any]:
+    step = c.sim.step_time_us if c.sim else None
     out: dict[str, Any] = {
         "algorithm": c.algorithm,
-        "step_time_us": c.sim.step_time_us if c.sim else None,
+        "label": c.label,
+        "stage": c.stage,
+        "options": None if c.variant is None else c.variant.to_json(),
+        "step_time_us": step,
+        "gap": None if step is None else prepared.bounds.gap(step),
         "place_seconds": round(c.place_seconds, 6),
         "feasible": c.ok,
         "error": c.problem,
@@ -144,7 +149,11 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
             }
             for d in range(spec.count)
         ],
-        "candidates": [candidate_json(c) for c in outcome.candidates],
+        "bounds": prepared.bounds.to_json(),
+        "search": None if outcome.search is None else outcome.search.to_json(),
+        "candidates": [
+            {**candidate_json(c, prepared), "chosen": c is outcome.chosen} for c in outcome.candidates
+        ],
         "notes": outcome.notes,
         "placement": {g.names[v]: device_name[v] for v in range(n)},
     }

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from baechi_cli import placers
 from baechi_cli.render.common import fmt_bytes, fmt_us, make_console, make_table, memory_bar
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from baechi_cli.pipeline import Candidate, PlaceOutcome, Prepared
+    from baechi_cli.pipeline import PlaceOutcome, Prepared
 
 # The summary lists at most this many modules of the module map (the report has all).
 MODULE_MAP_SHOWN = 12
@@ -53,11 +52,30 @@ def header(console: Console, prepared: Prepared) -> None:
         console.print(f"passes: {steps}; placers see {pg.num_ops} nodes ({seconds:.3f} s)")
 
 
-def tried(c: Candidate) -> str:
-    """One candidate of ``--algo auto`` in the ``auto tried:`` line: its step time, skipped or failed."""
-    if c.ok and c.sim is not None:
-        return f"{placers.title(c.algorithm)} {fmt_us(c.sim.step_time_us)}"
-    return f"{placers.title(c.algorithm)} {'skipped' if c.skipped is not None else 'failed'}"
+# The ``auto tried`` line names at most this many plans, the fastest first (the report has all).
+TRIED_SHOWN = 5
+
+
+def tried(outcome: PlaceOutcome) -> str:
+    """The ``auto tried`` line: how many plans under how many settings, the fastest ones, the rest counted."""
+    candidates = outcome.candidates
+    ok = sorted((c for c in candidates if c.ok), key=lambda c: c.evaluation.value_us)  # type: ignore[union-attr]
+    shown = ", ".join(f"{c.label} {fmt_us(c.evaluation.value_us)}" for c in ok[:TRIED_SHOWN])  # type: ignore[union-attr]
+    rest = []
+    if len(ok) > TRIED_SHOWN:
+        rest.append(f"{len(ok) - TRIED_SHOWN} slower")
+    skipped = sum(c.skipped is not None for c in candidates)
+    failed = sum(c.error is not None for c in candidates)
+    for count, what in ((skipped, "skipped"), (failed, "failed")):
+        if count:
+            rest.append(f"{count} {what}")
+    text = f"auto tried {len(candidates)} plans"
+    search = outcome.search
+    if search is not None:
+        settings = search.settings_tried
+        text += f" under {settings} setting{'s' if settings != 1 else ''} of the passes"
+    text += f": {shown}" if shown else ""
+    return text + (f" ({', '.join(rest)}; all in --report)" if rest else "")
 
 
 def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
@@ -66,7 +84,8 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
     spec, sim = outcome.devices, outcome.sim
     step = sim.step_time_us
     header(console, outcome.prepared)
-    gap = (step / outcome.lower_bound_us - 1) if outcome.lower_bound_us > 0 else 0.0
+    bounds = outcome.prepared.bounds
+    gap = bounds.gap(step) or 0.0
     single = outcome.single_device
     if single is None:
         single_text = "does not fit one device"
@@ -74,12 +93,12 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
         speedup = single.step_time_us / step if step > 0 else 1.0
         single_text = f"one device {fmt_us(single.step_time_us)} ({speedup:.2f}x)"
     console.print(
-        f"{placers.title(outcome.algorithm)}: step [bold]{fmt_us(step)}[/], lower bound "
-        f"{fmt_us(outcome.lower_bound_us)} (+{gap:.1%}), {single_text}; placed in "
+        f"{outcome.chosen.label}: step [bold]{fmt_us(step)}[/], lower bound "
+        f"{fmt_us(bounds.best_us)} ({bounds.best_source}; +{gap:.1%}), {single_text}; placed in "
         f"{outcome.timings['place']:.3f} s"
     )
     if len(outcome.candidates) > 1:
-        console.print(f"auto tried: {', '.join(tried(c) for c in outcome.candidates)}")
+        console.print(tried(outcome))
     console.print(f"communication: {len(sim.transfers)} transfers, {fmt_bytes(sim.comm_bytes)}")
     table = make_table(
         console,
