@@ -34,6 +34,7 @@ bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/passes.py
 	$(BIN)/python bench/profile.py
 	$(BIN)/python bench/onnx_place.py
+	$(BIN)/python bench/search.py
 	$(BIN)/python bench/framework.py  # needs pip install -e '.[bench]'; without it, says so and exits 0
 
 clean:

@@ -28,10 +28,12 @@ Complexity: that of the placers and the evaluator, times the settings tried.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from baechi_cli import placers
+from baechi_cli.graph import OpGraph
 from baechi_cli.pipeline import (
     COPLACE_GROUPS_PER_DEVICE,
     Candidate,
@@ -41,7 +43,7 @@ from baechi_cli.pipeline import (
     Variant,
     run_candidate,
 )
-from baechi_cli.placers import PlacerSpec
+from baechi_cli.placers import Placement, PlacerSpec
 
 # Co-placement's bound as auto varies it: the default, off, and groups 8x bigger
 # (chains merge further, so a placer sees fewer, larger groups).
@@ -51,10 +53,18 @@ COPLACE_SETTINGS = (COPLACE_GROUPS_PER_DEVICE, None, COPLACE_GROUPS_PER_DEVICE /
 # lists estimate and real time side by side). Evaluating a plan: per op and
 # edge of the op graph. A list-scheduling placer: per node and edge it sees.
 # The passes: per op and edge. m-SCT's LP grows faster than linearly.
-EVALUATE_S_PER_ELEMENT = 6e-6
+EVALUATE_S_PER_ELEMENT = 3.5e-6
 LIST_SCHEDULE_S_PER_ELEMENT = 1.5e-5
-PASSES_S_PER_ELEMENT = 1.2e-5
-SCT_LP_S_PER_NODE_POWER = (4e-7, 1.8)  # seconds = a * nodes ** b
+PASSES_S_PER_ELEMENT = 8e-6
+SCT_LP_S_PER_NODE_POWER = (1.6e-7, 1.8)  # seconds = a * nodes ** b
+
+# Share of the budget other settings of the passes may take; refinement gets the rest.
+SETTINGS_SHARE = 0.5
+# auto runs the exact solver on a graph of at most this many nodes (the op graph
+# itself, else the chosen plan's placement graph), for at most EXACT_SECONDS of
+# CP-SAT's deterministic time: small graphs are where it proves optima quickly.
+EXACT_AUTO_NODES = 40
+EXACT_SECONDS = 10.0
 
 # The default budget: one second up to 5,000 placement nodes, then linear in size.
 DEFAULT_BUDGET_S = 1.0
@@ -139,9 +149,9 @@ def auto_search(prepared: Prepared, options: PlaceOptions) -> Search:
     for i, setting in enumerate(settings(prepared, options)):
         first = i == 0
         if not first:
-            spent += passes_seconds(prepared)
-            if spent > budget:
+            if spent + passes_seconds(prepared) > budget * SETTINGS_SHARE:
                 break
+            spent += passes_seconds(prepared)
         variant = prepared.variant_for(setting)
         same = seen.get(variant.fingerprint)
         if same is not None:
@@ -156,17 +166,141 @@ def auto_search(prepared: Prepared, options: PlaceOptions) -> Search:
                 if first:
                     candidates.append(Candidate(spec.name, 0.0, skipped=skip_reason(spec, nodes)))
                 continue
-            cost = estimate_seconds(spec, prepared, variant)
-            if not first and spent + cost > budget:
-                continue
-            spent += cost
+            if not first:  # the options given always run: only the search is charged to the budget
+                cost = estimate_seconds(spec, prepared, variant)
+                if spent + cost > budget * SETTINGS_SHARE:
+                    continue
+                spent += cost
             candidate = run_candidate(prepared, spec, options, variant)
             if spec.name == "single":
                 candidate.variant = None
             else:
                 candidate.differences = setting.differences(prepared.variant.options)
             candidates.append(candidate)
-    return Search(candidates, budget, spent, tried, skipped_settings)
+    search = Search(candidates, budget, spent, tried, skipped_settings)
+    exact_stage(prepared, search)
+    refine_stage(prepared, options, search)
+    return search
+
+
+def best(candidates: list[Candidate]) -> Candidate | None:
+    """The fastest feasible candidate (the earliest on ties), None without one."""
+    ok = [c for c in candidates if c.ok]
+    return min(ok, key=lambda c: c.evaluation.value_us) if ok else None  # type: ignore[union-attr]
+
+
+def refine_stage(prepared: Prepared, options: PlaceOptions, search: Search) -> None:
+    """Local search from the best plan so far with what is left of the budget (a candidate when it ran)."""
+    from baechi_cli.refine import evaluation_cost, refine
+
+    start = best(search.candidates)
+    if start is None or start.placement is None or prepared.bounds.gap(start.evaluation.value_us) == 0:
+        return
+    per_evaluation = evaluation_cost(prepared.graph)
+    evaluations = int(max(0.0, search.budget_s - search.spent_s) / per_evaluation)
+    if evaluations < 1:
+        return
+    refined = refine(
+        prepared.graph, prepared.devices, start.placement, max_evaluations=evaluations, seed=options.seed
+    )
+    search.spent_s += refined.evaluations * per_evaluation
+    if not refined.evaluation.value_us < start.evaluation.value_us:  # type: ignore[union-attr]
+        return  # nothing better found: the start stays the plan
+    placement = refined.placement
+    placement.info = {
+        "refinement": {
+            "start": start.label,
+            "start_step_time_us": refined.start_value_us,
+            "evaluations": refined.evaluations,
+            "moves_tried": refined.moves_tried,
+            "moves_accepted": refined.moves_accepted,
+            "seed": options.seed,
+        }
+    }
+    candidate = Candidate(
+        start.algorithm,
+        refined.seconds,
+        placement,
+        prepared.judge(placement),
+        variant=start.variant,
+        stage="refine",
+        start=start.label,
+    )
+    search.candidates.append(candidate)
+
+
+def exact_stage(prepared: Prepared, search: Search) -> None:
+    """CP-SAT on a small graph, hinted with the best plan so far; its bound joins the report's bounds.
+
+    On the op graph itself (hard colocation groups only) its bound bounds every
+    plan; on a placement graph only those keeping its nodes whole.
+    """
+    from baechi_cli.placers.exact import solve
+
+    start = best(search.candidates)
+    if start is None or start.placement is None:
+        return
+    graph = prepared.graph
+    on_ops = graph.num_ops <= EXACT_AUTO_NODES
+    if not on_ops:
+        variant = prepared.variant_for(start.variant) if start.variant is not None else prepared.variant
+        if variant.placement_graph.num_ops > EXACT_AUTO_NODES or not variant.expands_sequence:
+            return
+        graph = variant.placement_graph
+    hint = node_devices(graph, start.placement.device_of)
+    seconds = min(EXACT_SECONDS, max(0.1, search.budget_s - search.spent_s))
+    t0 = time.perf_counter()
+    result = solve(graph, prepared.devices, time_limit=seconds, hint=hint)
+    search.spent_s += result.seconds
+    bounds = prepared.bounds
+    if on_ops:
+        bounds.exact_us = result.lower_bound_us
+        bounds.exact_scope = f"the op graph ({graph.num_ops} ops)"
+    else:
+        bounds.exact_restricted_us = result.lower_bound_us
+        bounds.exact_scope = f"a placement graph of {graph.num_ops} nodes (plans keeping its nodes whole)"
+    from baechi_cli.pipeline import expand
+
+    placement = Placement(list(result.device_of), list(result.sequence))
+    if not on_ops:
+        placement = expand(placement, graph, prepared.graph, True)
+    placement.info = {
+        "exact": {
+            "status": result.status,
+            "lower_bound_us": result.lower_bound_us,
+            "objective_us": result.objective_us,
+            "nodes": result.nodes,
+            "scope": bounds.exact_scope,
+        }
+    }
+    evaluation = prepared.judge(placement)
+    if evaluation.feasible:  # exact's second memory model always fits; a fused graph may count less
+        variant = start.variant if not on_ops else None
+        seconds = time.perf_counter() - t0
+        search.candidates.append(
+            Candidate("exact", seconds, placement, evaluation, variant=variant, stage="exact")
+        )
+
+
+def node_devices(graph: OpGraph, op_device: list[int]) -> list[int]:
+    """A placement of ``graph``'s nodes from one of its ops (``members``), each group on one device.
+
+    A node goes where most of its members run (its first member's device on
+    ties); a group where its first node goes. O(V).
+    """
+    if graph.members is None:
+        node = list(op_device)
+    else:
+        node = []
+        for members in graph.members:
+            count: dict[int, int] = {}  # in order of first appearance: max() keeps the first on ties
+            for v in members:
+                count[op_device[v]] = count.get(op_device[v], 0) + 1
+            node.append(max(count, key=count.__getitem__))
+    first: dict[int, int] = {}
+    for v, g in enumerate(graph.group):
+        first.setdefault(g, node[v])
+    return [first[g] for g in graph.group]
 
 
 def skip_reason(spec: PlacerSpec, nodes: int) -> str:

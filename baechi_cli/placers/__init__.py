@@ -27,7 +27,7 @@ Example:
     >>> spec.title, spec.auto, spec.options
     ('m-ETF', True, <class 'baechi_cli.placers.NoOptions'>)
     >>> names()
-    ('topo', 'etf', 'sct', 'single')
+    ('topo', 'etf', 'sct', 'single', 'exact')
 """
 
 from __future__ import annotations
@@ -202,5 +202,29 @@ register(
         "baechi_cli.placers.single",
         auto_priority=0,  # a split that only ties one device is not worth its transfers
         respects_memory=False,
+    )
+)
+
+
+@dataclass(frozen=True)
+class ExactOptions:
+    """exact's options: CP-SAT's time limit per model (seconds, None: none), the largest graph it
+    takes (nodes after fusion), and CP-SAT's workers (1: reproducible; more: its parallel portfolio)."""
+
+    time_limit: float | None = 10.0
+    # exact.DEFAULT_MAX_NODES (not imported: the registry loads with `baechi --help`; a test keeps them equal)
+    max_nodes: int = 200
+    workers: int = 1
+
+
+register(
+    PlacerSpec(
+        "exact",
+        "exact (CP-SAT)",
+        "exact: placement and order by constraint programming (OR-Tools CP-SAT), optimal on small graphs",
+        "baechi_cli.placers.exact",
+        options=ExactOptions,
+        auto=False,  # auto calls exact.solve() itself on small graphs
+        respects_memory=True,
     )
 )

@@ -1,0 +1,922 @@
+"""Local-search refinement of a placement, judged by the simulator.
+
+Placeto's idea — improve a placement by moving ops and asking a simulator
+whether the step got faster — in seconds instead of hours of reinforcement
+learning: a deterministic hill climb over structured moves, every candidate
+timed by :class:`baechi_cli.sim.StepTimer` (exactly the step time
+:func:`baechi_cli.sim.simulate` gives, at about a third of its cost, without
+memory).
+
+Contract of :func:`refine` (``graph`` is the op graph as the evaluator sees
+it, ``graph.group`` its hard colocation groups; ``start`` a placement of it
+that keeps every group whole):
+
+* the result keeps every group whole; its evaluation
+  (:func:`baechi_cli.evaluate.evaluate`, run on it) is within memory whenever
+  the start's is, and its value is at most the start's evaluated value —
+  the start itself (the same object) when nothing better was found;
+* it is a function of (graph, devices, start, max_evaluations, seed): the
+  budget counts fast evaluations (a memory check counts as three; the last
+  improvement's check may overrun the budget by three), no decision reads a
+  clock, and ``seed`` only draws the kicks;
+* a start with a ``sequence`` keeps it as one global order (each device runs
+  its ops in that order) or drops it for the evaluator's dispatch rule,
+  whichever runs the start faster.
+
+The search moves *units*, the colocation groups; a move puts a set of units on
+a device. Moves come in families:
+
+* ``scope``: name-scope clusters — the units with an op under a scope
+  prefix, at every depth (``gradients/`` stripped, so a layer's backward ops
+  go with it), and the same with one numbered level wildcarded
+  (``decoder/step*/softmax``: one module across all time steps;
+  ``/encoder/layer.*/attention``), each also *closed*: joined, repeatedly, by
+  every outside unit that exchanges more transfer time with it than with the
+  rest (a layer's weights, its gradient sum, its optimizer update);
+* ``split``: pipeline splits — ranges of 1/2, 1/4, 1/8 and 1/16 of the
+  compute along a topological order of the units, plain and with each
+  backward op at its forward op's position (so a stage takes its backward
+  pass along), and every suffix from a multiple of 1/16 on;
+* ``critical``: from the chain of ops and transfers that ends last in the
+  current schedule — for a transfer on it, the producer's unit joins the
+  consumer's device and vice versa; for an op that waited for its busy device,
+  it, and the op that kept the device busy, go to the device idle longest in
+  that window, or it swaps with what ran there;
+* ``unit``: one unit to another device.
+
+Ranking. A move's estimate is the compute it balances between the devices it
+touches less a quarter of the transfer time it adds (each tensor once per
+receiving device, as the simulator sends it: most of it overlaps compute); a
+critical move's is at least what it could take off the chain. Passes go
+coarse to fine: a pass ranks the clusters holding at least 1/32, 1/256,
+1/2048 or any of the compute (:data:`LEVELS`), times at most
+max(16, budget / 8) of them, and hands over to the next level unless it
+improved. Within a pass each family is ranked by estimate (moves never tried
+first), and the next move comes from the family that promises most per
+evaluation: the µs its moves saved plus its next estimate — discounted by how
+much of its past estimates came true — over its moves tried plus one. So on
+a recurrent network the budget goes to scope moves, on a CNN to critical
+moves, and splits that keep failing fade. The first improvement is taken
+(after its memory is checked: by an upper bound, else exactly with
+:meth:`~baechi_cli.sim.StepTimer.peak_bytes`) and the pass ranks again from
+there. When every level was swept in full without improving, a seeded kick
+takes one of the four least-bad moves and the climb goes on; the best
+placement seen wins. On alike devices without per-link overrides, empty
+devices are interchangeable: a move targets only the first empty one.
+
+Complexity: O(V + E) per scope depth to build the clusters; each evaluation
+O((V + E) log V) (:func:`evaluation_cost` predicts its seconds, search
+overhead included); ranking a pass is linear in the size of the candidate
+clusters and their boundaries (computed once, on first use).
+
+Example: two independent chains on one device; the search splits them.
+
+    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.devices import parse_devices
+    >>> from baechi_cli.placers import Placement
+    >>> b = GraphBuilder()
+    >>> for chain in "ab":
+    ...     x = b.add_op(f"{chain}/x", "MatMul", [100], compute_us=100)
+    ...     y = b.add_op(f"{chain}/y", "MatMul", [100], compute_us=100)
+    ...     _ = b.add_edge(x, y)
+    >>> r = refine(b.build(), parse_devices("2x1GB"), Placement([0] * 4), max_evaluations=50)
+    >>> r.start_value_us, r.evaluation.value_us, r.placement.device_of
+    (400.0, 200.0, [1, 1, 0, 0])
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from bisect import bisect_left, bisect_right
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.evaluate import Evaluation, device_order, evaluate
+from baechi_cli.graph import OpGraph
+from baechi_cli.placers import Placement
+from baechi_cli.sim import StepTimer, Timing
+
+# Seconds per fast evaluation per op and edge, the search's own work included: StepTimer
+# takes 0.5-1 µs per op and edge on the four reference graphs, ranking, memory checks
+# and building candidates about as much again (bench: 1.1-1.5 µs in all).
+SECONDS_PER_ELEMENT = 1.5e-6
+# Pipeline splits: ranges of 1/2, 1/4, ... of the compute down to 1/MAX_SPLIT,
+# and suffixes from multiples of 1/CUT_STEPS on.
+MAX_SPLIT = 16
+CUT_STEPS = 16
+# Critical-path moves per pass: the longest waits and the transfers on the chain.
+CRITICAL_WAITS = 8
+CRITICAL_TRANSFERS = 8
+# Ranking: the transfer time a move adds counts at this weight against the compute it
+# balances; most of it overlaps compute (a pipeline crosses its cut once per step,
+# but its critical path only at the ends).
+COMM_WEIGHT = 0.25
+# Coarse to fine: the pass of level i ranks the clusters holding at least LEVELS[i] of
+# the compute (the last, 0, takes every unit); a pass that does not improve hands over
+# to the next level, cyclically.
+LEVELS = (1 / 32, 1 / 256, 1 / 2048, 0.0)
+# A pass times at most max(MIN_PASS, budget / PASS_SHARE) moves before the next level's turn.
+MIN_PASS = 16
+PASS_SHARE = 8
+# Families of moves, in the order that breaks ties between them.
+FAMILIES = {
+    "critical transfer": "critical",
+    "critical wait": "critical",
+    "swap": "critical",
+    "scope+": "scope",
+    "scope": "scope",
+    "split": "split",
+    "unit": "unit",
+}
+# A family's estimates are trusted as far as they came true, starting from this share
+# of the step time saved for free (so one failure does not condemn a family).
+TRUST_PRIOR = 0.002
+# What a memory check (StepTimer.peak_bytes) is charged, in evaluations.
+MEMORY_CHECK_COST = 3
+# Random kicks at a local optimum are drawn among this many least-bad moves.
+KICK_CHOICES = 4
+
+_GRADIENT_SCOPE = re.compile(r"gradients(_\d+)?")
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass
+class Refined:
+    """A refined placement, its evaluation, and what the search spent."""
+
+    placement: Placement  # device_of over the graph's ops (+ sequence when the start's order is kept)
+    evaluation: Evaluation  # evaluate(graph, devices, placement): the real evaluator's judgement
+    start_value_us: float  # the start placement's evaluated value
+    evaluations: int  # fast evaluations spent (StepTimer runs; a memory check counts as three)
+    moves_tried: int
+    moves_accepted: int  # improving moves taken (a kick is not one)
+    seconds: float
+    kicks: int = 0  # non-improving moves taken at local optima
+    full_evaluations: int = 0  # full evaluator runs: the start's and the result's
+    memory_checks: int = 0  # improvements whose memory was counted (StepTimer.peak_bytes)
+    kept_sequence: bool = False  # whether the start's order was kept
+    history: list[tuple[int, float, str]] = field(default_factory=list)  # (evaluations, value, move kind)
+
+    @property
+    def improvement(self) -> float:
+        """Fraction of the start's step time saved."""
+        return 1.0 - self.evaluation.value_us / self.start_value_us if self.start_value_us else 0.0
+
+
+def evaluation_cost(graph: OpGraph) -> float:
+    """Predicted seconds per fast evaluation of ``graph``: a constant times (V + E).
+
+    Depends on the graph's size alone, so a caller turns a budget in seconds
+    into a deterministic ``max_evaluations``.
+    """
+    return SECONDS_PER_ELEMENT * (graph.num_ops + graph.num_edges)
+
+
+def refine(
+    graph: OpGraph, devices: DeviceSpec, start: Placement, *, max_evaluations: int, seed: int = 0
+) -> Refined:
+    """Improve ``start`` by local search within ``max_evaluations`` fast evaluations (module docstring).
+
+    ValueError when ``start`` does not cover the graph or splits a group.
+    """
+    t0 = time.perf_counter()
+    search = _Search(graph, devices, start, seed)
+    search.run(max_evaluations)
+    placement, evaluation = search.result()
+    return Refined(
+        placement=placement,
+        evaluation=evaluation,
+        start_value_us=search.start_value,
+        evaluations=search.evaluations,
+        moves_tried=search.tried,
+        moves_accepted=search.accepted,
+        seconds=time.perf_counter() - t0,
+        kicks=search.kicks,
+        full_evaluations=search.full_evaluations,
+        memory_checks=search.memory_checks,
+        kept_sequence=search.sequence is not None,
+        history=search.history,
+    )
+
+
+@dataclass
+class _Cluster:
+    """Units that move together, with what ranking their moves needs (fixed for the whole search)."""
+
+    kind: str  # unit | scope | scope+ | split
+    label: str  # the scope, the range of the order, the unit's first op
+    units: tuple[int, ...]
+    comp: list[float]  # per device: the units' compute on that device's kind
+    # Tensors crossing the cluster's edge: (tensor, made inside?, outside units: the
+    # consumers, after the producer when it is made outside).
+    boundary: list[tuple[int, bool, list[int]]] | None = None
+
+
+@dataclass
+class _Where:
+    """Where a cluster is: for ranking its moves (:meth:`_Search._where`)."""
+
+    devices: set[int]
+    share: list[float]  # its compute on each device
+    main: int  # the device holding most of it
+    transfers: list[float]  # per device d: transfer µs across its edge were it all on d
+
+
+@dataclass
+class _Move:
+    """Units to put on a device (or each on its own: ``targets``); ``score`` estimates the µs saved."""
+
+    kind: str
+    label: str
+    units: tuple[int, ...]
+    target: int
+    targets: tuple[int, ...] | None = None  # per unit, for swaps
+    key: tuple = ()  # identifies the move across passes
+    score: float = 0.0
+
+    def device(self, i: int) -> int:
+        return self.target if self.targets is None else self.targets[i]
+
+
+def scope_keys(name: str) -> list[str]:
+    """The scopes an op's name lies under, with one numbered level wildcarded in turn.
+
+    ``gradients/`` (TensorFlow's backward scope) is stripped, so a gradient op
+    shares its forward op's scopes. ``a/step3/b/MatMul`` gives ``a``,
+    ``a/step3``, ``a/step*``, ``a/step3/b``, ``a/step*/b`` and ``a/step3/b``
+    with ``b`` unchanged (it has no digits).
+
+        >>> scope_keys("gradients/dec/step3/softmax/MatMul_grad/MatMul")
+        ['dec', 'dec/step3', 'dec/step*', 'dec/step3/softmax', 'dec/step*/softmax', 'dec/step3/softmax/MatMul_grad', 'dec/step*/softmax/MatMul_grad']
+        >>> scope_keys("/encoder/layer.0/attention/MatMul")
+        ['encoder', 'encoder/layer.0', 'encoder/layer.*', 'encoder/layer.0/attention', 'encoder/layer.*/attention']
+    """
+    parts = [p for p in name.split("/") if p]
+    while parts and _GRADIENT_SCOPE.fullmatch(parts[0]):
+        parts = parts[1:]
+    scope = parts[:-1]
+    keys: list[str] = []
+    wild = [_DIGITS.sub("*", p) for p in scope]
+    for depth in range(1, len(scope) + 1):
+        keys.append("/".join(scope[:depth]))
+        for i in range(depth):
+            if wild[i] != scope[i]:
+                keys.append("/".join([*scope[:i], wild[i], *scope[i + 1 : depth]]))
+    return keys
+
+
+class _Search:
+    """The state of one refinement: units, their devices, the candidate moves and the budget."""
+
+    def __init__(self, graph: OpGraph, devices: DeviceSpec, start: Placement, seed: int) -> None:
+        from baechi_cli.placers.memory import ample
+
+        n = graph.num_ops
+        if len(start.device_of) != n:
+            raise ValueError(f"placement covers {len(start.device_of)} ops, graph has {n}")
+        self.graph = graph
+        self.devices = devices
+        self.ndev = devices.count
+        self.rng = random.Random(seed)
+        self.timer = StepTimer(graph, devices)
+        unit_index: dict[int, int] = {}
+        self.unit_of = [0] * n
+        self.unit_ops: list[list[int]] = []
+        for v in range(n):
+            u = unit_index.get(graph.group[v])
+            if u is None:
+                u = unit_index[graph.group[v]] = len(self.unit_ops)
+                self.unit_ops.append([])
+            self.unit_of[v] = u
+            self.unit_ops[u].append(v)
+        self.dev = [start.device_of[ops[0]] for ops in self.unit_ops]
+        if any(start.device_of[v] != self.dev[self.unit_of[v]] for v in range(n)):
+            raise ValueError("the start placement splits a colocation group")
+        self.device_of = list(start.device_of)
+        self.evaluations = 0
+        self.full_evaluations = 0
+        self.tried = 0
+        self.accepted = 0
+        self.kicks = 0
+        self.memory_checks = 0
+        self.history: list[tuple[int, float, str]] = []
+        self.memory_free = ample(graph, devices)
+        self.limits = [d.memory_bytes for d in devices.devices]
+
+        self.start_placement = start
+        self.start_eval = evaluate(graph, devices, start)
+        self.full_evaluations += 1
+        self.start_value = self.start_eval.value_us
+        self.value = self.start_value
+        # Keep the start's order or drop it, whichever runs faster (and fits).
+        self.sequence: list[int] | None = None if start.sequence is None else list(start.sequence)
+        if start.sequence is not None:
+            free = self._time(self.device_of, None)
+            if free < self.start_value and self._fits(self.device_of, None):
+                self.sequence, self.value = None, free
+        self.best_dev = list(self.dev)
+        self.best_value = self.value
+        self.seen: dict[bytes, float] = {}
+        self._remember(self.dev, self.value)
+        self._build_costs()
+        self.clusters = self._clusters()
+        self.failed: set[tuple] = set()  # moves that did not improve on some state
+        # family -> (moves tried, µs they saved, µs their estimates claimed)
+        self.family_stats: dict[str, tuple[int, float, float]] = {}
+        self.trust_prior = max(TRUST_PRIOR * self.value, 1.0)  # µs; a 0 µs graph still divides
+
+    # ------------------------------------------------------------------ judging
+
+    def _time(self, device_of: list[int], sequence: list[int] | None) -> float:
+        self.evaluations += 1
+        order = None if sequence is None else device_order(sequence, device_of, self.ndev)
+        try:
+            return self.timer.step_time(device_of, order)
+        except ValueError:  # a start sequence that is not topological deadlocks on some placements
+            return float("inf")
+
+    def _trace(self) -> Timing:
+        self.evaluations += 1
+        order = None if self.sequence is None else device_order(self.sequence, self.device_of, self.ndev)
+        return self.timer.timing(self.device_of, order)
+
+    def _fits(self, device_of: list[int], sequence: list[int] | None) -> bool:
+        """Within memory: surely by an O(V + E) upper bound, else as the simulator counts it."""
+        if self.memory_free or self._bound_fits(device_of):
+            return True
+        self.memory_checks += 1
+        # A timing run plus the simulator's memory accounting: 2.4-2.7 step times measured.
+        self.evaluations += MEMORY_CHECK_COST
+        order = None if sequence is None else device_order(sequence, device_of, self.ndev)
+        peaks = self.timer.peak_bytes(device_of, order)
+        return all(p <= m for p, m in zip(peaks, self.limits))
+
+    def _bound_fits(self, device_of: list[int]) -> bool:
+        """Every device's weights, outputs, one copy of each tensor it receives and its largest temporary fit.
+
+        That bounds the simulator's peak from above whatever the schedule.
+        """
+        g = self.graph
+        t = g.tensors
+        need = [0] * self.ndev
+        temp = [0] * self.ndev
+        for v in range(g.num_ops):
+            d = device_of[v]
+            need[d] += g.persistent_bytes[v] + sum(g.output_bytes[v])
+            if g.temporary_bytes[v] > temp[d]:
+                temp[d] = g.temporary_bytes[v]
+        received: set[tuple[int, int]] = set()
+        for e in range(g.num_edges):
+            tid = t.edge_tensor[e]
+            d = device_of[g.edge_dst[e]]
+            if d != device_of[t.src[tid]] and (tid, d) not in received:
+                received.add((tid, d))
+                need[d] += t.nbytes[tid]
+        return all(a + b <= m for a, b, m in zip(need, temp, self.limits))
+
+    def _remember(self, dev: list[int], value: float) -> None:
+        if self.ndev < 256:
+            self.seen[bytes(dev)] = value
+
+    def _known(self, dev: list[int]) -> bool:
+        return self.ndev < 256 and bytes(dev) in self.seen
+
+    # ------------------------------------------------------------------ costs for ranking
+
+    def _build_costs(self) -> None:
+        """Per-unit compute on each device; the transfer µs between each pair of units that talk."""
+        g, devices = self.graph, self.devices
+        nunits = len(self.unit_ops)
+        by_kind: dict[str, list[float]] = {}
+        self.comp: list[list[float]] = []
+        for d in devices.devices:
+            if d.kind not in by_kind:
+                dur = g.durations(d.kind)
+                by_kind[d.kind] = [sum(dur[v] for v in ops) for ops in self.unit_ops]
+            self.comp.append(by_kind[d.kind])
+        # Empty devices are interchangeable when every device is alike.
+        self.homogeneous = len(by_kind) == 1 and not devices.interconnect.links
+        ic = devices.interconnect
+        t = g.tensors
+        unit_of = self.unit_of
+        consumers: list[dict[int, None]] = [{} for _ in range(len(t.src))]
+        for e in range(g.num_edges):
+            consumers[t.edge_tensor[e]][unit_of[g.edge_dst[e]]] = None
+        # Per tensor: producer unit, the other units consuming it, its transfer µs.
+        self.t_prod: list[int] = []
+        self.t_cons: list[list[int]] = []
+        self.t_len: list[float] = []
+        self.made: list[list[int]] = [[] for _ in range(nunits)]  # tensors a unit sends to others
+        self.used: list[list[int]] = [[] for _ in range(nunits)]  # tensors a unit gets from others
+        # For closing clusters: a tensor counts once per consuming unit, what it costs if that
+        # unit is elsewhere (it overcounts a tensor that several units there share).
+        adj: list[dict[int, float]] = [{} for _ in range(nunits)]
+        for tid, src in enumerate(t.src):
+            p = unit_of[src]
+            m = t.measured_us[tid]
+            length = m if m is not None else ic.latency_us + t.nbytes[tid] / ic.bandwidth_bytes_per_us
+            cons = [c for c in consumers[tid] if c != p]
+            self.t_prod.append(p)
+            self.t_cons.append(cons)
+            self.t_len.append(length)
+            if cons:
+                self.made[p].append(tid)
+            for c in cons:
+                self.used[c].append(tid)
+                adj[p][c] = adj[p].get(c, 0.0) + length
+                adj[c][p] = adj[c].get(p, 0.0) + length
+        self.adj = adj
+        self.total_compute = sum(self.comp[0])
+        self.adj_total = [sum(a.values()) for a in adj]
+
+    # ------------------------------------------------------------------ structural clusters
+
+    def _clusters(self) -> list[_Cluster]:
+        """Units, name-scope clusters (raw and closed) and pipeline splits, deduplicated."""
+        g = self.graph
+        nunits = len(self.unit_ops)
+        found: dict[tuple[int, ...], None] = {}
+        out: list[_Cluster] = []
+
+        def add(kind: str, label: str, key: tuple[int, ...]) -> None:
+            if 1 < len(key) < nunits and key not in found:
+                found[key] = None
+                sums: dict[int, float] = {}  # devices of one kind share their column
+                for c in self.comp:
+                    if id(c) not in sums:
+                        sums[id(c)] = sum(map(c.__getitem__, key))
+                comp = [sums[id(c)] for c in self.comp]
+                out.append(_Cluster(kind, label, key, comp))
+
+        for u, ops in enumerate(self.unit_ops):
+            comp = [c[u] for c in self.comp]
+            out.append(_Cluster("unit", g.names[ops[0]], (u,), comp))
+
+        scopes: dict[str, dict[int, None]] = {}
+        cache: dict[str, list[str]] = {}
+        for v in range(g.num_ops):
+            u = self.unit_of[v]
+            name = g.names[v]
+            head = name.rpartition("/")[0]
+            keys = cache.get(head)
+            if keys is None:
+                keys = cache[head] = scope_keys(name)
+            for key in keys:
+                scopes.setdefault(key, {})[u] = None
+        distinct: dict[tuple[int, ...], str] = {}  # many scopes hold the same units: the first names them
+        for key, units in scopes.items():
+            distinct.setdefault(tuple(sorted(units)), key)
+        closed = []
+        for units, label in distinct.items():
+            add("scope", label, units)
+            members = self._close(units)
+            if len(members) > len(units):
+                closed.append((label, tuple(sorted(members))))
+        for label, members in closed:
+            add("scope+", label + " (closed)", members)
+
+        # Pipeline splits over a topological order of the units; a backward op counts at
+        # its forward op's position, so a split takes a layer's backward pass along.
+        rank = self.timer.rank
+        pos_plain = [g.num_ops] * nunits
+        pos_fwd = [g.num_ops] * nunits
+        for v in range(g.num_ops):
+            u = self.unit_of[v]
+            pos_plain[u] = min(pos_plain[u], rank[v])
+            f = g.forward_op[v]
+            pos_fwd[u] = min(pos_fwd[u], rank[f] if f >= 0 else rank[v])
+        weight = self.comp[0]
+        total = sum(weight) or 1.0
+        for name, pos in (("forward order", pos_fwd), ("topological order", pos_plain)):
+            order = sorted(range(nunits), key=lambda u: (pos[u], u))
+            cum: list[float] = []  # the share of compute before each unit of the order
+            acc = 0.0
+            for u in order:
+                cum.append(acc / total)
+                acc += weight[u]
+
+            def span(
+                lo: float, hi: float, order: list[int] = order, cum: list[float] = cum
+            ) -> tuple[int, ...]:
+                return tuple(sorted(order[bisect_left(cum, lo) : bisect_left(cum, hi)]))
+
+            k = 2
+            while k <= MAX_SPLIT and k <= nunits:
+                for i in range(k):
+                    add("split", f"{name} {i + 1}/{k}", span(i / k, (i + 1) / k if i + 1 < k else 2.0))
+                k *= 2
+            if pos is pos_fwd:  # pipeline cuts: everything after it goes elsewhere
+                for j in range(1, CUT_STEPS):
+                    add("split", f"{name} after {j}/{CUT_STEPS}", span(j / CUT_STEPS, 2.0))
+        return out
+
+    def _close(self, units: Sequence[int]) -> list[int]:
+        """``units`` joined by every outside unit that exchanges more with them than with the rest,
+        repeatedly. O(sum of the degrees of the units visited)."""
+        adj, total = self.adj, self.adj_total
+        inside = set(units)
+        w_in: dict[int, float] = {}
+        for x in units:
+            for y, w in adj[x].items():
+                if y not in inside:
+                    w_in[y] = w_in.get(y, 0.0) + w
+        members = list(units)
+        queue = deque(sorted(w_in))
+        while queue:
+            y = queue.popleft()
+            if y in inside or 2 * w_in[y] <= total[y]:
+                continue
+            inside.add(y)
+            members.append(y)
+            for z, w in adj[y].items():
+                if z not in inside:
+                    w_in[z] = w_in.get(z, 0.0) + w
+                    queue.append(z)
+        return members
+
+    def _boundary(self, units: Sequence[int]) -> list[tuple[int, bool, list[int]]]:
+        """The tensors crossing the edge of ``units`` (:attr:`_Cluster.boundary`)."""
+        t_prod, t_cons = self.t_prod, self.t_cons
+        if len(units) == 1:
+            (u,) = units
+            return [(tid, True, t_cons[tid]) for tid in self.made[u]] + [
+                (tid, False, [t_prod[tid], *(c for c in t_cons[tid] if c != u)]) for tid in self.used[u]
+            ]
+        inside = set(units)
+        out: list[tuple[int, bool, list[int]]] = []
+        seen: set[int] = set()
+        for u in units:
+            for tid in self.made[u]:
+                others = [c for c in t_cons[tid] if c not in inside]
+                if others:
+                    out.append((tid, True, others))
+            for tid in self.used[u]:
+                p = t_prod[tid]
+                if p not in inside and tid not in seen:
+                    seen.add(tid)
+                    out.append((tid, False, [p, *(c for c in t_cons[tid] if c not in inside)]))
+        return out
+
+    # ------------------------------------------------------------------ candidates
+
+    def _structural(self, loads: list[float], level: int) -> list[_Move]:
+        """Every cluster holding at least ``LEVELS[level]`` of the compute to every device worth
+        trying, scored (module docstring)."""
+        dev, ndev = self.dev, self.ndev
+        used = [False] * ndev
+        for d in dev:
+            used[d] = True
+        first_empty = next((d for d in range(ndev) if not used[d]), -1)
+        least = LEVELS[level] * self.total_compute
+        moves: list[_Move] = []
+        for i, cl in enumerate(self.clusters):
+            if cl.comp[0] < least:
+                continue
+            where: _Where | None = None
+            for b in range(ndev):
+                if not used[b] and self.homogeneous and b != first_empty:
+                    continue
+                if where is None:
+                    where = self._where(cl)
+                if len(where.devices) == 1 and b in where.devices:
+                    continue
+                score = self._estimate(cl, b, loads, where)
+                moves.append(_Move(cl.kind, cl.label, cl.units, b, key=(i, b), score=score))
+        return moves
+
+    def _where(self, cl: _Cluster) -> _Where:
+        """Where ``cl`` is now: its devices, its compute on each, its main device, its transfers."""
+        dev, comp = self.dev, self.comp
+        devices = {dev[u] for u in cl.units}
+        share = [0.0] * self.ndev
+        if len(devices) == 1:
+            a = next(iter(devices))
+            share[a] = cl.comp[a]
+        else:
+            for u in cl.units:
+                share[dev[u]] += comp[dev[u]][u]
+            a = max(range(self.ndev), key=lambda d: (share[d], -d))
+        return _Where(devices, share, a, self._transfers(cl))
+
+    def _estimate(self, cl: _Cluster, b: int, loads: list[float], where: _Where | None = None) -> float:
+        """µs that moving ``cl`` to device ``b`` might save: the compute it balances between the
+        devices it touches, less :data:`COMM_WEIGHT` times the transfer time it adds."""
+        if where is None:
+            where = self._where(cl)
+        share = where.share
+        after = list(loads)
+        for d in where.devices:
+            after[d] -= share[d]
+        after[b] += cl.comp[b]
+        touched = [*where.devices, b]
+        gain = max(loads[d] for d in touched) - max(after[d] for d in touched)
+        comm = where.transfers
+        return gain - COMM_WEIGHT * (comm[b] - comm[where.main])
+
+    def _transfers(self, cl: _Cluster) -> list[float]:
+        """Per device d: µs of transfers across the cluster's edge were it all on d.
+
+        Each tensor counts once per receiving device, as the simulator sends it.
+        O(the boundary's size); the boundary is computed on first use.
+        """
+        if cl.boundary is None:
+            cl.boundary = self._boundary(cl.units)
+        dev, t_len, ndev = self.dev, self.t_len, self.ndev
+        # Its tensors reach every device of their outside consumers but d, and outside
+        # tensors come to d unless already there (made or read there).
+        total = 0.0
+        there_too = [0.0] * ndev
+        for tid, made_inside, others in cl.boundary:
+            length = t_len[tid]
+            if len(others) == 1:
+                total += length
+                there_too[dev[others[0]]] += length
+                continue
+            there = {dev[c] for c in others}
+            total += length * len(there) if made_inside else length
+            for d in there:
+                there_too[d] += length
+        return [total - x for x in there_too]
+
+    def _critical(self, timing: Timing) -> list[_Move]:
+        """Moves along the chain of ops and transfers that ends last (module docstring)."""
+        g, ndev = self.graph, self.ndev
+        device_of, unit_of, dev = self.device_of, self.unit_of, self.dev
+        start, end, ready, copies = timing.start, timing.end, timing.ready, timing.copies
+        edge_tensor = g.tensors.edge_tensor
+        prev_on_device = [-1] * g.num_ops
+        for ops in timing.order:
+            for a, b in zip(ops, ops[1:]):
+                prev_on_device[b] = a
+        v = end.index(max(end)) if g.num_ops else -1  # the first op to end last
+        waits: list[tuple[float, int, int]] = []  # (wait, op, the op before it on its device)
+        transfers: list[tuple[int, int]] = []  # (producer, consumer) on different devices
+        while v >= 0 and start[v] > 0.0:
+            s = start[v]
+            if not g.in_edges[v] or s > ready[v]:  # it waited for its device
+                p = prev_on_device[v]
+                if p >= 0 and g.in_edges[v]:
+                    waits.append((s - ready[v], v, p))
+                v = p
+                continue
+            dv, nxt = device_of[v], -1
+            for e in g.in_edges[v]:  # the input that arrived last
+                u = g.edge_src[e]
+                t = end[u] if device_of[u] == dv else copies[edge_tensor[e] * ndev + dv][2]
+                if t == ready[v]:
+                    nxt = u
+                    if device_of[u] != dv:
+                        transfers.append((u, v))
+                    break
+            v = nxt
+        moves: list[_Move] = []
+
+        loads = self._loads()
+
+        def move(kind: str, units: tuple[int, ...], targets: tuple[int, ...], on_path: float) -> None:
+            """A move, scored by the general estimate or, when larger, by what it could take
+            off the critical path (``on_path`` µs), which the general estimate cannot see."""
+            label = " + ".join(g.names[self.unit_ops[u][0]] for u in units)
+            # Units are the first clusters; a swap counts as its two moves.
+            score = sum(self._estimate(self.clusters[u], d, loads) for u, d in zip(units, targets))
+            score = max(score, on_path)
+            moves.append(_Move(kind, label, units, targets[0], targets, key=(units, targets), score=score))
+
+        for u, w in transfers[:CRITICAL_TRANSFERS]:
+            a, b = unit_of[u], unit_of[w]
+            length = max(
+                (self.t_len[edge_tensor[e]] for e in g.in_edges[w] if g.edge_src[e] == u), default=0.0
+            )
+            move("critical transfer", (a,), (dev[b],), length)
+            move("critical transfer", (b,), (dev[a],), length)
+        waits.sort(key=lambda x: (-x[0], x[1]))
+        busy = _Busy(timing)
+        comp = self.comp
+        for wait, w, p in waits[:CRITICAL_WAITS]:
+            lo, hi = ready[w], start[w]
+            others = [d for d in range(ndev) if d != device_of[w]]
+            if not others:
+                continue
+            d = min(others, key=lambda d: (busy.within(d, lo, hi), d))
+            a, b = unit_of[w], unit_of[p]
+            move("critical wait", (a,), (d,), min(wait, comp[d][a]))
+            if b != a:
+                move("critical wait", (b,), (d,), min(wait, comp[d][b]))
+            other = busy.running(d, lo)
+            if other >= 0 and unit_of[other] != a:
+                c = unit_of[other]
+                move("swap", (a, c), (dev[c], dev[a]), min(wait, comp[d][a]))
+        return moves
+
+    # ------------------------------------------------------------------ the search
+
+    def _after(self, move: _Move) -> list[int] | None:
+        """Unit devices after ``move``; None when it changes nothing or that placement was timed."""
+        dev = list(self.dev)
+        changed = False
+        for i, u in enumerate(move.units):
+            d = move.device(i)
+            if dev[u] != d:
+                dev[u] = d
+                changed = True
+        if not changed or self._known(dev):
+            return None
+        return dev
+
+    def _ops(self, dev: list[int], move: _Move) -> list[int]:
+        device_of = list(self.device_of)
+        for u in move.units:
+            d = dev[u]
+            for v in self.unit_ops[u]:
+                device_of[v] = d
+        return device_of
+
+    def _commit(
+        self, dev: list[int], device_of: list[int], value: float, kind: str, kick: bool = False
+    ) -> None:
+        self.dev = dev
+        self.device_of = device_of
+        self.value = value
+        if kick:
+            self.kicks += 1
+        else:
+            self.accepted += 1
+        self.history.append((self.evaluations, value, f"kick, {kind}" if kick else kind))
+        if value < self.best_value:
+            self.best_value = value
+            self.best_dev = list(dev)
+
+    def _try(self, move: _Move) -> float | None:
+        """Time ``move`` from the current state and accept it when faster and within memory.
+
+        Returns its step time (None: not timed, nothing to change or seen before).
+        """
+        dev = self._after(move)
+        if dev is None:
+            return None
+        self.tried += 1
+        device_of = self._ops(dev, move)
+        value = self._time(device_of, self.sequence)
+        self._remember(dev, value)
+        if value < self.value and self._fits(device_of, self.sequence):
+            self._commit(dev, device_of, value, f"{move.kind}: {move.label}")
+        else:
+            self.failed.add(move.key)
+        return value
+
+    def _loads(self) -> list[float]:
+        loads = [0.0] * self.ndev
+        for u, d in enumerate(self.dev):
+            loads[d] += self.comp[d][u]
+        return loads
+
+    def _ranked(self, moves: list[_Move]) -> Iterator[_Move]:
+        """The moves in the order to try them.
+
+        Each family of moves (:data:`FAMILIES`) is ranked on its own: moves never
+        tried before first (one that failed may succeed on a changed placement, but
+        less likely), then by estimate. The next move comes from the family that
+        promises most per evaluation (:meth:`_promise`), so the budget goes where
+        moves pay on this graph. Ties go in a fixed order.
+        """
+        arms: dict[str, deque[_Move]] = {}
+        for family in FAMILIES.values():
+            arms.setdefault(family, deque())
+        for m in sorted(moves, key=lambda m: (m.key in self.failed, -m.score)):
+            arms[FAMILIES[m.kind]].append(m)
+        rank = {f: i for i, f in enumerate(arms)}
+        while True:
+            live = [f for f, arm in arms.items() if arm]
+            if not live:
+                return
+            family = max(live, key=lambda f: (self._promise(f, arms[f][0]), -rank[f]))
+            yield arms[family].popleft()
+
+    def _promise(self, family: str, move: _Move) -> float:
+        """µs per evaluation ``family`` promises: what its moves saved so far plus ``move``'s
+        estimate, discounted by how much of its estimates came true, over its moves tried
+        plus one. A family whose estimates keep failing (splits of a recurrent network)
+        fades fast; one that keeps saving (moving initializers) stays up."""
+        tried, saved, claimed = self.family_stats.get(family, (0, 0.0, 0.0))
+        prior = self.trust_prior
+        trust = (saved + prior) / (claimed + prior)
+        return (saved + trust * max(0.0, move.score)) / (tried + 1)
+
+    def _pass(self, budget: int, level: int, worse: list[tuple[float, _Move]]) -> tuple[bool, bool]:
+        """One ranked sweep over the candidates of ``level``, of at most ``self.cap`` timings.
+
+        Returns (improved, complete: every candidate was timed or known). The moves
+        timed without improving are added to ``worse`` with their step times.
+        """
+        moves = self._critical(self._trace()) + self._structural(self._loads(), level)
+        timed = 0
+        for m in self._ranked(moves):
+            if self.evaluations >= budget or timed >= self.cap:
+                return False, False
+            before = self.value
+            value = self._try(m)
+            if value is None:
+                continue
+            timed += 1
+            family = FAMILIES[m.kind]
+            tried, saved, claimed = self.family_stats.get(family, (0, 0.0, 0.0))
+            self.family_stats[family] = (tried + 1, saved + before - self.value, claimed + max(0.0, m.score))
+            if self.value < before:
+                return True, False  # first improvement: rank again from the new placement
+            if value < float("inf"):
+                worse.append((value, m))
+        return False, True
+
+    def run(self, max_evaluations: int) -> None:
+        """Climb until the budget is spent (module docstring): passes cycle through the levels,
+        staying at one while it improves; when every level was swept in full without
+        improving, kick."""
+        budget = max(0, int(max_evaluations))
+        # A pass may not take more than this, so a long sweep of one level cannot
+        # starve the others.
+        self.cap = max(MIN_PASS, budget // PASS_SHARE)
+        level = 0
+        swept: set[int] = set()  # levels swept in full since the placement last changed
+        worse: list[tuple[float, _Move]] = []
+        while self.evaluations < budget:
+            improved, complete = self._pass(budget, level, worse)
+            if improved:
+                swept.clear()
+                worse = []
+                continue
+            if complete:
+                swept.add(level)
+            if len(swept) < len(LEVELS):
+                level = (level + 1) % len(LEVELS)
+                continue
+            if not worse or self.evaluations >= budget:
+                break
+            # A local optimum: kick (take one of the least-bad moves) and climb again.
+            least = sorted(range(len(worse)), key=lambda i: (worse[i][0], i))[:KICK_CHOICES]
+            value, move = worse[least[self.rng.randrange(len(least))]]
+            targets = dict(zip(move.units, (move.device(i) for i in range(len(move.units)))))
+            dev = [targets.get(u, d) for u, d in enumerate(self.dev)]
+            device_of = self._ops(dev, move)
+            if not self._fits(device_of, self.sequence):
+                break
+            self._commit(dev, device_of, value, f"{move.kind}: {move.label}", kick=True)
+            self.failed.clear()
+            swept.clear()
+            worse = []
+            level = 0
+
+    def result(self) -> tuple[Placement, Evaluation]:
+        """The best placement seen (the start's when none beat it) and its full evaluation."""
+        if self.best_value >= self.start_value:
+            return self.start_placement, self.start_eval
+        device_of = [0] * self.graph.num_ops
+        for u, ops in enumerate(self.unit_ops):
+            for v in ops:
+                device_of[v] = self.best_dev[u]
+        placement = Placement(device_of, self.sequence)
+        evaluation = evaluate(self.graph, self.devices, placement)
+        self.full_evaluations += 1
+        if evaluation.value_us > self.best_value or not evaluation.feasible:  # StepTimer is exact
+            raise AssertionError("the fast evaluator disagrees with the evaluator")
+        return placement, evaluation
+
+
+class _Busy:
+    """When each device computes in a timeline: µs within a window, the op running at an instant.
+
+    O(V) to build; each question O(log V) by bisection (a device's ops do not overlap,
+    so their starts and ends are both sorted).
+    """
+
+    def __init__(self, timing: Timing) -> None:
+        self.ops = timing.order
+        self.starts = [[timing.start[v] for v in ops] for ops in timing.order]
+        self.ends = [[timing.end[v] for v in ops] for ops in timing.order]
+        self.before: list[list[float]] = []  # busy µs before each op starts
+        for starts, ends in zip(self.starts, self.ends):
+            acc, cum = 0.0, [0.0]
+            for s, e in zip(starts, ends):
+                acc += e - s
+                cum.append(acc)
+            self.before.append(cum)
+
+    def within(self, d: int, lo: float, hi: float) -> float:
+        """µs device ``d`` computes within [lo, hi)."""
+        starts, ends, cum = self.starts[d], self.ends[d], self.before[d]
+        i = bisect_right(ends, lo)  # the first op ending after lo
+        j = bisect_left(starts, hi)  # the first op starting at or after hi
+        if i >= j:
+            return 0.0
+        total = cum[j] - cum[i]
+        total -= max(0.0, lo - starts[i])  # clip the first op at lo
+        total -= max(0.0, ends[j - 1] - hi)  # and the last at hi
+        return max(0.0, total)
+
+    def running(self, d: int, t: float) -> int:
+        """The op device ``d`` runs at time ``t`` (-1: idle)."""
+        i = bisect_right(self.starts[d], t) - 1
+        return self.ops[d][i] if i >= 0 and self.ends[d][i] > t else -1

@@ -1,0 +1,212 @@
+"""Benchmark of ``--algo auto``: does it ever lose, how far is it from the bound, how long does it take.
+
+`make bench` runs this. It writes bench/search.md (tables, committed) and
+bench/search.json (raw numbers). Every case is ``baechi place MODEL --devices
+SPEC`` with default options (``place_model``, ``--algo auto``) in this
+process, on:
+
+* the committed workloads (testdata/workloads, 4 devices of the file's
+  ``maxSizePerFPGA``, parallel communication: REFERENCE.md's setting);
+* the committed TensorFlow training graphs on ``rtx2080x4`` (Baechi's
+  testbed: PCIe) and ``4x8GB`` (NVLink-like default links), static GNMT
+  included when testdata/cache has it (``make testdata``);
+* the committed ONNX models as training steps (``--training``) on 4x8GB.
+
+Per case: auto's step, one device's, the original Baechi's best
+(REFERENCE.md; workloads only), the best lower bound and auto's gap to it,
+how many settings of the passes auto tried, which plan won, and auto's
+placement seconds against the cost model's estimate. Targets (reported, not
+enforced; the script exits 0):
+
+* auto <= min(the original's best, one device) on every case;
+* geomean of step / lower bound over the real cases <= 1.13;
+* static GNMT on rtx2080x4 at least 15% faster than one device;
+* auto's placement time <= 2 s up to 5k placement nodes, <= 10 s up to 20k.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from run import ORIGINAL_STEP_MS, WORKLOAD_DIR, original_best  # noqa: E402
+
+from baechi_cli.devices import parse_devices  # noqa: E402
+from baechi_cli.errors import BaechiError  # noqa: E402
+from baechi_cli.io.workload_json import read_workload_meta  # noqa: E402
+from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
+
+TF_GRAPHS = ("mlp.pb", "cnn.pb", "inception_v3.pb", "resnet50.pb", "transformer.pb")
+GNMT_STATIC = os.path.join(ROOT, "testdata", "cache", "2.21.0", "gnmt_static.pb")
+TF_DEVICES = ("rtx2080x4", "4x8GB")
+ONNX_MODELS = ("keras_cnn.onnx", "keras_resnet50.onnx", "torch_resnet.onnx", "torch_transformer.onnx")
+ONNX_DEVICES = "4x8GB"
+ONNX_DIMS = {"torch_transformer.onnx": {"seq": 128}}  # as tests/onnxmodels.py places it, with --batch-size 8
+GAP_TARGET = 1.13
+GNMT_SPEEDUP_TARGET = 0.85  # step / one device
+TIME_TARGETS = ((5000, 2.0), (20000, 10.0))  # (placement nodes up to, seconds)
+
+
+def cases() -> list[tuple[str, str, str, PlaceOptions]]:
+    """(name, path, devices, options) for every case, in table order."""
+    out = []
+    for name in ORIGINAL_STEP_MS:
+        path = os.path.join(WORKLOAD_DIR, f"{name}.json")
+        out.append((name, path, f"4x{read_workload_meta(path).max_size_per_fpga}", PlaceOptions()))
+    graphs = [os.path.join(ROOT, "testdata", g) for g in TF_GRAPHS]
+    if os.path.exists(GNMT_STATIC):
+        graphs.append(GNMT_STATIC)
+    for path in graphs:
+        for devices in TF_DEVICES:
+            out.append((os.path.basename(path), path, devices, PlaceOptions()))
+    for model in ONNX_MODELS:
+        path = os.path.join(ROOT, "testdata", model)
+        dims = ONNX_DIMS.get(model)
+        options = PlaceOptions(training=True, batch_size=dims and 8, dims=dims)
+        out.append((f"{model} --training", path, ONNX_DEVICES, options))
+    return out
+
+
+def run_case(name: str, path: str, devices: str, options: PlaceOptions) -> dict[str, Any]:
+    record: dict[str, Any] = {"name": name, "devices": devices}
+    try:
+        outcome = place_model(path, parse_devices(devices), options)
+    except BaechiError as err:
+        return record | {"error": f"{type(err).__name__}: {err}"}
+    prepared, search = outcome.prepared, outcome.search
+    assert search is not None
+    single = prepared.single_device
+    original = original_best(name) if name in ORIGINAL_STEP_MS else None
+    return record | {
+        "ops": prepared.graph.num_ops,
+        "nodes": prepared.placement_graph.num_ops,
+        "step_us": outcome.sim.step_time_us,
+        "single_us": single.step_time_us if single else None,
+        "original": None if original is None else {"column": original[0], "step_us": original[1] * 1000},
+        "bounds": prepared.bounds.to_json(),
+        "chosen": outcome.chosen.label,
+        "candidates": len(outcome.candidates),
+        "settings_tried": search.settings_tried,
+        "budget_s": search.budget_s,
+        "estimated_s": search.spent_s,
+        "place_s": outcome.timings["place"],
+        "first_setting_step_us": min(
+            (
+                c.evaluation.value_us
+                for c in outcome.candidates
+                if c.ok and c.differences == "" and c.stage == "place"
+            ),
+            default=None,
+        ),
+    }
+
+
+def ms(us: float | None) -> str:
+    return "-" if us is None else f"{us / 1000:.3f}"
+
+
+def loses(r: dict[str, Any]) -> bool:
+    """auto's step above min(original's best, one device) (beyond float noise)."""
+    refs = [x for x in (r.get("single_us"), (r.get("original") or {}).get("step_us")) if x is not None]
+    return bool(refs) and r["step_us"] > min(refs) * (1 + 1e-9)
+
+
+def render(records: list[dict[str, Any]], seconds: float) -> str:
+    ok = [r for r in records if "error" not in r]
+    ratios = [r["step_us"] / r["bounds"]["best_us"] for r in ok if r["bounds"]["best_us"] > 0]
+    first = [r["first_setting_step_us"] / r["bounds"]["best_us"] for r in ok if r["first_setting_step_us"]]
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
+    geomean_first = math.exp(sum(map(math.log, first)) / len(first)) if first else float("nan")
+    lost = [r["name"] + " " + r["devices"] for r in ok if loses(r)]
+    lines = [
+        "# auto: search, refinement and bounds",
+        "",
+        f"Made by `python bench/search.py` (part of `make bench`) on {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, in {seconds / 60:.1f} minutes. "
+        "Raw numbers: [search.json](search.json).",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | result |",
+        "|---|---|---|",
+        f"| auto <= min(original's best, one device), every case | {len(ok) - len(lost)} of {len(ok)} cases"
+        + (f"; loses on {', '.join(lost)}" if lost else "")
+        + f" | {'PASS' if not lost else 'MISS'} |",
+        f"| geomean step / lower bound <= {GAP_TARGET} | {geomean:.3f} (the options given only, "
+        f"no search: {geomean_first:.3f}) | {'PASS' if geomean <= GAP_TARGET else 'MISS'} |",
+    ]
+    gnmt = next((r for r in ok if r["name"] == "gnmt_static.pb" and r["devices"] == "rtx2080x4"), None)
+    if gnmt is not None:
+        ratio = gnmt["step_us"] / gnmt["single_us"]
+        lines.append(
+            f"| static GNMT on rtx2080x4 >= 15% faster than one device | {ms(gnmt['step_us'])} ms vs "
+            f"{ms(gnmt['single_us'])} ms ({1 - ratio:+.1%} faster; bound {ms(gnmt['bounds']['best_us'])} ms) | "
+            f"{'PASS' if ratio <= GNMT_SPEEDUP_TARGET else 'MISS'} |"
+        )
+    for limit, target in TIME_TARGETS:
+        within = [r for r in ok if r["nodes"] <= limit]
+        worst = max(within, key=lambda r: r["place_s"], default=None)
+        if worst is not None:
+            lines.append(
+                f"| auto's placement <= {target:g} s up to {limit:,} nodes | slowest {worst['place_s']:.2f} s "
+                f"({worst['name']} {worst['devices']}, {worst['nodes']:,} nodes) | "
+                f"{'PASS' if worst['place_s'] <= target else 'MISS'} |"
+            )
+    lines += [
+        "",
+        "## Every case",
+        "",
+        "Step times in ms. gap: step / best lower bound - 1 (the bound's kind in brackets). "
+        "settings: distinct settings of the passes auto placed under. place: auto's real seconds; "
+        "estimate: what its cost model charged the budget (beyond the first setting).",
+        "",
+        "| model | devices | ops | nodes | auto | chosen | one device | original's best | lower bound | gap "
+        "| settings | place (s) | estimate (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        if "error" in r:
+            lines.append(f"| {r['name']} | {r['devices']} | | | {r['error'][:120]} | | | | | | | | |")
+            continue
+        b = r["bounds"]
+        original = r["original"]
+        lines.append(
+            f"| {r['name']} | {r['devices']} | {r['ops']:,} | {r['nodes']:,} | {ms(r['step_us'])} | {r['chosen']} "
+            f"| {ms(r['single_us'])} | "
+            + ("-" if original is None else f"{original['step_us'] / 1000:.1f} ({original['column']})")
+            + f" | {ms(b['best_us'])} ({b['best']}) | {r['step_us'] / b['best_us'] - 1:+.1%} "
+            f"| {r['settings_tried']} | {r['place_s']:.2f} | {r['estimated_s']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    t0 = time.perf_counter()
+    records = []
+    for name, path, devices, options in cases():
+        t = time.perf_counter()
+        records.append(run_case(name, path, devices, options))
+        print(
+            f"[{time.perf_counter() - t0:6.0f} s] {name} {devices}: {time.perf_counter() - t:.1f} s",
+            file=sys.stderr,
+        )
+    seconds = time.perf_counter() - t0
+    with open(os.path.join(HERE, "search.json"), "w") as f:
+        json.dump(records, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(HERE, "search.md"), "w") as f:
+        f.write(render(records, seconds))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""exact (CP-SAT): optimal against brute force, its bound, memory, groups, size guard, determinism.
+
+Brute force tries every placement (colocation groups whole) with every
+per-device order that some topological order induces, each judged by the
+evaluator: in ``parallel`` mode the evaluator runs each order as early as it
+can, so the least of these is the best step time any placement and order
+has. The exact placer's evaluated step time must equal it when it says
+``optimal``, and its lower bound must never exceed it.
+
+Measured (tests marked slow, and bench runs behind the module docstring of
+baechi_cli/placers/exact.py): see the report in the change that added exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from baechi_cli import placers
+from baechi_cli.devices import DEFAULT_FLOPS, Device, DeviceSpec, Interconnect
+from baechi_cli.errors import InfeasibleError, InputError
+from baechi_cli.evaluate import device_order, evaluate
+from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.placers import ExactOptions, Placement
+from baechi_cli.placers import exact as exact_mod
+from baechi_cli.placers.exact import solve
+
+# Transfers of b bytes between two devices take 10 + b / 100 µs: comparable to compute.
+LATENCY, BANDWIDTH = 10.0, 100.0
+
+
+def random_dag(
+    n: int, seed: int, *, persistent: int = 0, group_pairs: int = 0, control: bool = False
+) -> OpGraph:
+    """A layered DAG: compute 1..100 µs, tensors whose transfers cost 10..100 µs."""
+    rng = random.Random(seed)
+    b = GraphBuilder()
+    for i in range(n):
+        b.add_op(
+            f"v{i}",
+            "X",
+            [rng.randint(0, 9000)],
+            compute_us=float(rng.randint(1, 100)),
+            persistent_bytes=persistent,
+        )
+    layers, v = [], 0
+    while v < n:
+        width = min(n - v, rng.randint(1, 3))
+        layers.append(list(range(v, v + width)))
+        v += width
+    for prev, layer in itertools.pairwise(layers):
+        for w in layer:
+            for u in rng.sample(prev, rng.randint(1, len(prev))):
+                b.add_edge(u, w, CONTROL_PORT if control and rng.random() < 0.3 else 0)
+    g = b.build()
+    if group_pairs:
+        group = list(range(n))
+        for _ in range(group_pairs):
+            a, c = sorted(rng.sample(range(n), 2))
+            group[c] = group[a]
+        g = g.replace(group=[group[group[v]] for v in range(n)])
+    return g
+
+
+def spec(
+    ndev: int,
+    *,
+    memory: int = 10**12,
+    mode: str = "parallel",
+    fast: tuple[int, ...] = (),
+    links: dict | None = None,
+) -> DeviceSpec:
+    devices = tuple(
+        Device(f"/device:GPU:{i}", memory, flops=2 * DEFAULT_FLOPS if i in fast else DEFAULT_FLOPS)
+        for i in range(ndev)
+    )
+    return DeviceSpec(devices, Interconnect(mode, LATENCY, BANDWIDTH, links or {}))
+
+
+def with_kinds(g: OpGraph, devices: DeviceSpec) -> OpGraph:
+    """Per-kind compute times: a device with twice the FLOP/s runs every op in half the time."""
+    if devices.homogeneous:
+        return g
+    return g.replace(
+        compute_us_by_kind={
+            d.kind: [c * DEFAULT_FLOPS / d.flops for c in g.compute_us] for d in devices.devices
+        }
+    )
+
+
+def topological_orders(g: OpGraph) -> list[list[int]]:
+    indeg = [len(g.in_edges[v]) for v in range(g.num_ops)]
+    orders: list[list[int]] = []
+
+    def extend(prefix: list[int]) -> None:
+        if len(prefix) == g.num_ops:
+            orders.append(list(prefix))
+            return
+        for v in range(g.num_ops):
+            if indeg[v] == 0 and v not in prefix:
+                for e in g.out_edges[v]:
+                    indeg[g.edge_dst[e]] -= 1
+                prefix.append(v)
+                extend(prefix)
+                prefix.pop()
+                for e in g.out_edges[v]:
+                    indeg[g.edge_dst[e]] += 1
+
+    extend([])
+    return orders
+
+
+def brute_force(g: OpGraph, devices: DeviceSpec) -> float:
+    """The least step time over every placement within memory and every order (module docstring)."""
+    orders = topological_orders(g)
+    groups = sorted(set(g.group))
+    best = float("inf")
+    for choice in itertools.product(range(devices.count), repeat=len(groups)):
+        where = dict(zip(groups, choice))
+        device_of = [where[g.group[v]] for v in range(g.num_ops)]
+        seen = set()
+        for seq in orders:
+            key = tuple(map(tuple, device_order(seq, device_of, devices.count)))
+            if key in seen:
+                continue
+            seen.add(key)
+            ev = evaluate(g, devices, Placement(device_of, seq))
+            if ev.feasible:
+                best = min(best, ev.value_us)
+    return best
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1.0)
+
+
+def check_result(g: OpGraph, devices: DeviceSpec, r) -> float:
+    """The result is a valid, feasible placement and order; returns the brute-force optimum."""
+    assert sorted(r.sequence) == list(range(g.num_ops))
+    position = {v: i for i, v in enumerate(r.sequence)}
+    assert all(position[g.edge_src[e]] < position[g.edge_dst[e]] for e in range(g.num_edges))
+    for v in range(g.num_ops):
+        assert r.device_of[v] == r.device_of[g.group[v]]
+    ev = evaluate(g, devices, Placement(r.device_of, r.sequence))
+    assert ev.feasible and ev.value_us == r.evaluated_us
+    best = brute_force(g, devices)
+    assert r.lower_bound_us <= best * (1 + 1e-9), (r.lower_bound_us, best)
+    assert r.evaluated_us >= best * (1 - 1e-9)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("ndev", [2, 3])
+def test_optimal_on_tiny_graphs_equals_brute_force(seed, ndev):
+    g = random_dag(6, seed, control=seed % 2 == 1)
+    devices = spec(ndev)
+    r = solve(g, devices, time_limit=10.0)
+    best = check_result(g, devices, r)
+    assert r.status == "optimal" and r.cp_status == "OPTIMAL"
+    assert close(r.evaluated_us, best) and close(r.lower_bound_us, best)
+    assert r.nodes == 6 and r.seconds >= 0 and close(r.objective_us, r.evaluated_us)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_heterogeneous_devices_and_per_link_rates(seed):
+    # Device 1 is twice as fast; the link between devices 0 and 2 is ten times slower.
+    devices = spec(3, fast=(1,), links={(0, 2): (100.0, 10.0)})
+    g = with_kinds(random_dag(6, 10 + seed), devices)
+    r = solve(g, devices, time_limit=10.0)
+    best = check_result(g, devices, r)
+    assert r.status == "optimal" and close(r.evaluated_us, best)
+
+
+def test_the_fast_device_takes_a_chain():
+    b = GraphBuilder()
+    ids = [b.add_op(f"op{i}", "X", [100], compute_us=40.0) for i in range(4)]
+    for s, d in itertools.pairwise(ids):
+        b.add_edge(s, d)
+    devices = spec(2, fast=(1,))
+    g = with_kinds(b.build(), devices)
+    r = solve(g, devices, time_limit=10.0)
+    assert r.device_of == [1, 1, 1, 1] and r.status == "optimal" and close(r.evaluated_us, 80.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sequential_mode_bound_stays_below_the_optimum(seed):
+    devices = spec(2, mode="sequential")
+    g = random_dag(6, 20 + seed)
+    r = solve(g, devices, time_limit=10.0)
+    best = check_result(g, devices, r)
+    if r.status == "optimal":
+        assert close(r.evaluated_us, best)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_colocation_groups_stay_whole(seed):
+    g = random_dag(7, 30 + seed, group_pairs=2)
+    assert len(set(g.group)) < g.num_ops
+    devices = spec(2)
+    r = solve(g, devices, time_limit=10.0)
+    best = check_result(g, devices, r)
+    assert r.status == "optimal" and close(r.evaluated_us, best)
+
+
+def test_memory_is_honoured_where_the_best_split_would_not_fit():
+    # A chain with a costly tensor: one device is fastest (20 µs), but the two
+    # ops' weights (600 bytes each) do not fit one 1000-byte device together.
+    b = GraphBuilder()
+    a = b.add_op("a", "X", [9000], compute_us=10.0, persistent_bytes=600)
+    c = b.add_op("c", "X", [0], compute_us=10.0, persistent_bytes=600)
+    b.add_edge(a, c)
+    g = b.build()
+    assert evaluate(g, spec(2), Placement([0, 0])).value_us == 20.0
+    devices = spec(2, memory=1000 + 9000)
+    assert not evaluate(g, devices, Placement([0, 0])).feasible
+    r = solve(g, devices, time_limit=10.0)
+    assert r.device_of[a] != r.device_of[c]
+    best = check_result(g, devices, r)
+    assert r.status == "optimal" and close(r.evaluated_us, best) and close(best, 10 + (10 + 9000 / 100) + 10)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tight_memory_against_brute_force(seed):
+    # Outputs and weights such that some placements do not fit: the answer always does,
+    # and the bound stays below the best that fits.
+    g = random_dag(6, 40 + seed, persistent=300)
+    need = evaluate(g, spec(1), Placement([0] * g.num_ops)).timeline.peak_bytes[0]
+    devices = spec(2, memory=int(need * 0.7))
+    try:
+        r = solve(g, devices, time_limit=10.0)
+    except InfeasibleError:
+        assert brute_force(g, devices) == float("inf")
+        return
+    best = check_result(g, devices, r)
+    if r.status == "optimal":
+        assert close(r.evaluated_us, best)
+
+
+def test_the_second_model_counts_memory_safely():
+    # x runs first (a control edge), and its 600-byte output lives until z ends; meanwhile w makes
+    # 500 bytes for u. On one 1000-byte device every node fits while it runs, so the first model
+    # (weights and each running node's working set) allows it, but the evaluator finds x's and
+    # w's outputs live together: 1100 bytes. The second model's safe count splits them.
+    b = GraphBuilder()
+    x = b.add_op("x", "X", [600], compute_us=10.0)
+    w = b.add_op("w", "X", [500], compute_us=10.0)
+    u = b.add_op("u", "X", [0], compute_us=10.0)
+    z = b.add_op("z", "X", [0], compute_us=10.0)
+    b.add_edge(x, w, CONTROL_PORT)
+    b.add_edge(x, z)
+    b.add_edge(w, u)
+    b.add_edge(u, z, CONTROL_PORT)
+    g = b.build()
+    devices = spec(2, memory=1000)
+    assert not evaluate(g, devices, Placement([0] * 4)).feasible
+    r = solve(g, devices, time_limit=10.0)
+    assert r.device_of[x] != r.device_of[w]
+    best = check_result(g, devices, r)
+    if r.status == "optimal":
+        assert close(r.evaluated_us, best)
+    with pytest.raises(InfeasibleError, match="does not fit"):
+        solve(g.replace(persistent_bytes=[0, 2000, 0, 0]), devices, time_limit=10.0)
+
+
+def test_a_graph_over_the_size_guard_is_refused_before_any_model():
+    g = random_dag(201, 1)
+    with pytest.raises(InputError) as info:
+        solve(g, spec(2), time_limit=10.0)
+    assert str(info.value) == (
+        "exact solves graphs of up to 200 nodes after fusion; this one has 201: "
+        "use --algo auto (which uses exact on small graphs), or coarser fusion"
+    )
+    with pytest.raises(InputError, match="up to 10 nodes"):
+        placers.get("exact").place(random_dag(11, 1), spec(2), ExactOptions(max_nodes=10))
+    with pytest.raises(InputError, match="time limit"):
+        solve(random_dag(3, 1), spec(2), time_limit=0.0)
+
+
+def test_deterministic():
+    g = random_dag(18, 7)
+    devices = spec(3)
+    first = solve(g, devices, time_limit=2.0)
+    again = solve(g, devices, time_limit=2.0)
+    assert (first.device_of, first.sequence, first.status, first.lower_bound_us) == (
+        again.device_of,
+        again.sequence,
+        again.status,
+        again.lower_bound_us,
+    )
+
+
+def test_hint_is_used_and_checked():
+    g = random_dag(8, 3)
+    devices = spec(2)
+    etf = placers.get("etf").place(g, devices)
+    r = solve(g, devices, time_limit=10.0, hint=etf.device_of, hint_sequence=etf.sequence)
+    assert r.evaluated_us <= evaluate(g, devices, etf).value_us + 1e-9
+    with pytest.raises(ValueError, match="each of the 8 nodes"):
+        solve(g, devices, time_limit=10.0, hint=[0] * 7)
+    grouped = g.replace(group=[0, 0, *range(2, 8)])
+    with pytest.raises(ValueError, match="splits the colocation group"):
+        solve(grouped, devices, time_limit=10.0, hint=[0, 1, 0, 0, 0, 0, 0, 0])
+
+
+def test_place_reports_its_facts_and_keeps_the_contract():
+    g = random_dag(10, 5, group_pairs=1)
+    devices = spec(2)
+    p = placers.get("exact").place(g, devices)
+    assert {"exact_status", "exact_lower_bound_us", "exact_objective_us", "exact_seconds"} <= set(p.info)
+    assert p.info["exact_status"] == "optimal"
+    ev = evaluate(g, devices, p)
+    assert ev.feasible and close(ev.value_us, p.info["exact_lower_bound_us"])
+    for v in range(g.num_ops):
+        assert p.device_of[v] == p.device_of[g.group[v]]
+
+
+def test_registry_entry():
+    s = placers.get("exact")
+    assert (s.title, s.options, s.auto, s.respects_memory) == ("exact (CP-SAT)", ExactOptions, False, True)
+    assert ExactOptions().max_nodes == exact_mod.DEFAULT_MAX_NODES
+    assert ExactOptions().time_limit == 10.0
+
+
+def test_empty_and_one_device():
+    empty = GraphBuilder().build()
+    r = solve(empty, spec(2), time_limit=1.0)
+    assert (r.device_of, r.sequence, r.status) == ([], [], "optimal")
+    g = random_dag(8, 2)
+    r = solve(g, spec(1), time_limit=10.0)
+    assert r.status == "optimal" and close(r.evaluated_us, sum(g.compute_us))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "ndev"), [(30, 3), (40, 4)])
+def test_proves_forty_nodes_on_several_devices(n, ndev):
+    g = random_dag(n, 1)
+    devices = spec(ndev)
+    etf = placers.get("etf").place(g, devices)
+    r = solve(g, devices, time_limit=10.0, hint=etf.device_of, hint_sequence=etf.sequence)
+    assert r.status == "optimal"
