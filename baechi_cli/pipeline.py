@@ -629,6 +629,9 @@ def run_candidate(
     variant = variant or prepared.variant
     pgraph, expands_sequence = variant.placement_graph, variant.expands_sequence
     premise = variant.without_forward_only is not None and spec.respects_memory
+    if premise and spec.needs_every_edge:
+        assert variant.without_forward_only is not None
+        pgraph, expands_sequence, premise = variant.without_forward_only(), True, False
     capacity = [d.memory_bytes for d in devices.devices]
     budget = capacity
     t0 = time.perf_counter()

@@ -122,3 +122,18 @@ def test_a_budget_that_is_not_a_positive_number_is_refused(budget, tmp_path):
     r = CliRunner().invoke(main, ["place", CNN, "-d", "4x8GB", "--budget", budget, "--report", str(report)])
     assert r.exit_code == 2 and "--budget" in r.output
     assert not report.exists()
+
+
+def test_exact_places_the_graph_with_every_edge_not_the_forward_only_one():
+    # forward-only placement drops the backward ops' edges; exact's proofs are about
+    # the schedule of the graph it sees, so it must see them (cnn.pb: 75 nodes with
+    # forward-only placement, 210 without; exact takes at most 200).
+    from baechi_cli.errors import InputError
+
+    with pytest.raises(InputError, match="this one has 210"):
+        place_model(CNN, parse_devices("4x8GB"), PlaceOptions(algo="exact"))
+    mlp = os.path.join(ROOT, "testdata", "mlp.pb")
+    outcome = place_model(mlp, parse_devices("4x8GB"), PlaceOptions(algo="exact"))
+    info = outcome.placement.info
+    assert info["exact_nodes"] == 88 and info["exact_status"] == "optimal"
+    assert info["exact_lower_bound_us"] <= outcome.sim.step_time_us

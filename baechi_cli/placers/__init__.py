@@ -98,6 +98,9 @@ class PlacerSpec:
     # auto lists its candidates in.
     auto_priority: int = 100
     respects_memory: bool = True
+    # The placer proves things about the schedule of the graph it sees, so it must
+    # see every edge: it places the graph without forward-only placement's contraction.
+    needs_every_edge: bool = False
 
     def place(self, graph: OpGraph, devices: DeviceSpec, options: Any = None) -> Placement:
         """Run the placer; ``options`` defaults to its options dataclass's defaults."""
@@ -226,5 +229,6 @@ register(
         options=ExactOptions,
         auto=False,  # auto calls exact.solve() itself on small graphs
         respects_memory=True,
+        needs_every_edge=True,
     )
 )

@@ -99,6 +99,12 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
     )
     if len(outcome.candidates) > 1:
         console.print(tried(outcome))
+    info = outcome.placement.info
+    if "exact_status" in info:
+        console.print(
+            f"exact: {info['exact_status']} on the {info['exact_nodes']}-node placement graph (bound "
+            f"{fmt_us(info['exact_lower_bound_us'])} there, for plans keeping its nodes whole)"
+        )
     console.print(f"communication: {len(sim.transfers)} transfers, {fmt_bytes(sim.comm_bytes)}")
     table = make_table(
         console,
