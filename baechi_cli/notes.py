@@ -36,7 +36,11 @@ def placement_notes(
     single: SimResult | None,
     candidates: list[Candidate] | None = None,
 ) -> list[str]:
-    """Explain what users would read as a bug: a split slower than one device, an idle device."""
+    """Explain what users would read as a bug: a split slower than one device, an idle device.
+
+    ``algo`` is the placer whose plan was kept, or ``refine`` / ``exact`` for
+    auto's later stages.
+    """
     notes = []
     if candidates and len(candidates) > 1 and algo == "single":
         splits = [c for c in candidates if c.ok and c.algorithm != "single"]
@@ -80,6 +84,10 @@ def placement_notes(
             "m-TOPO fills devices in topological order up to an equal share of compute, "
             "and the earlier devices took all of it"
         )
+    elif algo == "refine":
+        why = "refinement found no move of a group onto it that shortens the step"
+    elif algo == "exact":
+        why = "the exact solver's plan needs it for nothing"
     else:
         why = (
             f"{placers.title(algo)} never found an op that could start earlier there, "

@@ -748,7 +748,12 @@ def place_model(
     notes = [
         *prepared.notes,
         *placement_notes(
-            prepared.graph, prepared.devices, chosen.algorithm, chosen.sim, prepared.single_device, candidates
+            prepared.graph,
+            prepared.devices,
+            chosen.algorithm if chosen.stage == "place" else chosen.stage,
+            chosen.sim,
+            prepared.single_device,
+            candidates,
         ),
     ]
     if isinstance(prepared.cost_report, ProfileCosts) and not prepared.cost_report.same_model:
