@@ -620,19 +620,13 @@ def lower_bound(graph: OpGraph, devices: DeviceSpec) -> float:
     """max(critical path with zero communication, total compute / device count).
 
     For heterogeneous devices each op counts at its fastest kind's time, which
-    keeps the bound valid (and looser). O(V + E).
+    keeps the bound valid (and looser). O(V + E). The two bounds apart, and
+    CP-SAT's: :func:`baechi_cli.bounds.lower_bounds`.
     """
-    kinds = {d.kind for d in devices.devices}
-    columns = [graph.durations(k) for k in sorted(kinds)]
-    fastest = [min(c[v] for c in columns) for v in range(graph.num_ops)] if len(columns) > 1 else columns[0]
-    finish = [0.0] * graph.num_ops
-    for v in graph.topo_order():
-        ready = 0.0
-        for e in graph.in_edges[v]:
-            ready = max(ready, finish[graph.edge_src[e]])
-        finish[v] = ready + fastest[v]
-    critical = max(finish, default=0.0)
-    return max(critical, sum(fastest) / devices.count)
+    from baechi_cli.bounds import lower_bounds
+
+    bounds = lower_bounds(graph, devices)
+    return max(bounds.critical_path_us, bounds.work_us)
 
 
 @dataclass
