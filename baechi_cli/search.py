@@ -251,7 +251,9 @@ def exact_stage(prepared: Prepared, search: Search) -> None:
     seconds = min(EXACT_SECONDS, max(0.1, search.budget_s - search.spent_s))
     t0 = time.perf_counter()
     result = solve(graph, prepared.devices, time_limit=seconds, hint=hint)
-    search.spent_s += result.seconds
+    # Charged its limit (CP-SAT's deterministic seconds), not the clock: refinement's
+    # share, and so the plan, must not depend on the machine's load.
+    search.spent_s += seconds
     bounds = prepared.bounds
     if on_ops:
         bounds.exact_us = result.lower_bound_us

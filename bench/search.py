@@ -53,6 +53,7 @@ ONNX_MODELS = ("keras_cnn.onnx", "keras_resnet50.onnx", "torch_resnet.onnx", "to
 ONNX_DEVICES = "4x8GB"
 ONNX_DIMS = {"torch_transformer.onnx": {"seq": 128}}  # as tests/onnxmodels.py places it, with --batch-size 8
 GAP_TARGET = 1.13
+EXACT_NODES = 40
 GNMT_SPEEDUP_TARGET = 0.85  # step / one device
 TIME_TARGETS = ((5000, 2.0), (20000, 10.0))  # (placement nodes up to, seconds)
 
@@ -190,6 +191,75 @@ def render(records: list[dict[str, Any]], seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def exact_records() -> list[dict[str, Any]]:
+    """exact (``solve``, 10 s of CP-SAT's deterministic time) on synthetic 40-op DAGs (bench/synthetic.py,
+    width 8) on 2-4 devices, and on the committed workloads' placement graphs when they are small enough."""
+    from synthetic import layered_dag
+
+    from baechi_cli.pipeline import prepare
+    from baechi_cli.placers.exact import DEFAULT_MAX_NODES, solve
+
+    out = []
+    for seed in range(3):
+        graph = layered_dag(EXACT_NODES, width=8, seed=seed)
+        for count in (2, 3, 4):
+            r = solve(graph, parse_devices(f"{count}x1TB"), time_limit=10.0)
+            out.append({"graph": f"layered_dag({EXACT_NODES}, seed {seed})", "devices": count} | exact_row(r))
+    for name in ORIGINAL_STEP_MS:
+        path = os.path.join(WORKLOAD_DIR, f"{name}.json")
+        devices = parse_devices(f"4x{read_workload_meta(path).max_size_per_fpga}")
+        options = PlaceOptions(forward_only=False)
+        graph = prepare(path, devices, options, lambda stage: None).placement_graph
+        if graph.num_ops > DEFAULT_MAX_NODES:
+            out.append({"graph": name, "devices": 4, "nodes": graph.num_ops, "status": "over the size guard"})
+            continue
+        try:
+            r = solve(graph, devices, time_limit=10.0)
+        except BaechiError as err:
+            out.append({"graph": name, "devices": 4, "nodes": graph.num_ops, "status": type(err).__name__})
+            continue
+        out.append({"graph": name, "devices": 4} | exact_row(r))
+    return out
+
+
+def exact_row(r: Any) -> dict[str, Any]:
+    return {
+        "nodes": r.nodes,
+        "status": r.status,
+        "evaluated_us": r.evaluated_us,
+        "lower_bound_us": r.lower_bound_us,
+        "gap": r.gap,
+        "seconds": r.seconds,
+    }
+
+
+def exact_lines(rows: list[dict[str, Any]]) -> list[str]:
+    proven = [r for r in rows if r["graph"].startswith("layered_dag")]
+    ok = all(r["status"] == "optimal" and r["seconds"] <= 10 for r in proven)
+    lines = [
+        "",
+        "## exact (CP-SAT)",
+        "",
+        f"Target: proves optimality on graphs of up to {EXACT_NODES} nodes on 2 to 4 devices within 10 s: "
+        f"**{'PASS' if ok else 'MISS'}** ({sum(r['status'] == 'optimal' for r in proven)} of {len(proven)} "
+        f"proven, slowest {max(r['seconds'] for r in proven):.2f} s). The workloads' placement graphs "
+        "(without forward-only placement, fused) get a plan and a gap to the bound proven on that graph "
+        "(gap: (plan - bound) / plan).",
+        "",
+        "| graph | devices | nodes | status | plan (ms) | bound (ms) | gap | seconds |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "evaluated_us" not in r:
+            lines.append(f"| {r['graph']} | {r['devices']} | {r['nodes']} | {r['status']} | | | | |")
+            continue
+        lines.append(
+            f"| {r['graph']} | {r['devices']} | {r['nodes']} | {r['status']} | {ms(r['evaluated_us'])} "
+            f"| {ms(r['lower_bound_us'])} | {r['gap']:.2%} | {r['seconds']:.2f} |"
+        )
+    return lines
+
+
 def main() -> None:
     t0 = time.perf_counter()
     records = []
@@ -200,12 +270,13 @@ def main() -> None:
             f"[{time.perf_counter() - t0:6.0f} s] {name} {devices}: {time.perf_counter() - t:.1f} s",
             file=sys.stderr,
         )
+    exact = exact_records()
     seconds = time.perf_counter() - t0
     with open(os.path.join(HERE, "search.json"), "w") as f:
-        json.dump(records, f, indent=1)
+        json.dump({"auto": records, "exact": exact}, f, indent=1)
         f.write("\n")
     with open(os.path.join(HERE, "search.md"), "w") as f:
-        f.write(render(records, seconds))
+        f.write(render(records, seconds) + "\n".join(exact_lines(exact)) + "\n")
 
 
 if __name__ == "__main__":
