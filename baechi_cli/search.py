@@ -29,7 +29,7 @@ Complexity: that of the placers and the evaluator, times the settings tried.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from baechi_cli import placers
@@ -104,7 +104,6 @@ class Search:
     spent_s: float  # by the cost model
     settings_tried: int
     settings_skipped: int
-    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
