@@ -691,16 +691,22 @@ def expand(placement: Placement, pgraph: OpGraph, graph: OpGraph, with_sequence:
     )
 
 
+def fastest(candidates: list[Candidate]) -> Candidate | None:
+    """The feasible candidate with the best objective value (earlier in the list on ties); None without one."""
+    feasible = [c for c in candidates if c.ok]
+    return min(feasible, key=lambda c: c.evaluation.value_us) if feasible else None  # type: ignore[union-attr]
+
+
 def choose(candidates: list[Candidate]) -> Candidate:
-    """The feasible candidate with the best objective value (earlier in the list on ties).
+    """:func:`fastest`, or the error that explains why there is no placement.
 
     With none feasible, an infeasible model says so: the errors of placers that
     respect memory come first, since their message says what the model needs
     ("does not fit one device" says less); otherwise the first failure speaks.
     """
-    feasible = [c for c in candidates if c.ok]
-    if feasible:
-        return min(feasible, key=lambda c: c.evaluation.value_us)  # type: ignore[union-attr]
+    best = fastest(candidates)
+    if best is not None:
+        return best
     failed = sorted(
         (c for c in candidates if c.error is not None),
         key=lambda c: not placers.get(c.algorithm).respects_memory,

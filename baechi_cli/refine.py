@@ -98,6 +98,7 @@ from baechi_cli.devices import DeviceSpec
 from baechi_cli.evaluate import Evaluation, device_order, evaluate
 from baechi_cli.graph import OpGraph
 from baechi_cli.placers import Placement
+from baechi_cli.placers.memory import ample, safe_peaks
 from baechi_cli.sim import StepTimer, Timing
 
 # Seconds per fast evaluation per op and edge, the search's own work included: StepTimer
@@ -273,8 +274,6 @@ class _Search:
     """The state of one refinement: units, their devices, the candidate moves and the budget."""
 
     def __init__(self, graph: OpGraph, devices: DeviceSpec, start: Placement, seed: int) -> None:
-        from baechi_cli.placers.memory import ample
-
         n = graph.num_ops
         if len(start.device_of) != n:
             raise ValueError(f"placement covers {len(start.device_of)} ops, graph has {n}")
@@ -283,16 +282,12 @@ class _Search:
         self.ndev = devices.count
         self.rng = random.Random(seed)
         self.timer = StepTimer(graph, devices)
-        unit_index: dict[int, int] = {}
+        # One unit per colocation group, in order of the group's first op.
+        self.unit_ops: list[list[int]] = list(graph.group_members().values())
         self.unit_of = [0] * n
-        self.unit_ops: list[list[int]] = []
-        for v in range(n):
-            u = unit_index.get(graph.group[v])
-            if u is None:
-                u = unit_index[graph.group[v]] = len(self.unit_ops)
-                self.unit_ops.append([])
-            self.unit_of[v] = u
-            self.unit_ops[u].append(v)
+        for u, ops in enumerate(self.unit_ops):
+            for v in ops:
+                self.unit_of[v] = u
         self.dev = [start.device_of[ops[0]] for ops in self.unit_ops]
         if any(start.device_of[v] != self.dev[self.unit_of[v]] for v in range(n)):
             raise ValueError("the start placement splits a colocation group")
@@ -356,27 +351,8 @@ class _Search:
         return all(p <= m for p, m in zip(peaks, self.limits))
 
     def _bound_fits(self, device_of: list[int]) -> bool:
-        """Every device's weights, outputs, one copy of each tensor it receives and its largest temporary fit.
-
-        That bounds the simulator's peak from above whatever the schedule.
-        """
-        g = self.graph
-        t = g.tensors
-        need = [0] * self.ndev
-        temp = [0] * self.ndev
-        for v in range(g.num_ops):
-            d = device_of[v]
-            need[d] += g.persistent_bytes[v] + sum(g.output_bytes[v])
-            if g.temporary_bytes[v] > temp[d]:
-                temp[d] = g.temporary_bytes[v]
-        received: set[tuple[int, int]] = set()
-        for e in range(g.num_edges):
-            tid = t.edge_tensor[e]
-            d = device_of[g.edge_dst[e]]
-            if d != device_of[t.src[tid]] and (tid, d) not in received:
-                received.add((tid, d))
-                need[d] += t.nbytes[tid]
-        return all(a + b <= m for a, b, m in zip(need, temp, self.limits))
+        """Within memory by the ledger's count, which bounds the simulator's peak whatever the schedule."""
+        return all(p <= m for p, m in zip(safe_peaks(self.graph, device_of, self.ndev), self.limits))
 
     def _remember(self, dev: list[int], value: float) -> None:
         if self.ndev < 256:

@@ -41,6 +41,8 @@ from baechi_cli.pipeline import (
     PlaceOptions,
     Prepared,
     Variant,
+    expand,
+    fastest,
     run_candidate,
 )
 from baechi_cli.placers import Placement, PlacerSpec
@@ -128,13 +130,8 @@ def settings(prepared: Prepared, options: PlaceOptions) -> list[PassOptions]:
     fusion = [given.fusion] if options.fusion is not None else [given.fusion, not given.fusion]
     space = [PassOptions(f, c, u) for f in forward for c in coplace for u in fusion]
 
-    def distance(s: PassOptions) -> tuple[int, int]:
-        differs = (
-            (s.forward_only != given.forward_only) + (s.coplace != given.coplace) + (s.fusion != given.fusion)
-        )
-        return differs, space.index(s)
-
-    return sorted(space, key=distance)
+    # sorted() is stable: among settings as far from the given one, the order above holds.
+    return sorted(space, key=lambda s: sum(a != b for a, b in zip(s, given)))
 
 
 def auto_search(prepared: Prepared, options: PlaceOptions) -> Search:
@@ -143,7 +140,7 @@ def auto_search(prepared: Prepared, options: PlaceOptions) -> Search:
     budget = options.budget if options.budget is not None else default_budget(nodes)
     candidates: list[Candidate] = []
     spent = 0.0
-    seen: dict[int, PassOptions] = {}
+    seen: set[int] = set()  # fingerprints of the placement graphs placed on
     tried = skipped_settings = 0
     for i, setting in enumerate(settings(prepared, options)):
         first = i == 0
@@ -152,11 +149,10 @@ def auto_search(prepared: Prepared, options: PlaceOptions) -> Search:
                 break
             spent += passes_seconds(prepared)
         variant = prepared.variant_for(setting)
-        same = seen.get(variant.fingerprint)
-        if same is not None:
+        if variant.fingerprint in seen:
             skipped_settings += 1
             continue
-        seen[variant.fingerprint] = setting
+        seen.add(variant.fingerprint)
         tried += 1
         for spec, too_big in placers.auto_candidates(variant.placement_graph.num_ops):
             if not first and spec.name == "single":
@@ -182,17 +178,11 @@ def auto_search(prepared: Prepared, options: PlaceOptions) -> Search:
     return search
 
 
-def best(candidates: list[Candidate]) -> Candidate | None:
-    """The fastest feasible candidate (the earliest on ties), None without one."""
-    ok = [c for c in candidates if c.ok]
-    return min(ok, key=lambda c: c.evaluation.value_us) if ok else None  # type: ignore[union-attr]
-
-
 def refine_stage(prepared: Prepared, options: PlaceOptions, search: Search) -> None:
     """Local search from the best plan so far with what is left of the budget (a candidate when it ran)."""
     from baechi_cli.refine import evaluation_cost, refine
 
-    start = best(search.candidates)
+    start = fastest(search.candidates)
     if start is None or start.placement is None or prepared.bounds.gap(start.evaluation.value_us) == 0:
         return
     per_evaluation = evaluation_cost(prepared.graph)
@@ -236,7 +226,7 @@ def exact_stage(prepared: Prepared, search: Search) -> None:
     """
     from baechi_cli.placers.exact import solve
 
-    start = best(search.candidates)
+    start = fastest(search.candidates)
     if start is None or start.placement is None:
         return
     graph = prepared.graph
@@ -260,8 +250,6 @@ def exact_stage(prepared: Prepared, search: Search) -> None:
     else:
         bounds.exact_restricted_us = result.lower_bound_us
         bounds.exact_scope = f"a placement graph of {graph.num_ops} nodes (plans keeping its nodes whole)"
-    from baechi_cli.pipeline import expand
-
     placement = Placement(list(result.device_of), list(result.sequence))
     if not on_ops:
         placement = expand(placement, graph, prepared.graph, True)

@@ -9,11 +9,11 @@ from test_passes_contract import check_contraction
 
 from baechi_cli.devices import parse_devices
 from baechi_cli.evaluate import evaluate
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.graph import GraphBuilder, OpGraph
 from baechi_cli.passes.contract import groups_of, placement_of
 from baechi_cli.passes.forward_only import forward_only
 from baechi_cli.placers import Placement
-from baechi_cli.placers.memory import own_bytes
+from baechi_cli.placers.memory import safe_peaks
 
 
 def test_backward_ops_follow_their_forward_op():
@@ -103,26 +103,6 @@ def test_graph_without_backward_ops_is_returned_unchanged():
 # ------------------------------------------------------------ properties
 
 
-def ledger_bound(f: OpGraph, device_of_node: list[int], ndev: int) -> list[int]:
-    """What a MemoryLedger counts per device for a complete placement of ``f``."""
-    bound = [0] * ndev
-    temporary = [0] * ndev  # a device runs one op at a time: the largest temporary, once
-    for node, nbytes in enumerate(own_bytes(f)):
-        d = device_of_node[node]
-        bound[d] += nbytes
-        temporary[d] = max(temporary[d], f.temporary_bytes[node])
-    bound = [b + t for b, t in zip(bound, temporary, strict=True)]
-    copies = set()
-    t = f.tensors
-    for e in range(f.num_edges):
-        d = device_of_node[f.edge_dst[e]]
-        if f.edge_port[e] != CONTROL_PORT and device_of_node[f.edge_src[e]] != d:
-            copies.add((t.edge_tensor[e], d))
-    for tensor, d in copies:
-        bound[d] += t.nbytes[tensor]
-    return bound
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     g=st.one_of(training_dags(), dags(1, 16, max_ports=3, control_p=0.15, repeat_p=0.1, backward_p=0.5)),
@@ -153,7 +133,7 @@ def test_reduced_graph_memory_bounds_the_simulated_peak(g, ndev, mode, data):
     device_of = placement_of(f, device_of_node, g.num_ops)
     spec = parse_devices(f"{ndev}x1GB").with_comm_mode(mode)
     sim = evaluate(g, spec, Placement(device_of)).timeline
-    bound = ledger_bound(f, device_of_node, ndev)
+    bound = safe_peaks(f, device_of_node, ndev)  # what a MemoryLedger counts for the whole placement
     for d in range(ndev):
         assert sim.peak_bytes[d] <= bound[d], (d, sim.peak_bytes, bound)
     # so every colocation group of the original ends up on one device
