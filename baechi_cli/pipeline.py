@@ -177,12 +177,15 @@ class Prepared:
             found = self.variants[options] = optimization_passes(self.graph, self.devices, options, reason)
         return found
 
-    def judge(self, placement: Placement) -> Evaluation:
-        """``evaluate()`` of a placement of ``graph``'s ops, remembered."""
+    def judge(self, placement: Placement, known: Evaluation | None = None) -> Evaluation:
+        """``evaluate()`` of a placement of ``graph``'s ops, remembered.
+
+        ``known``: that evaluation, when the caller already ran it (refinement does).
+        """
         key = _placement_key(placement)
         found = self.judged.get(key)
         if found is None:
-            found = self.judged[key] = evaluate(self.graph, self.devices, placement)
+            found = self.judged[key] = known or evaluate(self.graph, self.devices, placement)
         return found
 
 

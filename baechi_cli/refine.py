@@ -157,7 +157,7 @@ class Refined:
     moves_accepted: int  # improving moves taken (a kick is not one)
     seconds: float
     kicks: int = 0  # non-improving moves taken at local optima
-    full_evaluations: int = 0  # full evaluator runs: the start's and the result's
+    full_evaluations: int = 0  # full evaluator runs: the start's (unless given) and the result's
     memory_checks: int = 0  # improvements whose memory was counted (StepTimer.peak_bytes)
     kept_sequence: bool = False  # whether the start's order was kept
     history: list[tuple[int, float, str]] = field(default_factory=list)  # (evaluations, value, move kind)
@@ -178,14 +178,22 @@ def evaluation_cost(graph: OpGraph) -> float:
 
 
 def refine(
-    graph: OpGraph, devices: DeviceSpec, start: Placement, *, max_evaluations: int, seed: int = 0
+    graph: OpGraph,
+    devices: DeviceSpec,
+    start: Placement,
+    *,
+    max_evaluations: int,
+    seed: int = 0,
+    start_evaluation: Evaluation | None = None,
 ) -> Refined:
     """Improve ``start`` by local search within ``max_evaluations`` fast evaluations (module docstring).
 
-    ValueError when ``start`` does not cover the graph or splits a group.
+    ``start_evaluation``, when the caller has it, is ``evaluate(graph, devices,
+    start)`` (a full evaluation saved). ValueError when ``start`` does not
+    cover the graph or splits a group.
     """
     t0 = time.perf_counter()
-    search = _Search(graph, devices, start, seed)
+    search = _Search(graph, devices, start, seed, start_evaluation)
     search.run(max_evaluations)
     placement, evaluation = search.result()
     return Refined(
@@ -273,7 +281,14 @@ def scope_keys(name: str) -> list[str]:
 class _Search:
     """The state of one refinement: units, their devices, the candidate moves and the budget."""
 
-    def __init__(self, graph: OpGraph, devices: DeviceSpec, start: Placement, seed: int) -> None:
+    def __init__(
+        self,
+        graph: OpGraph,
+        devices: DeviceSpec,
+        start: Placement,
+        seed: int,
+        start_evaluation: Evaluation | None,
+    ) -> None:
         n = graph.num_ops
         if len(start.device_of) != n:
             raise ValueError(f"placement covers {len(start.device_of)} ops, graph has {n}")
@@ -303,8 +318,10 @@ class _Search:
         self.limits = [d.memory_bytes for d in devices.devices]
 
         self.start_placement = start
-        self.start_eval = evaluate(graph, devices, start)
-        self.full_evaluations += 1
+        if start_evaluation is None:
+            start_evaluation = evaluate(graph, devices, start)
+            self.full_evaluations += 1
+        self.start_eval = start_evaluation
         self.start_value = self.start_eval.value_us
         self.value = self.start_value
         # Keep the start's order or drop it, whichever runs faster (and fits).

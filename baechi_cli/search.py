@@ -190,7 +190,12 @@ def refine_stage(prepared: Prepared, options: PlaceOptions, search: Search) -> N
     if evaluations < 1:
         return
     refined = refine(
-        prepared.graph, prepared.devices, start.placement, max_evaluations=evaluations, seed=options.seed
+        prepared.graph,
+        prepared.devices,
+        start.placement,
+        max_evaluations=evaluations,
+        seed=options.seed,
+        start_evaluation=start.evaluation,
     )
     search.spent_s += refined.evaluations * per_evaluation
     if not refined.evaluation.value_us < start.evaluation.value_us:  # type: ignore[union-attr]
@@ -210,7 +215,7 @@ def refine_stage(prepared: Prepared, options: PlaceOptions, search: Search) -> N
         start.algorithm,
         refined.seconds,
         placement,
-        prepared.judge(placement),
+        prepared.judge(placement, refined.evaluation),
         variant=start.variant,
         stage="refine",
         start=start.label,
