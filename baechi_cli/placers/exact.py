@@ -64,7 +64,8 @@ the model's order. Take any placement within memory and any schedule of it
 the evaluator could produce, with start times ``s`` and step time ``T``.
 Then ``S[v] = floor(s[v] (1 + 1e-9) / unit) + k[v]``, where ``k[v]`` counts
 the lengthened nodes on a chain (dependencies and device order) before v,
-meets every constraint of the first model with makespan at most
+meets every constraint of the first model (devices relabelled within their
+classes for the symmetry breaking) with makespan at most
 ``T (1 + 1e-9) / unit + Z`` for ``Z`` lengthened nodes. So CP-SAT's proven
 bound ``B`` on its model's optimum gives ``T >= (B - Z) unit / (1 + 1e-9)``
 for every placement: that is ``lower_bound_us`` (or the simulator's
@@ -80,20 +81,29 @@ delay the critical transfers. Else ``feasible``.
 
 Determinism. CP-SAT's parallel portfolio returns whatever its threads had
 found when the clock stops, and even a proven optimum may differ run to run.
-Its deterministic parallel mode (``interleave_search``) runs tasks in batches
-of one deterministic second each and waits for the slowest of a batch, which
-measured 10-100x slower than one worker here (tests/test_exact.py). So by
-default (``workers=1``) one worker searches, with a fixed seed, under a
-*deterministic* time limit (``max_deterministic_time``, CP-SAT's count of
-work: about one second of a core): the same input gives the same answer on
-any machine, and the wall time varies with the machine's speed and load.
-``workers > 1`` runs CP-SAT's parallel portfolio under a wall-clock limit,
-faster on a machine with that many free cores, but not reproducible.
+Its deterministic parallel mode (``interleave_search``) runs tasks in
+batches, each full search for a deterministic second, and waits for the
+slowest of a batch: measured 10-100x slower to a proof than one worker on
+graphs of 20-25 nodes. So by default (``workers=1``) one worker searches,
+with a fixed seed, under a *deterministic* time limit
+(``max_deterministic_time``: CP-SAT's count of its work, nominally seconds
+of one core), and the same input gives the same answer on any machine (with
+the same OR-Tools). The count drifts from the clock (measured 0.15-1 counted
+seconds per wall second on a shared 2-core machine), so on a loaded machine
+a search takes longer, never differently. ``workers > 1`` runs CP-SAT's
+parallel portfolio under a wall-clock limit: faster with that many free
+cores, not reproducible, and ``ExactResult.reproducible`` says so. The
+search takes no values from the LP relaxation
+(``exploit_integer_lp_solution``): those leave nodes later than they could
+start, and the search then crawls down one time unit per solution.
 
 Size. Graphs of more than ``max_nodes`` nodes are refused (InputError) before
-anything is built: the model has ``V·D`` intervals and ``E·D`` conditional
-precedences, and beyond a few dozen nodes on two devices a proof is out of
-reach (the numbers: tests/test_exact.py's docstring).
+anything is built: the model has ``V·D`` intervals and up to ``E·D``
+conditional precedences. How far proofs reach depends on the graph more
+than its size: a load-bound graph on two devices (where the bound must prove
+idle time) resists at 30-40 nodes, while the committed GNMT training graph
+(192 ops, 96 after the passes) is proven optimal on four devices
+(tests/test_exact.py's docstring has the measurements).
 """
 
 from __future__ import annotations
@@ -144,6 +154,9 @@ class ExactResult:
     evaluated_us: float
     cp_status: str  # CP-SAT's status for the model that gave the answer
     from_hint: bool = False
+    # False with several workers, whose threads race (module docstring): then the same
+    # input may give another answer.
+    reproducible: bool = True
 
     @property
     def gap(self) -> float:
@@ -212,6 +225,7 @@ def place(graph: OpGraph, devices: DeviceSpec, options: ExactOptions) -> Placeme
         "exact_seconds": round(result.seconds, 6),
         "exact_nodes": result.nodes,
         "exact_source": source,
+        "exact_reproducible": result.reproducible,
     }
     return placement
 
@@ -264,6 +278,7 @@ class _Solved:
     start: list[int] | None
     objective: int | None
     bound: int  # proven lower bound of the model's optimum, in units
+    clock: bool = False  # several workers raced: another run may answer differently
 
 
 class _Problem:
@@ -526,10 +541,17 @@ class _Problem:
             m.NewIntVar(self.head[v], max(self.head[v], upper - self.tail[v] - self.pmin[v]), "")
             for v in range(n)
         ]
-        if all(min(row) == max(row) for row in p):
+        uniform = all(min(row) == max(row) for row in p)
+        if uniform:
             end = [start[v] + p[v][0] for v in range(n)]
-        else:
-            end = [start[v] + sum(p[v][d] * x[gof[v]][d] for d in range(ndev)) for v in range(n)]
+        else:  # an end variable per node keeps every precedence between two variables (fast to propagate)
+            end = []
+            for v in range(n):
+                lo = self.head[v] + self.pmin[v]
+                e = m.NewIntVar(lo, max(lo, upper - self.tail[v]), "")
+                for d in range(ndev):
+                    m.Add(e == start[v] + p[v][d]).OnlyEnforceIf(x[gof[v]][d])
+                end.append(e)
         lowest = max((self.head[v] + self.pmin[v] + self.tail[v] for v in range(n)), default=0)
         makespan_var = m.NewIntVar(lowest, max(lowest, upper), "")
         for d in range(ndev):
@@ -584,6 +606,8 @@ class _Problem:
             if hint_start is not None:
                 for v in range(n):
                     m.AddHint(start[v], hint_start[v])
+                    if not uniform:
+                        m.AddHint(end[v], hint_start[v] + p[v][self.hint[gof[v]]])
                 m.AddHint(makespan_var, upper)
         m.Minimize(makespan_var)
 
@@ -592,6 +616,10 @@ class _Problem:
         prm.random_seed = SEED
         prm.relative_gap_limit = TOLERANCE / 2
         prm.num_workers = max(1, workers)
+        # Integer values from the LP leave nodes later than they could start, and the search then
+        # improves the makespan one unit per solution: measured 2-10x slower to a proof.
+        prm.exploit_integer_lp_solution = False
+        prm.exploit_all_lp_solution = False
         if time_limit is not None:
             if workers <= 1:
                 prm.max_deterministic_time = time_limit
@@ -599,14 +627,15 @@ class _Problem:
                 prm.max_time_in_seconds = time_limit
         status = solver.Solve(m)
         name = solver.StatusName(status)
+        clock = workers > 1  # the portfolio's threads race, even to a proof
         bound = solver.BestObjectiveBound()
         bound_units = math.ceil(bound - 1e-6) if math.isfinite(bound) else 0
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             device_of = [next(d for d in range(ndev) if solver.BooleanValue(x[gof[v]][d])) for v in range(n)]
             objective = round(solver.ObjectiveValue())
             starts = [solver.Value(s) for s in start]
-            return _Solved(name, device_of, starts, objective, min(bound_units, objective))
-        return _Solved(name, None, None, None, 0 if status == cp_model.INFEASIBLE else bound_units)
+            return _Solved(name, device_of, starts, objective, min(bound_units, objective), clock)
+        return _Solved(name, None, None, None, 0 if status == cp_model.INFEASIBLE else bound_units, clock)
 
     def _memory_rows(self, m, x, safe: bool) -> None:
         """Per device, the first model's persistent bytes or the second's safe count, within memory."""
@@ -702,6 +731,7 @@ class _Problem:
             evaluated_us=judged.value_us,
             cp_status=chosen.cp_status,
             from_hint=from_hint,
+            reproducible=not (first.clock or chosen.clock),
         )
 
     def _answer(self, solved: _Solved) -> tuple[list[int], list[int]] | None:
