@@ -35,6 +35,7 @@ bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/profile.py
 	$(BIN)/python bench/onnx_place.py
 	$(BIN)/python bench/search.py
+	$(BIN)/python bench/pipeline.py > bench/pipeline.md
 	$(BIN)/python bench/framework.py  # needs pip install -e '.[bench]'; without it, says so and exits 0
 
 clean:

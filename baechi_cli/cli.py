@@ -14,6 +14,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -109,6 +110,22 @@ def _place_options(algo: str, placing: dict[str, Any]) -> PlaceOptions:
     return PlaceOptions(algo=algo, **placing)
 
 
+def _devices_from_workload(model: str, objective: str) -> tuple[str, int]:
+    """The devices a workload JSON states (maxFPGAs of maxSizePerFPGA, maxCPUs), for --objective throughput."""
+    from baechi_cli.io.workload_json import read_workload_meta
+
+    meta = read_workload_meta(model)
+    if not meta.max_fpgas or not meta.max_size_per_fpga:
+        raise InputError(
+            "the workload states no maxFPGAs and maxSizePerFPGA to take the devices from: give --devices",
+            path=model,
+        )
+    spec = f"{meta.max_fpgas}x{meta.max_size_per_fpga}"
+    cpus = meta.max_cpus or 0
+    # CPU cores come last; their memory is not limited in the model (1 PB stands for that).
+    return (spec + f",{cpus}x1000000000000000" if cpus else spec), cpus
+
+
 def _check_budget(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     if value is not None and not value > 0:  # also catches nan
         raise click.BadParameter(f"{value:g} is not a positive number of seconds")
@@ -133,9 +150,9 @@ def _common_options(fn: Callable) -> Callable:
             "--devices",
             "-d",
             "device_spec",
-            required=True,
             metavar="SPEC",
-            help="Devices: 4x8GB, 2x16GB,2x8GB, a preset (rtx2080x4, v100x4, t4x4, a100x8) or a YAML file.",
+            help="Devices: 4x8GB, 2x16GB,2x8GB, a preset (rtx2080x4, v100x4, t4x4, a100x8) or a YAML file. "
+            "Required, except for a workload JSON with --objective throughput (its maxFPGAs and maxCPUs).",
         ),
         click.option(
             "--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions."
@@ -245,13 +262,37 @@ def _common_options(fn: Callable) -> Callable:
     help="Write the placed model here: a GraphDef (.pb, .pbtxt) or ONNX model (.onnx), as the input.",
 )
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
+@click.option(
+    "--objective",
+    type=click.Choice(["makespan", "throughput"]),
+    default="makespan",
+    show_default=True,
+    help="makespan: one training step's time. throughput: pipeline stages for a stream of samples "
+    "(Tarnawski et al.'s max-load, solved exactly; with --microbatches, the schedule's throughput).",
+)
+@click.option(
+    "--microbatches",
+    type=click.IntRange(min=1),
+    metavar="M",
+    help="With --objective throughput: the minibatch runs as M microbatches under --schedule; "
+    "the split is chosen for that schedule's throughput and memory.",
+)
+@click.option(
+    "--schedule",
+    type=click.Choice(["1f1b", "gpipe"]),
+    default=None,
+    help="With --microbatches: the pipeline schedule (default 1f1b).",
+)
 @_common_options
 def place(
     model: str,
     algo: str,
     output: str | None,
     report_path: str | None,
-    device_spec: str,
+    objective: str,
+    microbatches: int | None,
+    schedule: str | None,
+    device_spec: str | None,
     trace_path: str | None,
     as_json: bool,
     quiet: bool,
@@ -263,12 +304,27 @@ def place(
     cost-annotated workload JSON. Prints a summary: the predicted step time against the lower bound
     and a single device, and each device's ops, compute and peak memory.
     """
+    if schedule is not None and microbatches is None:
+        raise click.UsageError("--schedule needs --microbatches (a schedule runs microbatches)")
+    if objective != "throughput" and microbatches is not None:
+        raise click.UsageError("--microbatches needs --objective throughput")
+    if device_spec is None and not (objective == "throughput" and model.endswith(".json")):
+        raise click.UsageError("Missing option '--devices' / '-d'.")
     try:
         from baechi_cli.devices import parse_devices
         from baechi_cli.pipeline import place_model
 
+        cpus = 0
+        if device_spec is None:
+            device_spec, cpus = _devices_from_workload(model, objective)
         devices = parse_devices(device_spec)
-        options = _place_options(algo, placing)
+        options = replace(
+            _place_options(algo, placing),
+            objective=objective,
+            microbatches=microbatches,
+            schedule=schedule or "1f1b",
+            cpus=cpus,
+        )
         with StageProgress(enabled=not quiet) as progress:
             outcome = place_model(
                 model,
@@ -329,6 +385,8 @@ def compare(
     device, gap to the lower bound, peak memory per device and bytes
     communicated; --json prints the same as `baechi.compare/v1`.
     """
+    if device_spec is None:
+        raise click.UsageError("Missing option '--devices' / '-d'.")
     try:
         from baechi_cli.compare import compare_model, load_baseline, parse_algos, regressions
         from baechi_cli.devices import parse_devices

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from baechi_cli import placers
@@ -64,11 +64,21 @@ class PlaceOptions:
     dims: dict[str, int] | None = None  # ONNX symbolic dims bound by --dim NAME=VALUE
     training: bool = False  # synthesize the backward pass and optimizer of a forward-only model
     optimizer: str = "sgd"  # with training: sgd | momentum | adam
+    objective: str = "makespan"  # makespan: one step's time; throughput: a pipeline's
+    microbatches: int | None = None  # with throughput: per minibatch (None: an endless stream)
+    schedule: str = "1f1b"  # with throughput and microbatches: 1f1b | gpipe
+    cpus: int = 0  # with throughput: CPU cores beside the devices (a workload file's maxCPUs)
 
     def placer_options(self, spec: PlacerSpec) -> Any:
         """The options dataclass of ``spec``'s placer, from the matching fields here."""
         return spec.make_options(
-            {"solver_time_limit": self.solver_time_limit, "sct_threshold": self.sct_threshold}
+            {
+                "solver_time_limit": self.solver_time_limit,
+                "sct_threshold": self.sct_threshold,
+                "microbatches": self.microbatches,
+                "schedule": self.schedule,
+                "cpus": self.cpus,
+            }
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -86,6 +96,9 @@ class PlaceOptions:
             "dims": dict(sorted(self.dims.items())) if self.dims else None,
             "training": self.training,
             "optimizer": self.optimizer if self.training else None,
+            "objective": self.objective,
+            "microbatches": self.microbatches,
+            "schedule": self.schedule if self.microbatches is not None else None,
         }
 
 
@@ -732,6 +745,17 @@ def place_model(
 ) -> PlaceOutcome:
     """Run the whole pipeline on ``path``; write the outputs that were asked for."""
     step = progress or (lambda stage: None)
+    if options.objective == "throughput":
+        if options.algo not in ("auto", "pipeline"):
+            raise InputError(
+                f"--objective throughput places with the pipeline splitter, not --algo {options.algo} "
+                "(leave --algo out)"
+            )
+        options = replace(options, algo="pipeline")
+    elif options.microbatches is not None:
+        raise InputError(
+            "--microbatches needs --objective throughput (microbatches stream through pipeline stages)"
+        )
     spec = None if options.algo == "auto" else placers.get(options.algo)
     for target in (output, report_path, trace_path):
         if target is not None:
@@ -749,6 +773,10 @@ def place_model(
 
         search = auto_search(prepared, options)
         candidates = search.candidates
+    elif spec.name == "pipeline":
+        # Stages follow the op graph itself: no co-placement or fusion to coarsen its units.
+        variant = prepared.variant_for(PassOptions(False, None, False))
+        candidates = [run_candidate(prepared, spec, options, variant)]
     else:
         candidates = [run_candidate(prepared, spec, options)]
     timings["place"] = sum(c.place_seconds for c in candidates)

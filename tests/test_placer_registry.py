@@ -118,7 +118,7 @@ def test_example_placer_is_refused_by_name_when_not_registered(example):
 
 
 def test_registry_contract():
-    assert placers.names() == ("topo", "etf", "sct", "single", "exact")
+    assert placers.names() == ("topo", "etf", "sct", "single", "exact", "pipeline")
     assert placers.get("sct").options is placers.SCTOptions
     with pytest.raises(InputError, match="unknown algorithm 'nope'"):
         placers.get("nope")

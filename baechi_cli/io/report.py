@@ -162,6 +162,10 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
             **prepared.training.to_json(),
             "placement": {g.names[v]: device_name[v] for v in range(n, g.num_ops)},
         }
+    chosen = outcome.chosen.placement
+    pipeline = None if chosen is None else chosen.info.get("pipeline")
+    if pipeline is not None:
+        report["pipeline"] = {k: v for k, v in pipeline.items() if k != "split_points"}
     modules = outcome.module_map
     if modules is not None:
         from baechi_cli.io.torch_modules import torch_device
@@ -170,6 +174,8 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
             **modules.to_json(),
             "torch_devices": {d.name: torch_device(d.name) for d in spec.devices},
         }
+        if pipeline is not None and pipeline.get("split_points") is not None:
+            report["module_map"]["pipeline"] = {"split_points": pipeline["split_points"]}
     return report
 
 

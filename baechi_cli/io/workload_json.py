@@ -22,8 +22,10 @@ Times in the file are milliseconds, sizes bytes. Per node:
   to its own id too, so names are always unique.
 * op_type: the node's ``type`` or ``opType`` string when present (none of the
   published files has one), else ``"workload"``.
-* compute_us = ``fpgaLatency`` x 1000 (required). ``cpuLatency`` and
-  ``supportedOnFpga`` are ignored: every published node runs on an FPGA.
+* compute_us = ``fpgaLatency`` x 1000 (required). ``cpuLatency`` x 1000
+  (default: the same) and ``supportedOnFpga`` (true/false or 1/0, default
+  true) go to ``attrs[v]`` as ``cpu_us`` and ``accelerator``: only the
+  throughput objective's CPU cores (:mod:`baechi_cli.throughput`) use them.
 * persistent_bytes = ``size`` (resident for the whole step), default 0.
 * group: nodes sharing a ``colorClass`` form one colocation group whose id is
   its smallest op id; a node without one (absent or null) is alone.
@@ -121,6 +123,7 @@ def _read_graph(path: str) -> OpGraph:
     persistent: list[int] = []
     backward: list[bool] = []
     classes: list[Any] = []
+    attrs: list[dict[str, Any]] = []
     for v, node in enumerate(nodes):
         if type(node) is not dict:
             raise InputError(f"node #{v} is {_describe(node)}, not an object", path=path)
@@ -156,8 +159,14 @@ def _read_graph(path: str) -> OpGraph:
         is_bwd = node.get("isBackwardNode", False)
         if is_bwd not in (True, False):  # 0 and 1 compare equal to False and True
             raise InputError(f"isBackwardNode must be true/false or 1/0, not {is_bwd!r}", path=path, op=label)
+        on_accelerator = node.get("supportedOnFpga", True)
+        if on_accelerator not in (True, False):
+            raise InputError(
+                f"supportedOnFpga must be true/false or 1/0, not {on_accelerator!r}", path=path, op=label
+            )
         try:
             latency = _amount(node["fpgaLatency"], "fpgaLatency")
+            cpu_latency = _amount(node.get("cpuLatency", latency), "cpuLatency")
             size = _amount(node.get("size", 0), "size")
         except InputError as err:
             raise InputError(err.problem, path=path, op=label) from None
@@ -165,6 +174,7 @@ def _read_graph(path: str) -> OpGraph:
         ids.append(node_id)
         op_types.append(op_type)
         compute_us.append(latency * _US_PER_MS)
+        attrs.append({"cpu_us": cpu_latency * _US_PER_MS, "accelerator": bool(on_accelerator)})
         persistent.append(math.ceil(size))
         backward.append(bool(is_bwd))
         classes.append(color)
@@ -207,6 +217,7 @@ def _read_graph(path: str) -> OpGraph:
             persistent_bytes=persistent[v],
             is_backward=backward[v],
             forward_op=forward[v],
+            attrs=attrs[v],
         )
     for src, dst, nbytes, us in zip(edge_src, edge_dst, edge_bytes, edge_us):
         builder.add_edge(src, dst, 0, nbytes=nbytes, transfer_us=us)

@@ -27,7 +27,7 @@ Example:
     >>> spec.title, spec.auto, spec.options
     ('m-ETF', True, <class 'baechi_cli.placers.NoOptions'>)
     >>> names()
-    ('topo', 'etf', 'sct', 'single', 'exact')
+    ('topo', 'etf', 'sct', 'single', 'exact', 'pipeline')
 """
 
 from __future__ import annotations
@@ -228,6 +228,33 @@ register(
         "baechi_cli.placers.exact",
         options=ExactOptions,
         auto=False,  # auto calls exact.solve() itself on small graphs
+        respects_memory=True,
+        needs_every_edge=True,
+    )
+)
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """pipeline's options: microbatches per minibatch (None: Tarnawski's max-load of an endless
+    stream), the schedule that runs them, CPU cores beside the devices, and how many sets the
+    exact search may enumerate (:mod:`baechi_cli.throughput`)."""
+
+    microbatches: int | None = None
+    schedule: str = "1f1b"
+    cpus: int = 0
+    # throughput.DEFAULT_MAX_SETS (not imported: the registry loads with `baechi --help`)
+    max_sets: int = 150_000
+
+
+register(
+    PlacerSpec(
+        "pipeline",
+        "pipeline (max-load)",
+        "pipeline: stages for throughput, Tarnawski et al.'s max-load solved exactly (--objective throughput)",
+        "baechi_cli.placers.pipeline",
+        options=PipelineOptions,
+        auto=False,  # a different objective: --objective throughput picks it
         respects_memory=True,
         needs_every_edge=True,
     )

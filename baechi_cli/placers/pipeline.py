@@ -1,0 +1,205 @@
+"""pipeline: a pipeline-parallel split for throughput (``--objective throughput``).
+
+Contract: ``place(graph, devices, options)`` splits the op graph into
+pipeline stages, one per device, by :mod:`baechi_cli.throughput` (Tarnawski
+et al.'s max-load model, solved exactly or with a stated bound), and returns
+the placement with the split in ``info["pipeline"]``:
+
+* without ``options.microbatches`` the objective is theirs: the least
+  max-load, i.e. the steady-state throughput of an endless stream of
+  samples;
+* with ``microbatches = M`` the graph is one minibatch of M microbatches, each
+  costing 1/M of its compute and transfers, run by ``options.schedule``
+  (1F1B or GPipe, :mod:`baechi_cli.schedule`, which flushes the pipeline
+  every minibatch). The best split for every stage count from 1 to the
+  devices is simulated, and the one with the highest throughput whose
+  stages fit their memory (persistent bytes plus the activations in flight,
+  by the schedule) is kept: more stages spread the work but add bubbles
+  ``(S - 1) / (M + S - 1)`` and hold more microbatches' activations.
+
+An ONNX export with PyTorch module paths is split only where
+``torch.distributed.pipelining`` can cut (:mod:`baechi_cli.io.torch_pipeline`):
+the units are ordered by the program and the stages are ranges of that
+order starting at a module's first op; ``info["pipeline"]["split_points"]``
+is then the ``split_spec`` that rebuilds the split in PyTorch.
+
+Complexity: that of :func:`baechi_cli.throughput.solve`, once per stage count
+with microbatches, plus O(S M) per schedule simulation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.errors import InfeasibleError, InputError
+from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.placers import PipelineOptions, Placement
+from baechi_cli.schedule import StageCosts, render_timeline, simulate_pipeline
+from baechi_cli.throughput import LoadModel, Split, load_model, solve
+
+
+def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Placement:
+    """Split ``graph`` into pipeline stages over ``devices`` (module docstring)."""
+    if options.microbatches is not None and options.microbatches < 1:
+        raise InputError(f"--microbatches must be at least 1, got {options.microbatches}")
+    # Tarnawski's files tie a backward node to its forward node by colorClass only.
+    from_workload = graph.num_ops > 0 and "cpu_us" in graph.attrs[0]
+    model = load_model(graph, devices, cpus=options.cpus, follow_forward=not from_workload)
+    program, cuts = _program_cuts(graph)
+    if options.microbatches is None:
+        split = solve(model, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts)
+        info = _info(model, split, None, options)
+    else:
+        split, info = _best_for_schedule(graph, model, program, cuts, options)
+    if cuts is not None:
+        info["split_points"] = _split_points(graph, split)
+    return Placement(split.device_of_op, info={"pipeline": info})
+
+
+def _program_cuts(graph: OpGraph) -> tuple[list[int] | None, dict[int, str] | None]:
+    """A PyTorch export's program order and the ops a stage may start at (None, None otherwise)."""
+    if not any("_module" in a for a in graph.attrs):
+        return None, None
+    from baechi_cli.io.onnx import onnx_node_ops
+    from baechi_cli.io.torch_pipeline import graph_boundaries
+
+    return onnx_node_ops(graph, graph.num_ops), graph_boundaries(graph)
+
+
+def _split_points(graph: OpGraph, split: Split) -> dict[str, str] | None:
+    """The split as ``{module: "beginning"}``, or None when it is not one torch can cut."""
+    from baechi_cli.io.onnx import onnx_node_ops
+    from baechi_cli.io.torch_pipeline import graph_split_points
+
+    rank = {d: i for i, d in enumerate(split.stage_device)}
+    stage = [rank[split.device_of_op[v]] for v in range(graph.num_ops)]
+    ops = onnx_node_ops(graph, graph.num_ops)
+    # Stages numbered in program order (a stage with no forward op is left as it is).
+    seen: dict[int, int] = {}
+    for v in ops:
+        seen.setdefault(stage[v], len(seen))
+    renumbered = [seen.get(s, s) for s in stage]
+    try:
+        return graph_split_points(graph, graph.num_ops, renumbered)
+    except InputError:
+        return None
+
+
+def _best_for_schedule(
+    graph: OpGraph,
+    model: LoadModel,
+    program: list[int] | None,
+    cuts: dict[int, str] | None,
+    options: PipelineOptions,
+) -> tuple[Split, dict[str, Any]]:
+    """The split of highest scheduled throughput within memory, over every stage count."""
+    assert options.microbatches is not None
+    saved = _saved_activation_bytes(graph)
+    best: tuple[float, Split, dict[str, Any]] | None = None
+    problems: list[str] = []
+    for stages in range(1, model.accelerators + 1):
+        narrowed = LoadModel(**{**model.__dict__, "accelerators": stages})
+        try:
+            split = solve(narrowed, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts)
+        except InfeasibleError as err:
+            problems.append(str(err))
+            continue
+        info = _info(model, split, saved, options)
+        schedule = info["schedule"]
+        if not schedule["within_memory"]:
+            continue
+        if best is None or schedule["minibatches_per_s"] > best[0] * (1 + 1e-9):
+            best = (schedule["minibatches_per_s"], split, info)
+    if best is None:
+        raise InfeasibleError(
+            f"no pipeline split over 1 to {model.accelerators} device(s) fits memory with "
+            f"{options.microbatches} microbatch(es) in flight under {options.schedule}"
+            + (f" ({problems[-1]})" if problems else "")
+        )
+    return best[1], best[2]
+
+
+def _saved_activation_bytes(graph: OpGraph) -> list[int]:
+    """Per op, the bytes of its outputs a backward op reads: kept from forward to backward."""
+    saved = [0] * graph.num_ops
+    counted: set[tuple[int, int]] = set()
+    for e in range(graph.num_edges):
+        src, port, dst = graph.edge_src[e], graph.edge_port[e], graph.edge_dst[e]
+        if port == CONTROL_PORT or graph.is_backward[src] or not graph.is_backward[dst]:
+            continue
+        if (src, port) not in counted:
+            counted.add((src, port))
+            saved[src] += graph.edge_bytes[e]
+    return saved
+
+
+def _info(
+    model: LoadModel, split: Split, saved: list[int] | None, options: PipelineOptions
+) -> dict[str, Any]:
+    info: dict[str, Any] = {"objective": "throughput", **split.to_json()}
+    if saved is None or options.microbatches is None:
+        return info
+    m = options.microbatches
+    costs = _stage_costs(model, split, saved, m)
+    timing = simulate_pipeline(costs, m, options.schedule)
+    memory = model.memory
+    within = all(
+        b <= memory for s, b in enumerate(timing.peak_bytes) if split.stage_device[s] < model.accelerators
+    )
+    info["schedule"] = {
+        "name": options.schedule,
+        "microbatches": m,
+        "minibatch_us": round(timing.minibatch_us, 6),
+        "minibatches_per_s": round(1e6 / timing.minibatch_us, 9) if timing.minibatch_us > 0 else math.inf,
+        # One device runs the minibatch's ops back to back, no transfers.
+        "speedup_vs_one_device": round(sum(model.accel_us) / timing.minibatch_us, 6)
+        if timing.minibatch_us > 0
+        else None,
+        "bubble_fraction": [round(b, 6) for b in timing.bubble_fraction],
+        "peak_in_flight": list(timing.peak_in_flight),
+        "peak_bytes": list(timing.peak_bytes),
+        "within_memory": within,
+        "timeline": render_timeline(timing).splitlines(),
+    }
+    return info
+
+
+def _stage_costs(model: LoadModel, split: Split, saved: list[int], microbatches: int) -> StageCosts:
+    """Per stage and microbatch: forward and backward compute, boundary transfers, bytes."""
+    stages = len(split.stage_device)
+    rank = {d: i for i, d in enumerate(split.stage_device)}
+    stage_of = [rank[d] for d in split.device_of_op]
+    k = model.accelerators
+    forward = [0.0] * stages
+    backward = [0.0] * stages
+    persistent = [0] * stages
+    activation = [0] * stages
+    for v, s in enumerate(stage_of):
+        us = model.accel_us[v] if split.stage_device[s] < k else model.cpu_us[v]
+        if model.is_backward[v]:
+            backward[s] += us / microbatches
+        else:
+            forward[s] += us / microbatches
+        persistent[s] += model.size[v]
+        activation[s] += math.ceil(saved[v] / microbatches)
+    send_forward = [0.0] * max(0, stages - 1)
+    send_backward = [0.0] * max(0, stages - 1)
+    for t, src in enumerate(model.tensor_src):
+        a = stage_of[src]
+        for b in {stage_of[w] for w in model.tensor_dst[t]}:
+            if a < b:  # an activation: it crosses every boundary between a and b
+                for s in range(a, b):
+                    send_forward[s] += model.tensor_us[t] / microbatches
+            elif a > b:  # a gradient going back
+                for s in range(b, a):
+                    send_backward[s] += model.tensor_us[t] / microbatches
+    return StageCosts(
+        forward_us=forward,
+        backward_us=backward,
+        send_forward_us=send_forward,
+        send_backward_us=send_backward,
+        persistent_bytes=persistent,
+        activation_bytes=activation,
+    )

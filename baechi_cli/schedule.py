@@ -1,0 +1,387 @@
+"""Pipeline-schedule simulator: one minibatch of pipeline-parallel training or inference, timed.
+
+Numbers in, numbers out. ``simulate_pipeline(costs, num_microbatches, schedule)``
+takes per-stage costs (:class:`StageCosts`) and returns the minibatch time,
+throughput, per-stage busy time, bubble fraction and activation-memory peak,
+and the timeline of every op and transfer (:class:`PipelineTiming`).
+:func:`render_timeline` draws that timeline as text for a terminal.
+
+Model:
+
+* Stage ``s`` (0-based, in pipeline order) is one device running its ops one
+  at a time in the fixed order :func:`op_order` gives. ``F(s, m)`` is the
+  forward of microbatch ``m`` on stage ``s``, ``B(s, m)`` its backward,
+  ``O(s)`` the stage's optimizer step (once per minibatch, after its last
+  backward, when ``optimizer_us[s] > 0``).
+* Schedules (``S`` stages, ``M`` microbatches):
+
+  - ``gpipe``: every stage runs ``F(s, 0..M-1)``, then ``B(s, 0..M-1)``:
+    fill-drain with backwards in microbatch order, as
+    torch.distributed.pipelining's ``ScheduleGPipe`` issues them (the order of
+    the backwards does not change the minibatch time when stages are equal).
+  - ``1f1b``: non-interleaved 1F1B (PipeDream-flush), exactly Megatron-LM's
+    ``forward_backward_pipelining_without_interleaving``: stage ``s`` runs
+    ``w = min(S - s - 1, M)`` warm-up forwards, then ``M - w`` steady pairs
+    (one forward, then the backward of the oldest microbatch in flight), then
+    ``w`` cool-down backwards. torch's ``Schedule1F1B`` counts the first
+    steady forward as warm-up (``min(S - s, M)`` forwards) and issues the
+    same per-stage order.
+
+  With ``backward_us`` all 0 the costs describe inference: both schedules
+  run only ``F(s, 0..M-1)``, and an optimizer step is refused.
+* ``F(s, m)`` starts when stage ``s`` is free and the activation of ``m`` has
+  arrived from ``s - 1``; ``B(s, m)`` when the stage is free and the gradient
+  of ``m`` has arrived from ``s + 1`` (the last stage's backward only needs
+  its own forward of ``m``, which its order puts earlier). Every op starts as
+  early as that allows: ``start = max(end of the stage's previous op, input
+  arrival)``.
+* Transfers overlap compute: each stage pair has one link per direction. A
+  link sends one microbatch at a time, in the order the sender produced them:
+  a send starts at ``max(producer's end, the link's previous send's end)``
+  and the data arrives ``send_forward_us[s]`` (``send_backward_us[s]``) later.
+* Minibatch time: the end of the last op (optimizer steps included).
+  Throughput is ``M / minibatch`` per µs, reported per second.
+* In flight on stage ``s``: microbatches whose forward has started on ``s``
+  and whose backward on ``s`` has not ended (a backward ending at the instant
+  a forward starts frees first); in inference, a microbatch only while its
+  forward runs. ``peak_bytes[s] = persistent_bytes[s] + peak_in_flight[s] *
+  activation_bytes[s]``.
+
+Closed forms (equal stages ``f``, ``b``, free transfers): both schedules take
+``(M + S - 1)(f + b)`` with bubble fraction ``(S - 1) / (M + S - 1)``;
+inference takes ``(M + S - 1) f``. GPipe keeps ``M`` microbatches in flight
+on every stage, 1F1B ``min(S - s, M)`` on stage ``s``.
+
+Complexity: O(S·M) time and memory. Each stage's order is fixed up front;
+times are resolved by a work list of stages, each advanced while its next op's
+input has arrived, and a stage is revisited only when one of its inputs
+arrives, so every op is resolved once. Both orders are deadlock-free (they
+are the orders Megatron-LM and torch run); the simulator asserts that every
+op was resolved.
+
+Example:
+    >>> costs = StageCosts(forward_us=[1, 1], backward_us=[2, 2])
+    >>> timing = simulate_pipeline(costs, 2, "1f1b")
+    >>> timing.minibatch_us, round(timing.throughput_per_s), timing.peak_in_flight
+    (9.0, 222222, (2, 1))
+    >>> print(render_timeline(timing, width=9))
+    s0 |FF..BB.BB|
+    s1 |.FBBFBB..|
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from baechi_cli.errors import InputError
+
+SCHEDULES = ("gpipe", "1f1b")
+
+OpKind = Literal["F", "B", "O"]
+
+
+def _as_tuple(name: str, values: Sequence[float] | None, length: int, *, integral: bool) -> tuple:
+    """``values`` as a checked tuple of ``length`` non-negative finite numbers (zeros when None)."""
+    if values is None:
+        return (0,) * length if integral else (0.0,) * length
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise InputError(f"{name} must be a sequence of numbers, got {values!r}")
+    if len(values) != length:
+        raise InputError(f"{name} has {len(values)} entries, expected {length}")
+    kind = numbers.Integral if integral else numbers.Real
+    what = "a non-negative integer" if integral else "a non-negative finite number"
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, kind) or value < 0 or not math.isfinite(value):
+            raise InputError(f"{name}[{i}] must be {what}, got {value!r}")
+    return tuple(int(v) for v in values) if integral else tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per-stage costs of one microbatch (µs) and per-stage memory (bytes), in pipeline order.
+
+    Any sequence is accepted and stored as a tuple; an optional field left
+    None is all zeros. Bad values raise :class:`InputError`.
+    """
+
+    forward_us: Sequence[float]
+    backward_us: Sequence[float]  # all 0: inference (forwards only)
+    send_forward_us: Sequence[float] | None = None  # [s]: activations s -> s+1, S-1 entries
+    send_backward_us: Sequence[float] | None = None  # [s]: gradients s+1 -> s, S-1 entries
+    persistent_bytes: Sequence[int] | None = None  # weights, optimizer state: always resident
+    activation_bytes: Sequence[int] | None = None  # one microbatch's, while in flight
+    optimizer_us: Sequence[float] | None = None  # once per minibatch, after the last backward
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.forward_us, str)
+            or not isinstance(self.forward_us, Sequence)
+            or not self.forward_us
+        ):
+            raise InputError(
+                f"forward_us must list one time per stage (at least one), got {self.forward_us!r}"
+            )
+        stages = len(self.forward_us)
+        normalized = {
+            "forward_us": _as_tuple("forward_us", self.forward_us, stages, integral=False),
+            "backward_us": _as_tuple("backward_us", self.backward_us, stages, integral=False),
+            "send_forward_us": _as_tuple("send_forward_us", self.send_forward_us, stages - 1, integral=False),
+            "send_backward_us": _as_tuple(
+                "send_backward_us", self.send_backward_us, stages - 1, integral=False
+            ),
+            "persistent_bytes": _as_tuple("persistent_bytes", self.persistent_bytes, stages, integral=True),
+            "activation_bytes": _as_tuple("activation_bytes", self.activation_bytes, stages, integral=True),
+            "optimizer_us": _as_tuple("optimizer_us", self.optimizer_us, stages, integral=False),
+        }
+        for name, value in normalized.items():
+            object.__setattr__(self, name, value)  # frozen: the checked tuples replace the inputs
+        if not self.training and any(self.optimizer_us):
+            raise InputError("optimizer_us is set but backward_us is all 0 (inference has no optimizer step)")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward_us)
+
+    @property
+    def training(self) -> bool:
+        """Whether there is a backward pass: some ``backward_us`` is above 0."""
+        return any(self.backward_us)
+
+
+class PipelineEvent(NamedTuple):
+    """One op on one stage; ``microbatch`` is None for an optimizer step ('O')."""
+
+    stage: int
+    kind: OpKind
+    microbatch: int | None
+    start_us: float
+    end_us: float
+
+
+class LinkTransfer(NamedTuple):
+    """One microbatch's activations (``src < dst``) or gradients (``src > dst``) on a link."""
+
+    src_stage: int
+    dst_stage: int
+    microbatch: int
+    start_us: float
+    end_us: float  # the data is present on dst_stage from here on
+
+
+@dataclass(frozen=True)
+class PipelineTiming:
+    """One minibatch of a pipeline schedule; per-stage tuples are indexed by stage."""
+
+    schedule: str
+    num_microbatches: int
+    minibatch_us: float
+    throughput_per_s: float  # microbatches per second; inf when every cost is 0
+    samples_per_s: float | None  # throughput_per_s * microbatch_size, when given
+    busy_us: tuple[float, ...]
+    bubble_fraction: tuple[float, ...]  # 1 - busy / minibatch (0 when the minibatch takes 0 µs)
+    peak_in_flight: tuple[int, ...]
+    peak_bytes: tuple[int, ...]
+    # Grouped by stage; each stage's events in the order it runs them (starts never decrease).
+    events: tuple[PipelineEvent, ...]
+    # Grouped by link (forward links first, by sender), each in the order the link sends.
+    transfers: tuple[LinkTransfer, ...]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.busy_us)
+
+
+def _check_microbatches(num_microbatches: int) -> None:
+    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, numbers.Integral):
+        raise InputError(f"the number of microbatches must be an integer, got {num_microbatches!r}")
+    if num_microbatches < 1:
+        raise InputError(f"the number of microbatches must be at least 1, got {num_microbatches}")
+
+
+def op_order(
+    schedule: str, num_stages: int, num_microbatches: int, *, training: bool = True
+) -> list[list[tuple[OpKind, int]]]:
+    """Each stage's ops, as (kind 'F' or 'B', microbatch), in the order ``schedule`` runs them.
+
+    See the module docstring for the schedules; optimizer steps are not
+    listed. O(S·M).
+
+    >>> op_order("1f1b", 3, 4)[0]
+    [('F', 0), ('F', 1), ('F', 2), ('B', 0), ('F', 3), ('B', 1), ('B', 2), ('B', 3)]
+    >>> op_order("gpipe", 2, 2)[1], op_order("1f1b", 2, 2, training=False)[1]
+    ([('F', 0), ('F', 1), ('B', 0), ('B', 1)], [('F', 0), ('F', 1)])
+    """
+    if schedule not in SCHEDULES:
+        raise InputError(f"unknown schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    _check_microbatches(num_microbatches)
+    forwards: list[tuple[OpKind, int]] = [("F", m) for m in range(num_microbatches)]
+    if not training:
+        return [list(forwards) for _ in range(num_stages)]
+    backwards: list[tuple[OpKind, int]] = [("B", m) for m in range(num_microbatches)]
+    if schedule == "gpipe":
+        return [forwards + backwards for _ in range(num_stages)]
+    orders = []
+    for stage in range(num_stages):
+        warmup = min(num_stages - stage - 1, num_microbatches)
+        order = forwards[:warmup]
+        for steady in range(num_microbatches - warmup):
+            order += [forwards[warmup + steady], backwards[steady]]
+        order += backwards[num_microbatches - warmup :]
+        orders.append(order)
+    return orders
+
+
+def simulate_pipeline(
+    costs: StageCosts,
+    num_microbatches: int,
+    schedule: str = "1f1b",
+    *,
+    microbatch_size: int | None = None,
+) -> PipelineTiming:
+    """Time one minibatch of ``num_microbatches`` under ``schedule`` (see module docstring).
+
+    ``microbatch_size`` (samples per microbatch), when given, fills
+    ``samples_per_s``. Bad arguments raise :class:`InputError`. O(S·M).
+
+    >>> costs = StageCosts([1, 1], [0, 0], send_forward_us=[1])
+    >>> timing = simulate_pipeline(costs, 3, "gpipe", microbatch_size=8)
+    >>> timing.minibatch_us, timing.bubble_fraction, timing.samples_per_s
+    (5.0, (0.4, 0.4), 4800000.0)
+    """
+    if microbatch_size is not None and (
+        isinstance(microbatch_size, bool)
+        or not isinstance(microbatch_size, numbers.Integral)
+        or microbatch_size < 1
+    ):
+        raise InputError(f"microbatch_size must be a positive integer, got {microbatch_size!r}")
+    stages, training = costs.num_stages, costs.training
+    orders = op_order(schedule, stages, num_microbatches, training=training)
+
+    # Arrival times of each stage's inputs, None until the producer is resolved. Stage 0's
+    # inputs are there from the start; the last stage's "gradient" is its own forward's end.
+    activation_at: list[list[float | None]] = [[None] * num_microbatches for _ in range(stages)]
+    activation_at[0] = [0.0] * num_microbatches
+    gradient_at: list[list[float | None]] = [[None] * num_microbatches for _ in range(stages)]
+    forward_link_free = [0.0] * (stages - 1)
+    backward_link_free = [0.0] * (stages - 1)
+    forward_sends: list[list[LinkTransfer]] = [[] for _ in range(stages - 1)]
+    backward_sends: list[list[LinkTransfer]] = [[] for _ in range(stages - 1)]
+    stage_events: list[list[PipelineEvent]] = [[] for _ in range(stages)]
+    stage_free = [0.0] * stages
+    next_op = [0] * stages
+
+    to_visit = list(range(stages))
+    while to_visit:
+        stage = to_visit.pop()
+        order = orders[stage]
+        while next_op[stage] < len(order):
+            kind, mb = order[next_op[stage]]
+            arrival = activation_at[stage][mb] if kind == "F" else gradient_at[stage][mb]
+            if arrival is None:
+                break  # revisited when the input arrives
+            start = max(stage_free[stage], arrival)
+            end = start + (costs.forward_us[stage] if kind == "F" else costs.backward_us[stage])
+            stage_events[stage].append(PipelineEvent(stage, kind, mb, start, end))
+            stage_free[stage] = end
+            next_op[stage] += 1
+            if kind == "F" and stage + 1 < stages:
+                send = max(end, forward_link_free[stage])
+                arrived = send + costs.send_forward_us[stage]
+                forward_link_free[stage] = activation_at[stage + 1][mb] = arrived
+                forward_sends[stage].append(LinkTransfer(stage, stage + 1, mb, send, arrived))
+                to_visit.append(stage + 1)
+            elif kind == "F":
+                gradient_at[stage][mb] = end
+            elif stage > 0:
+                send = max(end, backward_link_free[stage - 1])
+                arrived = send + costs.send_backward_us[stage - 1]
+                backward_link_free[stage - 1] = gradient_at[stage - 1][mb] = arrived
+                backward_sends[stage - 1].append(LinkTransfer(stage, stage - 1, mb, send, arrived))
+                to_visit.append(stage - 1)
+    assert next_op == [len(order) for order in orders], "a schedule's fixed order deadlocked"
+
+    for stage in range(stages):
+        if costs.optimizer_us[stage] > 0:
+            start = stage_free[stage]
+            stage_free[stage] = start + costs.optimizer_us[stage]
+            stage_events[stage].append(PipelineEvent(stage, "O", None, start, stage_free[stage]))
+
+    minibatch_us = max(stage_free)
+    # From the costs rather than the events' end - start: exact, not rounded per op.
+    busy_us = tuple(
+        num_microbatches * (costs.forward_us[s] + costs.backward_us[s]) + costs.optimizer_us[s]
+        for s in range(stages)
+    )
+    peak_in_flight = tuple(_peak_in_flight(order, training) for order in orders)
+    throughput_per_s = num_microbatches / minibatch_us * 1e6 if minibatch_us > 0 else math.inf
+    return PipelineTiming(
+        schedule=schedule,
+        num_microbatches=num_microbatches,
+        minibatch_us=minibatch_us,
+        throughput_per_s=throughput_per_s,
+        samples_per_s=None if microbatch_size is None else throughput_per_s * microbatch_size,
+        busy_us=busy_us,
+        bubble_fraction=tuple(1 - busy / minibatch_us if minibatch_us > 0 else 0.0 for busy in busy_us),
+        peak_in_flight=peak_in_flight,
+        peak_bytes=tuple(
+            persistent + peak * activation
+            for persistent, peak, activation in zip(
+                costs.persistent_bytes, peak_in_flight, costs.activation_bytes
+            )
+        ),
+        events=tuple(event for events in stage_events for event in events),
+        transfers=tuple(t for sends in forward_sends + backward_sends for t in sends),
+    )
+
+
+def _peak_in_flight(order: list[tuple[OpKind, int]], training: bool) -> int:
+    """Most microbatches in flight at once on a stage that runs ``order``.
+
+    A stage runs one op at a time, so the count changes only at a forward's
+    start (+1) and a backward's end (-1, or the forward's own end in inference).
+    """
+    in_flight = peak = 0
+    for kind, _ in order:
+        if kind == "F":
+            in_flight += 1
+            peak = max(peak, in_flight)
+        if kind == "B" or not training:
+            in_flight -= 1
+    return peak
+
+
+def render_timeline(timing: PipelineTiming, width: int = 72) -> str:
+    """The timeline as text: one line per stage, ``width`` columns spanning the minibatch.
+
+    Each column shows what its stage runs at the column's midpoint: ``F``
+    (forward), ``B`` (backward), ``O`` (optimizer step) or ``.`` (idle, a
+    bubble). Ops shorter than a column may not show. O(S·M + S·width).
+
+    >>> timing = simulate_pipeline(StageCosts([1, 1, 1], [0, 0, 0]), 3, "gpipe")
+    >>> print(render_timeline(timing, width=10))
+    s0 |FFFFFF....|
+    s1 |..FFFFFF..|
+    s2 |....FFFFFF|
+    """
+    if isinstance(width, bool) or not isinstance(width, numbers.Integral) or width < 1:
+        raise InputError(f"the timeline width must be a positive integer, got {width!r}")
+    by_stage: list[list[PipelineEvent]] = [[] for _ in range(timing.num_stages)]
+    for event in timing.events:
+        by_stage[event.stage].append(event)
+    label_width = len(f"s{timing.num_stages - 1}")
+    lines = []
+    for stage, events in enumerate(by_stage):
+        cells = []
+        current = 0  # events before it ended at or before the current column's midpoint
+        for column in range(width):
+            midpoint = (column + 0.5) * timing.minibatch_us / width
+            while current < len(events) and events[current].end_us <= midpoint:
+                current += 1
+            running = current < len(events) and events[current].start_us <= midpoint
+            cells.append(events[current].kind if running else ".")
+        lines.append(f"{f's{stage}':>{label_width}} |{''.join(cells)}|")
+    return "\n".join(lines)

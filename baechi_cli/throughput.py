@@ -1,0 +1,977 @@
+"""Pipeline-parallel splits: Tarnawski et al.'s max-load model and an exact solver for it.
+
+The model (Tarnawski et al., "Efficient Algorithms for Device Placement of
+DNN Graph Operators", NeurIPS 2020, and their ``dp.cpp``): samples stream
+through a pipeline of devices, ``k`` identical accelerators of ``memory``
+bytes and ``cpus`` CPU cores. A split gives every op one device. A device's
+*load* is the time it spends per sample:
+
+* an accelerator: the compute of its ops plus the transfer time of every
+  tensor it sends (once, however many devices consume it) or receives (once
+  per receiving device);
+* a CPU core: the CPU compute of its ops (CPUs do not pay for communication).
+
+The split's *max-load* is the largest load: the time per sample of the
+pipeline's bottleneck, so its throughput is ``1 / max-load``. A split is
+valid when
+
+* every colocation group, and every backward op with its forward op, sits on
+  one device (the *units* below);
+* every accelerator holds at most ``memory`` bytes of its ops' ``size``, and
+  ops that an accelerator cannot run sit on a CPU;
+* each device holds one *contiguous* set of units: in the forward graph of
+  units, the set is the difference of two ideals (downward-closed sets), so
+  the devices form a pipeline in which activations only flow forward (and
+  gradients back along the same stages, in a training graph).
+
+Units. Ops are joined (union-find) by colocation group and by a backward
+op's ``forward_op``. The forward graph of units has an edge ``a -> b`` per
+edge between forward ops of different units; a unit with backward ops only
+(a loss, an accumulator) is ordered by mirroring its backward edges, as
+``dp.cpp`` does with its artificial forward nodes. Cycles that the joining
+creates are fused (strongly connected components). A unit with no compute,
+no backward ops and one forward neighbour is fused with that neighbour when
+this cannot cost memory: moving it there removes a crossing and adds none.
+
+Solver (:func:`solve`), exact within the model:
+
+1. *Upper bound.* An interval DP over a few topological orders of the units
+   (each device a contiguous range of the order; O(k n^2) per order with the
+   loads grown incrementally), the best of which is ``U``.
+2. *Exact search.* A DP over ideals of the unit DAG, layer by layer (devices
+   used): from each reachable ideal ``I`` with value ``v`` (the max-load of
+   its devices so far) every ideal ``J`` above ``I`` is enumerated once
+   (branching on the available units in order, earlier siblings excluded),
+   and ``J`` is reached with ``max(v, load(J - I))``. The loads are kept
+   incrementally as a unit joins the set (O(degree)). Pruning, all exact:
+   a set whose compute or memory exceeds ``U`` or the device's memory stops
+   growing (both only grow with the set; communication does not, so it does
+   not prune); a state whose value exceeds ``U``, or whose remaining work
+   cannot fit the remaining devices at ``U`` each, is dropped; ``U``
+   tightens as complete splits are found.
+3. When the search completes it *proves* the result optimal. It is bounded
+   by ``max_sets`` enumerated sets: beyond that the best split found so far
+   (never worse than step 1's) is returned with ``proven=False`` and the
+   lower bound ``max(largest unit, total work / devices)``.
+
+``dp.cpp`` enumerates every pair of ideals and prices each pair from
+scratch; here only the pairs within the bound are enumerated, each priced
+in O(degree), which is why this is faster (bench/pipeline.md).
+
+Evaluation (:func:`evaluate`) prices any assignment of ops to devices by
+the same rules, contiguous or not; it equals ``dp.exe -expert`` on the same
+split (tests/test_throughput.py, bench/pipeline.md).
+
+Example:
+    >>> m = LoadModel.chain([4.0, 1.0, 3.0, 2.0], send_us=[0.5, 0.5, 0.5, 0.0], accelerators=2)
+    >>> split = solve(m)
+    >>> split.max_load_us, split.stage_units, split.proven
+    (5.5, [[0, 1], [2, 3]], True)
+    >>> evaluate(m, [0, 0, 1, 1]).loads_us
+    [5.5, 5.5]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from baechi_cli.devices import DeviceSpec
+from baechi_cli.errors import InfeasibleError, InputError
+from baechi_cli.graph import OpGraph
+from baechi_cli.passes.unionfind import UnionFind
+
+# Floating-point slack when comparing loads summed in different orders.
+_EPS = 1e-9
+# Sets the exact search may enumerate (about 30,000 a second here): it stops within seconds.
+DEFAULT_MAX_SETS = 150_000
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    """The max-load model's inputs, per op and per tensor (times in µs, sizes in bytes).
+
+    Devices ``0 .. accelerators-1`` are the accelerators, the next ``cpus``
+    the CPU cores.
+    """
+
+    accel_us: list[float]  # per op, on an accelerator
+    cpu_us: list[float]  # per op, on a CPU core
+    accel_ok: list[bool]  # whether an accelerator can run the op
+    size: list[int]  # bytes the op keeps on an accelerator
+    is_backward: list[bool]
+    unit_of_op: list[int]  # ops with equal ids share a device (colocation, backward with forward)
+    edges: list[tuple[int, int]]  # producer op -> consumer op
+    # A tensor: its producer, transfer time and consumer ops (other than its producer).
+    tensor_src: list[int]
+    tensor_us: list[float]
+    tensor_dst: list[list[int]]
+    accelerators: int
+    memory: float  # bytes per accelerator (inf: unlimited)
+    cpus: int = 0
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.accel_us)
+
+    @property
+    def num_devices(self) -> int:
+        return self.accelerators + self.cpus
+
+    @staticmethod
+    def chain(compute_us: Sequence[float], *, send_us: Sequence[float], accelerators: int) -> LoadModel:
+        """A chain of ops ``0 -> 1 -> ...``, op i's output costing ``send_us[i]`` to move (examples, tests)."""
+        n = len(compute_us)
+        return LoadModel(
+            accel_us=[float(c) for c in compute_us],
+            cpu_us=[float(c) for c in compute_us],
+            accel_ok=[True] * n,
+            size=[0] * n,
+            is_backward=[False] * n,
+            unit_of_op=list(range(n)),
+            edges=[(i, i + 1) for i in range(n - 1)],
+            tensor_src=list(range(n - 1)),
+            tensor_us=[float(send_us[i]) for i in range(n - 1)],
+            tensor_dst=[[i + 1] for i in range(n - 1)],
+            accelerators=accelerators,
+            memory=math.inf,
+            names=[str(i) for i in range(n)],
+        )
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One split judged by the model: per device load (µs per sample) and accelerator bytes."""
+
+    loads_us: list[float]
+    bytes_used: list[int]
+    within_memory: bool
+
+    @property
+    def max_load_us(self) -> float:
+        return max(self.loads_us, default=0.0)
+
+
+def evaluate(model: LoadModel, device_of_op: Sequence[int]) -> Evaluation:
+    """Each device's load and bytes under ``device_of_op`` (any assignment; O(V + E)).
+
+    >>> m = LoadModel.chain([1.0, 2.0], send_us=[0.25, 0.0], accelerators=2)
+    >>> evaluate(m, [0, 1]).loads_us, evaluate(m, [0, 0]).loads_us
+    ([1.25, 2.25], [3.0, 0.0])
+    """
+    k = model.accelerators
+    loads = [0.0] * model.num_devices
+    used = [0] * k
+    for v, d in enumerate(device_of_op):
+        if d < k:
+            loads[d] += model.accel_us[v]
+            used[d] += model.size[v]
+        else:
+            loads[d] += model.cpu_us[v]
+    for t, src in enumerate(model.tensor_src):
+        home = device_of_op[src]
+        receivers = {device_of_op[w] for w in model.tensor_dst[t]} - {home}
+        if not receivers:
+            continue
+        cost = model.tensor_us[t]
+        if home < k:
+            loads[home] += cost
+        for d in receivers:
+            if d < k:
+                loads[d] += cost
+    return Evaluation(loads, used, all(b <= model.memory for b in used))
+
+
+@dataclass(frozen=True)
+class Split:
+    """A pipeline split: stages in pipeline order, each on one device."""
+
+    max_load_us: float
+    stage_units: list[list[int]]  # per stage, the units (ids of :func:`units`) in it
+    stage_device: list[int]  # per stage, its device (accelerators first, then CPUs)
+    stage_loads_us: list[float]
+    device_of_op: list[int]
+    proven: bool  # the exact search completed: no valid split (within ``scope``) has a lower max-load
+    scope: str  # "contiguous" (the model's splits) or "program order" (ranges torch can cut)
+    lower_bound_us: float
+    seconds: float
+    sets_enumerated: int
+    units: int  # units after fusion (the search's nodes)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "max_load_us": round(self.max_load_us, 6),
+            "throughput_per_s": round(1e6 / self.max_load_us, 6) if self.max_load_us > 0 else None,
+            "stages": [
+                {"device": d, "load_us": round(load, 6)}
+                for d, load in zip(self.stage_device, self.stage_loads_us)
+            ],
+            "proven_optimal": self.proven,
+            "optimal_among": self.scope,
+            "lower_bound_us": round(self.lower_bound_us, 6),
+            "solver": {
+                "seconds": round(self.seconds, 6),
+                "sets_enumerated": self.sets_enumerated,
+                "units": self.units,
+            },
+        }
+
+
+# ------------------------------------------------------------------ units
+
+
+@dataclass
+class _Units:
+    """The search's graph: units (after fusion) in topological order, with flat per-unit columns."""
+
+    of_op: list[int]
+    accel_us: list[float]
+    cpu_us: list[float]
+    accel_ok: list[bool]
+    size: list[int]
+    preds: list[list[int]]
+    succs: list[list[int]]
+    # Tensors between units: producer unit, cost, consumer units (distinct, not the producer).
+    t_src: list[int]
+    t_us: list[float]
+    t_dst: list[list[int]]
+    produces: list[list[int]] = field(default_factory=list)
+    consumes: list[list[int]] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.accel_us)
+
+
+def units(model: LoadModel) -> list[int]:
+    """The unit of each op after every fusion the solver makes (ids in topological order)."""
+    return _build_units(model).of_op
+
+
+def _build_units(model: LoadModel) -> _Units:
+    n = model.num_ops
+    uf = UnionFind(range(n))
+    first: dict[int, int] = {}
+    for v, u in enumerate(model.unit_of_op):
+        if u in first:
+            uf.union(v, first[u])
+        else:
+            first[u] = v
+    fused = True
+    while fused:
+        root = [uf.find(v) for v in range(n)]
+        has_forward = [False] * n
+        for v in range(n):
+            if not model.is_backward[v]:
+                has_forward[root[v]] = True
+        adjacency: dict[int, set[int]] = {}
+        for a, b in model.edges:
+            ra, rb = root[a], root[b]
+            if ra == rb:
+                continue
+            fa, fb = model.is_backward[a], model.is_backward[b]
+            if not fa and not fb:
+                adjacency.setdefault(ra, set()).add(rb)
+            elif fa and fb and not (has_forward[ra] and has_forward[rb]):
+                adjacency.setdefault(rb, set()).add(ra)  # mirrored: a backward-only unit
+        fused = _fuse_cycles(sorted(set(root)), adjacency, uf)
+    root = [uf.find(v) for v in range(n)]
+    _fuse_trivial(model, root, uf)
+    return _columns(model, [uf.find(v) for v in range(n)])
+
+
+def _fuse_cycles(nodes: list[int], adjacency: dict[int, set[int]], uf: UnionFind) -> bool:
+    """Union every strongly connected component of the unit graph (Tarjan's, iterative); True if any."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    fused = False
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(adjacency.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, successors = work[-1]
+            w = next(successors, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(adjacency.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                for other in component[1:]:
+                    uf.union(component[0], other)
+                fused = fused or len(component) > 1
+    return fused
+
+
+def _fuse_trivial(model: LoadModel, root: list[int], uf: UnionFind) -> None:
+    """Fuse a unit with no compute, no backward ops and exactly one neighbour into that neighbour."""
+    n = model.num_ops
+    members: dict[int, list[int]] = {}
+    for v in range(n):
+        members.setdefault(root[v], []).append(v)
+    neighbours: dict[int, set[int]] = {u: set() for u in members}
+    for a, b in model.edges:
+        ra, rb = root[a], root[b]
+        if ra != rb:
+            neighbours[ra].add(rb)
+            neighbours[rb].add(ra)
+    total_size = sum(model.size)
+    for u, ops in members.items():
+        if len(neighbours[u]) != 1:
+            continue
+        if any(model.is_backward[v] or model.accel_us[v] > 0 or model.cpu_us[v] > 0 for v in ops):
+            continue
+        # Its bytes move to the neighbour's device: safe when they are none or everything fits.
+        if any(model.size[v] for v in ops) and total_size > model.memory:
+            continue
+        (other,) = neighbours[u]
+        if not all(model.accel_ok[v] for v in ops) and model.cpus == 0:
+            continue
+        uf.union(u, other)
+
+
+def _columns(model: LoadModel, root: list[int]) -> _Units:
+    """Number the units topologically (forward order) and gather their columns."""
+    ids = sorted(set(root))
+    index = {r: i for i, r in enumerate(ids)}
+    of_op = [index[r] for r in root]
+    n = len(ids)
+    has_forward = [False] * n
+    for v in range(model.num_ops):
+        if not model.is_backward[v]:
+            has_forward[of_op[v]] = True
+    succ_sets: list[set[int]] = [set() for _ in range(n)]
+    for a, b in model.edges:
+        ua, ub = of_op[a], of_op[b]
+        if ua == ub:
+            continue
+        fa, fb = model.is_backward[a], model.is_backward[b]
+        if not fa and not fb:
+            succ_sets[ua].add(ub)
+        elif fa and fb and not (has_forward[ua] and has_forward[ub]):
+            succ_sets[ub].add(ua)
+    order = _topological(n, succ_sets)
+    rank = [0] * n
+    for i, u in enumerate(order):
+        rank[u] = i
+    of_op = [rank[u] for u in of_op]
+    accel = [0.0] * n
+    cpu = [0.0] * n
+    ok = [True] * n
+    size = [0] * n
+    for v in range(model.num_ops):
+        u = of_op[v]
+        accel[u] += model.accel_us[v]
+        cpu[u] += model.cpu_us[v]
+        ok[u] = ok[u] and model.accel_ok[v]
+        size[u] += model.size[v]
+    succs = [sorted(rank[b] for b in succ_sets[a]) for a in order]
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for a in range(n):
+        for b in succs[a]:
+            preds[b].append(a)
+    t_src: list[int] = []
+    t_us: list[float] = []
+    t_dst: list[list[int]] = []
+    for t, src in enumerate(model.tensor_src):
+        home = of_op[src]
+        dst = sorted({of_op[w] for w in model.tensor_dst[t]} - {home})
+        if dst and model.tensor_us[t] > 0:
+            t_src.append(home)
+            t_us.append(model.tensor_us[t])
+            t_dst.append(dst)
+    produces: list[list[int]] = [[] for _ in range(n)]
+    consumes: list[list[int]] = [[] for _ in range(n)]
+    for t, home in enumerate(t_src):
+        produces[home].append(t)
+        for w in t_dst[t]:
+            consumes[w].append(t)
+    return _Units(of_op, accel, cpu, ok, size, preds, succs, t_src, t_us, t_dst, produces, consumes)
+
+
+def _topological(n: int, succ_sets: list[set[int]]) -> list[int]:
+    indegree = [0] * n
+    for s in succ_sets:
+        for b in s:
+            indegree[b] += 1
+    ready = [u for u in range(n) if indegree[u] == 0]
+    ready.reverse()
+    order: list[int] = []
+    while ready:
+        u = ready.pop()
+        order.append(u)
+        for b in sorted(succ_sets[u], reverse=True):
+            indegree[b] -= 1
+            if indegree[b] == 0:
+                ready.append(b)
+    if len(order) != n:  # _fuse_cycles leaves none
+        raise AssertionError("the unit graph has a cycle")
+    return order
+
+
+# ------------------------------------------------------------------ loads of growing sets
+
+
+class _Growing:
+    """A set of units on one device, its compute, bytes and communication kept as units join or leave."""
+
+    __slots__ = ("u", "inside", "cin", "accel", "cpu", "size", "comm", "bad")
+
+    def __init__(self, u: _Units) -> None:
+        self.u = u
+        self.inside = [False] * u.n
+        self.cin = [0] * len(u.t_src)  # consumer units of each tensor inside
+        self.accel = self.cpu = self.comm = 0.0
+        self.size = 0
+        self.bad = 0  # units an accelerator cannot run
+
+    def add(self, w: int) -> None:
+        u = self.u
+        inside, cin, t_dst, t_us, t_src = self.inside, self.cin, u.t_dst, u.t_us, u.t_src
+        comm = self.comm
+        for t in u.produces[w]:
+            # before: outside producer, paid iff some consumer inside; after: paid iff one is outside
+            comm += t_us[t] * ((cin[t] < len(t_dst[t])) - (cin[t] > 0))
+        inside[w] = True
+        for t in u.consumes[w]:
+            c = cin[t]
+            if inside[t_src[t]]:
+                if c + 1 == len(t_dst[t]):
+                    comm -= t_us[t]
+            elif c == 0:
+                comm += t_us[t]
+            cin[t] = c + 1
+        self.comm = comm
+        self.accel += u.accel_us[w]
+        self.cpu += u.cpu_us[w]
+        self.size += u.size[w]
+        self.bad += not u.accel_ok[w]
+
+    def remove(self, w: int) -> None:
+        u = self.u
+        inside, cin, t_dst, t_us, t_src = self.inside, self.cin, u.t_dst, u.t_us, u.t_src
+        comm = self.comm
+        for t in u.consumes[w]:
+            c = cin[t] - 1
+            cin[t] = c
+            if inside[t_src[t]]:
+                if c + 1 == len(t_dst[t]):
+                    comm += t_us[t]
+            elif c == 0:
+                comm -= t_us[t]
+        inside[w] = False
+        for t in u.produces[w]:
+            comm -= t_us[t] * ((cin[t] < len(t_dst[t])) - (cin[t] > 0))
+        self.comm = comm
+        self.accel -= u.accel_us[w]
+        self.cpu -= u.cpu_us[w]
+        self.size -= u.size[w]
+        self.bad -= not u.accel_ok[w]
+
+
+# ------------------------------------------------------------------ solver
+
+
+@dataclass
+class _Best:
+    value: float
+    stages: list[tuple[list[int], bool]]  # (units, on an accelerator)
+
+
+def solve(
+    model: LoadModel,
+    *,
+    max_sets: int = DEFAULT_MAX_SETS,
+    orders: Sequence[Sequence[int]] = (),
+    cuts: Collection[int] | None = None,
+) -> Split:
+    """The split of least max-load (module docstring), proven optimal unless ``max_sets`` ran out.
+
+    ``orders``: extra topological orders of the ops to seed the upper bound
+    with (a program order, say). ``cuts``: when given, the stages are ranges
+    of ``orders[0]`` (as units) that start at one of these ops or at the
+    first; the interval DP over that order is then exact and the search over
+    ideals is skipped (``Split.scope`` says which space the result is
+    optimal in). Raises InfeasibleError when no valid split fits the
+    accelerators' memory, InputError on a model with no devices.
+    Deterministic: the same model gives the same split.
+    """
+    if model.accelerators < 0 or model.cpus < 0 or model.num_devices == 0:
+        raise InputError("a pipeline needs at least one device")
+    t0 = time.perf_counter()
+    u = _build_units(model)
+    k, cpus = model.accelerators, model.cpus
+    best = _Best(math.inf, [])
+    unit_orders = [list(range(u.n)), *_other_orders(u)]
+    if cuts is not None:
+        order = _unit_order(u, orders[0])
+        position = {w: i for i, w in enumerate(order)}
+        starts = {0} | {position[u.of_op[v]] for v in cuts}
+        _interval_dp(u, order, k, cpus, model.memory, best, starts)
+        sets, proven, scope = 0, bool(best.stages), "program order"
+    else:
+        for order in orders:
+            unit_orders.append(_unit_order(u, order))
+        for order in unit_orders:
+            _interval_dp(u, order, k, cpus, model.memory, best)
+        sets, proven = _prove(u, k, cpus, model.memory, best, max_sets)
+        scope = "contiguous"
+    if not best.stages:
+        raise InfeasibleError(
+            f"no pipeline split of the model fits {k} accelerator(s) of {model.memory:.6g} bytes"
+            + (f" and {cpus} CPU core(s)" if cpus else "")
+            + ": each device holds one contiguous part of the graph"
+        )
+    return _split(model, u, best, proven, scope, sets, time.perf_counter() - t0)
+
+
+def _lower_bound(u: _Units, k: int, cpus: int) -> float:
+    cheapest = [
+        min(a if ok and k else math.inf, c if cpus else math.inf)
+        for a, c, ok in zip(u.accel_us, u.cpu_us, u.accel_ok)
+    ]
+    return max(max(cheapest, default=0.0), sum(cheapest) / max(1, k + cpus))
+
+
+def _split(
+    model: LoadModel, u: _Units, best: _Best, proven: bool, scope: str, sets: int, seconds: float
+) -> Split:
+    k = model.accelerators
+    device_of_unit = [0] * u.n
+    stage_device: list[int] = []
+    next_accel, next_cpu = 0, k
+    for members, on_accel in best.stages:
+        if on_accel:
+            d, next_accel = next_accel, next_accel + 1
+        else:
+            d, next_cpu = next_cpu, next_cpu + 1
+        stage_device.append(d)
+        for w in members:
+            device_of_unit[w] = d
+    device_of_op = [device_of_unit[w] for w in u.of_op]
+    judged = evaluate(model, device_of_op)
+    loads = [judged.loads_us[d] for d in stage_device]
+    value = judged.max_load_us
+    lower = value if proven else min(value, _lower_bound(u, k, model.cpus))
+    return Split(
+        max_load_us=value,
+        stage_units=[sorted(m) for m, _ in best.stages],
+        stage_device=stage_device,
+        stage_loads_us=loads,
+        device_of_op=device_of_op,
+        proven=proven,
+        scope=scope,
+        lower_bound_us=lower,
+        seconds=seconds,
+        sets_enumerated=sets,
+        units=u.n,
+    )
+
+
+def _unit_order(u: _Units, op_order: Sequence[int]) -> list[int]:
+    """The units in the order of their first op in ``op_order``, made topological."""
+    first: dict[int, int] = {}
+    for i, v in enumerate(op_order):
+        first.setdefault(u.of_op[v], i)
+    key = [first.get(w, len(op_order) + w) for w in range(u.n)]
+    return _kahn(u, lambda w: key[w])
+
+
+def _other_orders(u: _Units) -> list[list[int]]:
+    """Topological orders that keep branches together (depth first) or levels together (breadth first)."""
+    level = [0] * u.n
+    for w in range(u.n):
+        for p in u.preds[w]:
+            level[w] = max(level[w], level[p] + 1)
+    by_level = _kahn(u, lambda w: (level[w], w))
+    depth_first: list[int] = []
+    seen = [False] * u.n
+    missing = [len(p) for p in u.preds]
+    stack = [w for w in range(u.n - 1, -1, -1) if missing[w] == 0]
+    while stack:
+        w = stack.pop()
+        if seen[w]:
+            continue
+        seen[w] = True
+        depth_first.append(w)
+        for s in reversed(u.succs[w]):
+            missing[s] -= 1
+            if missing[s] == 0:
+                stack.append(s)
+    return [by_level, depth_first]
+
+
+def _kahn(u: _Units, key) -> list[int]:
+    import heapq
+
+    missing = [len(p) for p in u.preds]
+    heap = [(key(w), w) for w in range(u.n) if missing[w] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        _, w = heapq.heappop(heap)
+        order.append(w)
+        for s in u.succs[w]:
+            missing[s] -= 1
+            if missing[s] == 0:
+                heapq.heappush(heap, (key(s), s))
+    return order
+
+
+def _interval_dp(
+    u: _Units,
+    order: list[int],
+    k: int,
+    cpus: int,
+    memory: float,
+    best: _Best,
+    starts: Collection[int] | None = None,
+) -> None:
+    """Best split into contiguous ranges of ``order`` (an upper bound); improves ``best`` in place.
+
+    The load of every range ``order[a:b]`` on an accelerator and on a CPU is
+    grown b by b from each a (stopping once the range's least compute passes
+    the best known max-load), then a DP per device count takes
+    ``min over a of max(value[a], load[a, b])`` as one numpy step per
+    device. O(n^2 degree) to price, O((k + cpus) n^2) for the DP.
+    ``starts``: the only positions a range may start at (None: any).
+    """
+    n = u.n
+    cap = best.value
+    accel = np.full((n + 1, n + 1), np.inf)
+    cpu = np.full((n + 1, n + 1), np.inf)
+    grow = _Growing(u)
+    for a in range(n):
+        added = 0
+        for b in range(a, n):
+            grow.add(order[b])
+            added += 1
+            fits = k and not grow.bad and grow.size <= memory
+            if fits:
+                accel[a, b + 1] = grow.accel + grow.comm
+            if cpus:
+                cpu[a, b + 1] = grow.cpu
+            if min(grow.accel if fits else math.inf, grow.cpu if cpus else math.inf) > cap:
+                break
+        for b in range(a, a + added):
+            grow.remove(order[b])
+    if starts is not None:
+        ends = sorted(set(starts) | {n})
+        barred = np.ones(n + 1, dtype=bool)
+        barred[ends] = False
+        for matrix in (accel, cpu):
+            matrix[barred, :] = np.inf
+            matrix[:, barred] = np.inf
+    # value[(c, f)][i]: least max-load covering order[:i] with c CPU ranges and f accelerator ranges
+    start = np.full(n + 1, np.inf)
+    start[0] = 0.0
+    value = {(0, 0): start}
+    back: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    for used in range(1, k + cpus + 1):
+        for c in range(min(cpus, used) + 1):
+            f = used - c
+            if f > k:
+                continue
+            options = []
+            if f > 0 and (c, f - 1) in value:
+                options.append((value[(c, f - 1)], accel, True))
+            if c > 0 and (c - 1, f) in value:
+                options.append((value[(c - 1, f)], cpu, False))
+            best_row = np.full(n + 1, np.inf)
+            best_from = np.zeros(n + 1, dtype=np.int64)
+            best_accel = np.zeros(n + 1, dtype=bool)
+            for before, load, on_accel in options:
+                candidates = np.maximum(before[:, None], load)
+                origin = candidates.argmin(axis=0)
+                row = candidates[origin, np.arange(n + 1)]
+                better = row < best_row
+                best_row[better] = row[better]
+                best_from[better] = origin[better]
+                best_accel[better] = on_accel
+            value[(c, f)] = best_row
+            back[(c, f)] = (best_from, best_accel)
+    finish = min(((row[n], key) for key, row in value.items()), default=(math.inf, (0, 0)))
+    if not finish[0] < best.value * (1 - _EPS):
+        return
+    stages: list[tuple[list[int], bool]] = []
+    (c, f), i = finish[1], n
+    while i > 0:
+        origin, on_accel_row = back[(c, f)]
+        a, on_accel = int(origin[i]), bool(on_accel_row[i])
+        stages.append((order[a:i], on_accel))
+        c, f, i = (c, f - 1, a) if on_accel else (c - 1, f, a)
+    stages.reverse()
+    best.value, best.stages = float(finish[0]), stages
+
+
+def _prove(u: _Units, k: int, cpus: int, memory: float, best: _Best, max_sets: int) -> tuple[int, bool]:
+    """Improve ``best`` until no better split exists; (sets enumerated, proven optimal)."""
+    total = 0
+    while True:
+        sets, done = _search_below(u, k, cpus, memory, best, max_sets - total)
+        total += sets
+        if done is not None:
+            return total, done
+
+
+def _search_below(
+    u: _Units, k: int, cpus: int, memory: float, best: _Best, max_sets: int
+) -> tuple[int, bool | None]:
+    """Search for a split strictly better than ``best``; (sets enumerated, completed; None: found one).
+
+    Breadth first over (ideal, CPUs used) by devices used, each state
+    expanded once (the first time is with the fewest devices); from a state,
+    every set ``S`` making ``base | S`` an ideal is enumerated once (module
+    docstring) while its compute and bytes stay within the bound. A split
+    found below the bound replaces ``best`` (returning None); a search that
+    ends without one proves ``best`` optimal.
+    """
+    n = u.n
+    full = (1 << n) - 1
+    cheapest = [
+        min(a if ok and k else math.inf, c if cpus else math.inf)
+        for a, c, ok in zip(u.accel_us, u.cpu_us, u.accel_ok)
+    ]
+    total = sum(cheapest)
+    grow = _Growing(u)
+    succs, preds = u.succs, u.preds
+    accel_us, cpu_us, size_of, ok_of = u.accel_us, u.cpu_us, u.size, u.accel_ok
+    # (CPUs used, ideal) -> (accelerators used, parent state, the set's units, on an accelerator)
+    seen: dict[tuple[int, int], tuple[int, tuple[int, int] | None, list[int], bool]] = {
+        (0, 0): (0, None, [], True)
+    }
+    frontier = [(0, 0)]
+    sets = 0
+    while frontier:
+        following: list[tuple[int, int]] = []
+        for state in frontier:
+            c, base = state
+            f = seen[state][0]
+            limit = best.value * (1 - _EPS)
+            work = total - sum(cheapest[w] for w in range(n) if not base >> w & 1)
+            left_after = k + cpus - c - f - 1
+            if total - work > (left_after + 1) * limit:
+                continue
+            missing = [0] * n
+            for w in range(n):
+                if not base >> w & 1:
+                    missing[w] = sum(1 for p in preds[w] if not base >> p & 1)
+            available = [w for w in range(n) if not base >> w & 1 and missing[w] == 0]
+            accel_room, cpu_room = f < k, c < cpus
+            # Communication no growth of the set can undo: a tensor between the set and the
+            # ideal below it (``fixed``), kept as units join; a lower bound of the set's comm.
+            fixed_of = _fixed_costs(u, base)
+            fixed = 0.0
+            stack: list[tuple[list[int], int]] = [(available, 0)]
+            chosen: list[int] = []
+            mask = base
+            set_work = 0.0
+            while stack:
+                avail, i = stack[-1]
+                if i >= len(avail):
+                    stack.pop()
+                    if chosen:
+                        w = chosen.pop()
+                        grow.remove(w)
+                        fixed -= fixed_of[w]
+                        mask ^= 1 << w
+                        set_work -= cheapest[w]
+                        for s in succs[w]:
+                            missing[s] += 1
+                    continue
+                stack[-1] = (avail, i + 1)
+                w = avail[i]
+                limit = best.value * (1 - _EPS)
+                can_accel = (
+                    accel_room
+                    and ok_of[w]
+                    and not grow.bad
+                    and grow.accel + accel_us[w] + fixed + fixed_of[w] <= limit
+                    and grow.size + size_of[w] <= memory
+                )
+                can_cpu = cpu_room and grow.cpu + cpu_us[w] <= limit
+                if not (can_accel or can_cpu):
+                    continue  # every set in this branch holds w: too much compute or bytes
+                sets += 1
+                if sets > max_sets:
+                    while chosen:
+                        grow.remove(chosen.pop())
+                    return sets, False
+                grow.add(w)
+                fixed += fixed_of[w]
+                chosen.append(w)
+                mask |= 1 << w
+                set_work += cheapest[w]
+                opened = []
+                for s in succs[w]:
+                    missing[s] -= 1
+                    if missing[s] == 0:
+                        opened.append(s)
+                stack.append((avail[i + 1 :] + opened, 0))
+                if total - work - set_work > left_after * limit:
+                    continue  # the rest cannot fit the devices left
+                for on_accel in (True, False):
+                    if on_accel:
+                        if not can_accel or grow.accel + grow.comm > limit:
+                            continue
+                        target = (c, mask)
+                        devices = f + 1
+                    else:
+                        if not can_cpu or grow.cpu > limit:
+                            continue
+                        target = (c + 1, mask)
+                        devices = f
+                    if target in seen:
+                        continue
+                    seen[target] = (devices, state, list(chosen), on_accel)
+                    if mask == full:
+                        # A better split: search again below it (states seen under the
+                        # looser bound could hide paths that meet the tighter one).
+                        best.stages = _unwind(seen, target)
+                        best.value = _max_load(u, best.stages)
+                        while chosen:
+                            w = chosen.pop()
+                            grow.remove(w)
+                        return sets, None
+                    following.append(target)
+        frontier = following
+    return sets, True
+
+
+def _fixed_costs(u: _Units, base: int) -> list[float]:
+    """Per unit w outside ``base``: the transfers w's joining a set above ``base`` makes certain.
+
+    A tensor from ``base`` to a consumer in the set is received by the set
+    however it grows (its producer stays below), and one from the set to a
+    consumer in ``base`` is sent. Counted once per tensor: at its first
+    consumer in the set's branching order is not known in advance, so a
+    tensor from ``base`` is charged to each consumer's unit divided evenly
+    would under-count; instead it is charged only when all its consumers
+    outside ``base`` are one unit, else nothing (still a lower bound).
+    """
+    fixed = [0.0] * u.n
+    for t, src in enumerate(u.t_src):
+        dst = u.t_dst[t]
+        if base >> src & 1:
+            outside = [w for w in dst if not base >> w & 1]
+            if len(outside) == 1:
+                fixed[outside[0]] += u.t_us[t]
+        elif any(base >> w & 1 for w in dst):
+            fixed[src] += u.t_us[t]
+    return fixed
+
+
+def _max_load(u: _Units, stages: list[tuple[list[int], bool]]) -> float:
+    grow = _Growing(u)
+    worst = 0.0
+    for members, on_accel in stages:
+        for w in members:
+            grow.add(w)
+        worst = max(worst, grow.accel + grow.comm if on_accel else grow.cpu)
+        for w in members:
+            grow.remove(w)
+    return worst
+
+
+def _unwind(seen, state) -> list[tuple[list[int], bool]]:
+    """The stages that reach ``state`` in the breadth-first search, first stage first."""
+    stages = []
+    while True:
+        _, parent, members, on_accel = seen[state]
+        if parent is None:
+            break
+        stages.append((sorted(members), on_accel))
+        state = parent
+    stages.reverse()
+    return stages
+
+
+# ------------------------------------------------------------------ from an op graph
+
+
+def load_model(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    *,
+    cpus: int = 0,
+    follow_forward: bool = True,
+) -> LoadModel:
+    """The max-load model of ``graph`` on ``devices``, the last ``cpus`` of which are CPU cores.
+
+    Compute is the graph's on the accelerators' kind (they must be of one kind
+    and one memory size, as the model's accelerators are); an op's CPU time
+    and whether an accelerator can run it come from the workload reader's
+    ``attrs`` (``cpu_us``, ``accelerator``), else equal the accelerator's
+    and true. A tensor's transfer time is its measured time, else the
+    interconnect's for its bytes. ``follow_forward``: also tie each backward
+    op to its ``forward_op`` (Tarnawski's files tie them by colorClass only).
+    """
+    accelerators = devices.devices[: devices.count - cpus]
+    if not accelerators:
+        raise InputError("a pipeline needs at least one accelerator besides the CPU cores")
+    if len({d.kind for d in accelerators}) > 1 or len({d.memory_bytes for d in accelerators}) > 1:
+        raise InputError(
+            "the throughput objective needs identical accelerators (one kind, one memory size): "
+            f"'{devices.source}' mixes them"
+        )
+    n = graph.num_ops
+    accel = graph.durations(accelerators[0].kind)
+    cpu = [graph.attrs[v].get("cpu_us", accel[v]) for v in range(n)]
+    ok = [bool(graph.attrs[v].get("accelerator", True)) for v in range(n)]
+    uf = UnionFind(range(n))
+    for v in range(n):
+        uf.union(v, graph.group[v])
+        if follow_forward and graph.is_backward[v] and graph.forward_op[v] >= 0:
+            uf.union(v, graph.forward_op[v])
+    tensors = graph.tensors
+    dst: list[set[int]] = [set() for _ in tensors.src]
+    for e in range(graph.num_edges):
+        dst[tensors.edge_tensor[e]].add(graph.edge_dst[e])
+    ic = devices.interconnect
+    cost = [
+        # The model has one cost per tensor: the default link's (per-link overrides are not modelled).
+        m if m is not None else ic.latency_us + b / ic.bandwidth_bytes_per_us
+        for m, b in zip(tensors.measured_us, tensors.nbytes)
+    ]
+    return LoadModel(
+        accel_us=list(accel),
+        cpu_us=cpu,
+        accel_ok=ok,
+        size=list(graph.persistent_bytes),
+        is_backward=list(graph.is_backward),
+        unit_of_op=[uf.find(v) for v in range(n)],
+        edges=list(zip(graph.edge_src, graph.edge_dst)),
+        tensor_src=list(tensors.src),
+        tensor_us=cost,
+        tensor_dst=[sorted(d - {s}) for d, s in zip(dst, tensors.src)],
+        accelerators=len(accelerators),
+        memory=accelerators[0].memory_bytes,
+        cpus=cpus,
+        names=list(graph.names),
+    )

@@ -1,0 +1,117 @@
+"""--objective throughput against Tarnawski et al.'s DP (dp.cpp), on their published workloads.
+
+For each throughput workload (testdata/workloads, and with ``--extra DIR`` a
+checkout of msr-fiddle/dnn-partitioning's ``throughput-inputs``), with the
+file's devices (maxFPGAs accelerators of maxSizePerFPGA, maxCPUs CPU cores),
+it runs :func:`baechi_cli.throughput.solve` at its default effort and
+records the max-load, whether it is proven optimal, and the time (median of
+3). The DP's figures (``DP``, below) were measured by building their public
+``throughput-dp/dp.cpp`` with ``g++ -O3`` outside this repository and
+running it on the same files on this 2-core machine (an idle re-run where
+the first was disturbed); its code is not part of baechi.
+
+Usage: python bench/pipeline.py [--extra DIR] > bench/pipeline.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from baechi_cli.devices import parse_devices  # noqa: E402
+from baechi_cli.io.workload_json import read_workload_json, read_workload_meta  # noqa: E402
+from baechi_cli.throughput import load_model, solve  # noqa: E402
+
+# dp.exe on the same file: (max-load ms, wall s); None: did not finish in 300 s.
+DP = {
+    "LayerGraphs/bert24_inference": (17.789906, 0.010),
+    "LayerGraphs/bert24_training": (41.745812, 0.012),
+    "LayerGraphs/gnmt_inference": (32.910658, 22.4),
+    "LayerGraphs/gnmt_training": (107.004414, 31.2),
+    "LayerGraphs/inceptionv3_inference": None,
+    "LayerGraphs/inceptionv3_training": None,
+    "LayerGraphs/resnet50_inference": (33.774666, 0.193),
+    "LayerGraphs/resnet50_training": (78.631813, 0.319),
+    "OperatorGraphs/bert_L-12_training": (437.997638, 41.7),
+    "OperatorGraphs/bert_l-12_inference": (147.477984, 16.9),
+    "OperatorGraphs/bert_l-3_inference": (27.918568, 1.44),
+    "OperatorGraphs/bert_l-3_training": (65.303149, 5.94),
+    "OperatorGraphs/bert_l-6_inference": (29.579506, 3.41),
+    "OperatorGraphs/bert_l-6_training": (72.864966, 20.5),
+    "OperatorGraphs/resnet50_inference": (124.348850, 0.146),
+    "OperatorGraphs/resnet50_training": (255.194416, 0.441),
+}
+# dp.exe -expert on the human-experts/ splits (max-load ms).
+EXPERT = {
+    "LayerGraphs/bert24_inference": 20.084,
+    "LayerGraphs/bert24_training": 49.4049,
+    "LayerGraphs/gnmt_inference": 46.2085,
+    "LayerGraphs/gnmt_training": 137.154,
+    "LayerGraphs/inceptionv3_inference": 102.482,
+    "LayerGraphs/inceptionv3_training": 213.654,
+    "LayerGraphs/resnet50_inference": 43.9183,
+    "LayerGraphs/resnet50_training": 112.108,
+}
+
+
+def key_of(path: str) -> str:
+    base = os.path.basename(path)[: -len(".json")]
+    if base.startswith("throughput_"):
+        kind, _, rest = base[len("throughput_") :].partition("_")
+        return f"{kind}/{rest}"
+    return f"{os.path.basename(os.path.dirname(path))}/{base}"
+
+
+def run(path: str, repeat: int) -> tuple[float, bool, float]:
+    graph, meta = read_workload_json(path), read_workload_meta(path)
+    cpus = meta.max_cpus or 0
+    spec = f"{meta.max_fpgas}x{meta.max_size_per_fpga}" + (f",{cpus}x1000000000000000" if cpus else "")
+    model = load_model(graph, parse_devices(spec), cpus=cpus, follow_forward=False)
+    times, split = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        split = solve(model)
+        times.append(time.perf_counter() - t0)
+    assert split is not None
+    return split.max_load_us / 1000, split.proven, statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--extra", help="a dnn-partitioning checkout's throughput-inputs folder")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    paths = sorted(glob.glob("testdata/workloads/throughput_*.json"))
+    if args.extra:
+        paths += sorted(glob.glob(os.path.join(args.extra, "*", "*.json")))
+    seen = set()
+    print("# --objective throughput vs Tarnawski et al.'s DP\n")
+    print(__doc__.split("Usage:")[0].strip().replace("\n", " "), "\n")
+    print("| workload | baechi max-load (ms) | proven | baechi s | DP max-load (ms) | DP s | ratio | expert (ms) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for path in paths:
+        key = key_of(path)
+        if key in seen:
+            continue
+        seen.add(key)
+        ours, proven, seconds = run(path, args.repeat)
+        dp = DP.get(key)
+        dp_load = f"{dp[0]:.6f}" if dp else "did not finish (300 s)"
+        dp_s = f"{dp[1]:.3g}" if dp else "> 300"
+        ratio = f"{ours / dp[0]:.6f}" if dp else ""
+        expert = EXPERT.get(key)
+        print(
+            f"| {key} | {ours:.6f} | {'yes' if proven else 'no'} | {seconds:.2f} | {dp_load} | {dp_s} | {ratio} | "
+            f"{expert if expert else ''} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
