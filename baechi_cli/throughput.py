@@ -265,24 +265,30 @@ def _build_units(model: LoadModel) -> _Units:
     fused = True
     while fused:
         root = [uf.find(v) for v in range(n)]
-        has_forward = [False] * n
-        for v in range(n):
-            if not model.is_backward[v]:
-                has_forward[root[v]] = True
-        adjacency: dict[int, set[int]] = {}
-        for a, b in model.edges:
-            ra, rb = root[a], root[b]
-            if ra == rb:
-                continue
-            fa, fb = model.is_backward[a], model.is_backward[b]
-            if not fa and not fb:
-                adjacency.setdefault(ra, set()).add(rb)
-            elif fa and fb and not (has_forward[ra] and has_forward[rb]):
-                adjacency.setdefault(rb, set()).add(ra)  # mirrored: a backward-only unit
-        fused = _fuse_cycles(sorted(set(root)), adjacency, uf)
+        fused = _fuse_cycles(sorted(set(root)), _unit_edges(model, root, n), uf)
     root = [uf.find(v) for v in range(n)]
     _fuse_trivial(model, root, uf)
     return _columns(model, [uf.find(v) for v in range(n)])
+
+
+def _unit_edges(model: LoadModel, unit: list[int], n: int) -> dict[int, set[int]]:
+    """The forward graph of units (ids below ``n``): forward edges, and mirrored backward edges
+    of a unit with backward ops only (module docstring)."""
+    has_forward = [False] * n
+    for v in range(model.num_ops):
+        if not model.is_backward[v]:
+            has_forward[unit[v]] = True
+    adjacency: dict[int, set[int]] = {}
+    for a, b in model.edges:
+        ua, ub = unit[a], unit[b]
+        if ua == ub:
+            continue
+        fa, fb = model.is_backward[a], model.is_backward[b]
+        if not fa and not fb:
+            adjacency.setdefault(ua, set()).add(ub)
+        elif fa and fb and not (has_forward[ua] and has_forward[ub]):
+            adjacency.setdefault(ub, set()).add(ua)
+    return adjacency
 
 
 def _fuse_cycles(nodes: list[int], adjacency: dict[int, set[int]], uf: UnionFind) -> bool:
@@ -362,20 +368,8 @@ def _columns(model: LoadModel, root: list[int]) -> _Units:
     index = {r: i for i, r in enumerate(ids)}
     of_op = [index[r] for r in root]
     n = len(ids)
-    has_forward = [False] * n
-    for v in range(model.num_ops):
-        if not model.is_backward[v]:
-            has_forward[of_op[v]] = True
-    succ_sets: list[set[int]] = [set() for _ in range(n)]
-    for a, b in model.edges:
-        ua, ub = of_op[a], of_op[b]
-        if ua == ub:
-            continue
-        fa, fb = model.is_backward[a], model.is_backward[b]
-        if not fa and not fb:
-            succ_sets[ua].add(ub)
-        elif fa and fb and not (has_forward[ua] and has_forward[ub]):
-            succ_sets[ub].add(ua)
+    adjacency = _unit_edges(model, of_op, n)
+    succ_sets: list[set[int]] = [adjacency.get(w, set()) for w in range(n)]
     order = _topological(n, succ_sets)
     rank = [0] * n
     for i, u in enumerate(order):
