@@ -187,3 +187,23 @@ def test_registry_default_matches_the_solver():
     from baechi_cli import placers, throughput
 
     assert placers.PipelineOptions().max_sets == throughput.DEFAULT_MAX_SETS
+
+
+def test_summary_shows_the_stages_and_the_schedule():
+    result = CliRunner().invoke(
+        main,
+        [
+            "place",
+            f"{WORKLOADS}/throughput_LayerGraphs_gnmt_training.json",
+            "--objective",
+            "throughput",
+            "--microbatches",
+            "4",
+            "--schedule",
+            "gpipe",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "pipeline: max-load" in result.output and "stages: " in result.output
+    assert "gpipe, 4 microbatches" in result.output
+    assert sum(line.startswith("s") and "|" in line for line in result.output.splitlines()) >= 1

@@ -78,6 +78,29 @@ def tried(outcome: PlaceOutcome) -> str:
     return text + (f" ({', '.join(rest)}; all in --report)" if rest else "")
 
 
+def render_pipeline(console: Console, pipeline: dict, device_names: list[str]) -> None:
+    """The throughput objective's lines: max-load, the stages in order, and the schedule's timeline."""
+    proof = (
+        f"proven optimal among {pipeline['optimal_among']} splits"
+        if pipeline["proven_optimal"]
+        else f"not proven (lower bound {fmt_us(pipeline['lower_bound_us'])})"
+    )
+    console.print(
+        f"pipeline: max-load [bold]{fmt_us(pipeline['max_load_us'])}[/] (the bottleneck's time per "
+        f"input: {pipeline['throughput_per_s']:.4g} inputs/s streamed), {proof}"
+    )
+    stages = " -> ".join(f"{device_names[s['device']]} {fmt_us(s['load_us'])}" for s in pipeline["stages"])
+    console.print(f"stages: {stages}")
+    schedule = pipeline.get("schedule")
+    if schedule is not None:
+        console.print(
+            f"{schedule['name']}, {schedule['microbatches']} microbatches: minibatch "
+            f"{fmt_us(schedule['minibatch_us'])}, {schedule['speedup_vs_one_device']:.2f}x one device"
+        )
+        for line in schedule["timeline"]:
+            console.print(line, markup=False, highlight=False)
+
+
 def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
     """The human summary of ``baechi place`` on stdout; ``written`` are the files it wrote."""
     console = make_console()
@@ -105,6 +128,8 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
             f"exact: {info['exact_status']} on the {info['exact_nodes']}-node placement graph (bound "
             f"{fmt_us(info['exact_lower_bound_us'])} there, for plans keeping its nodes whole)"
         )
+    if "pipeline" in info:
+        render_pipeline(console, info["pipeline"], [d.name for d in spec.devices])
     console.print(f"communication: {len(sim.transfers)} transfers, {fmt_bytes(sim.comm_bytes)}")
     table = make_table(
         console,
