@@ -859,15 +859,14 @@ def _search_below(
 
 
 def _fixed_costs(u: _Units, base: int) -> list[float]:
-    """Per unit w outside ``base``: the transfers w's joining a set above ``base`` makes certain.
+    """Per unit w outside ``base``: transfers that w joining a set above ``base`` makes certain.
 
     A tensor from ``base`` to a consumer in the set is received by the set
-    however it grows (its producer stays below), and one from the set to a
-    consumer in ``base`` is sent. Counted once per tensor: at its first
-    consumer in the set's branching order is not known in advance, so a
-    tensor from ``base`` is charged to each consumer's unit divided evenly
-    would under-count; instead it is charged only when all its consumers
-    outside ``base`` are one unit, else nothing (still a lower bound).
+    however the set grows (its producer stays below), and one from the set
+    to a consumer in ``base`` is sent. Each tensor may be counted once only,
+    so a tensor from ``base`` is charged to its consumer when it has exactly
+    one outside ``base`` and to no one otherwise: the sum over a set's units
+    stays a lower bound of the set's communication, and only grows with it.
     """
     fixed = [0.0] * u.n
     for t, src in enumerate(u.t_src):
