@@ -917,8 +917,9 @@ def load_model(
 ) -> LoadModel:
     """The max-load model of ``graph`` on ``devices``, the last ``cpus`` of which are CPU cores.
 
-    Compute is the graph's on the accelerators' kind (they must be of one kind
-    and one memory size, as the model's accelerators are); an op's CPU time
+    Compute is the graph's on the accelerators' kind, and memory theirs (the
+    model's accelerators are identical: mixed ones count at the slowest kind
+    and the smallest memory); an op's CPU time
     and whether an accelerator can run it come from the workload reader's
     ``attrs`` (``cpu_us``, ``accelerator``), else equal the accelerator's
     and true. A tensor's transfer time is its measured time, else the
@@ -928,13 +929,11 @@ def load_model(
     accelerators = devices.devices[: devices.count - cpus]
     if not accelerators:
         raise InputError("a pipeline needs at least one accelerator besides the CPU cores")
-    if len({d.kind for d in accelerators}) > 1 or len({d.memory_bytes for d in accelerators}) > 1:
-        raise InputError(
-            "the throughput objective needs identical accelerators (one kind, one memory size): "
-            f"'{devices.source}' mixes them"
-        )
     n = graph.num_ops
-    accel = graph.durations(accelerators[0].kind)
+    # The model's accelerators are identical: mixed ones count at the slowest kind and the
+    # smallest memory, so every split it accepts fits and its loads are not understated.
+    kinds = sorted({d.kind for d in accelerators})
+    accel = [max(times) for times in zip(*(graph.durations(kind) for kind in kinds))]
     cpu = [graph.attrs[v].get("cpu_us", accel[v]) for v in range(n)]
     ok = [bool(graph.attrs[v].get("accelerator", True)) for v in range(n)]
     uf = UnionFind(range(n))
@@ -964,7 +963,7 @@ def load_model(
         tensor_us=cost,
         tensor_dst=[sorted(d - {s}) for d, s in zip(dst, tensors.src)],
         accelerators=len(accelerators),
-        memory=accelerators[0].memory_bytes,
+        memory=min(d.memory_bytes for d in accelerators),
         cpus=cpus,
         names=list(graph.names),
     )

@@ -19,7 +19,6 @@ from click.testing import CliRunner
 
 from baechi_cli.cli import main
 from baechi_cli.devices import parse_devices
-from baechi_cli.errors import InputError
 from baechi_cli.io.workload_json import read_workload_json, read_workload_meta
 from baechi_cli.throughput import LoadModel, evaluate, solve, units
 
@@ -123,12 +122,12 @@ def test_backward_units_follow_their_colour_class():
     assert len(set(units(model))) == 96  # 192 ops: each forward layer with its gradient
 
 
-def test_identical_accelerators_are_required():
+def test_mixed_accelerators_count_at_the_slowest_and_smallest():
     from baechi_cli.throughput import load_model
 
     graph = read_workload_json(f"{WORKLOADS}/throughput_LayerGraphs_gnmt_training.json")
-    with pytest.raises(InputError, match="identical accelerators"):
-        load_model(graph, parse_devices("1x16GB,1x8GB"))
+    model = load_model(graph, parse_devices("1x16GB,1x8GB"))
+    assert model.memory == 8 * 10**9 and model.accelerators == 2
 
 
 def test_cli_takes_the_devices_from_the_workload(tmp_path):

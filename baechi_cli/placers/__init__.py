@@ -255,7 +255,9 @@ register(
         "baechi_cli.placers.pipeline",
         options=PipelineOptions,
         auto=False,  # a different objective: --objective throughput picks it
-        respects_memory=True,
+        # The model counts an op's own bytes (weights; a workload's `size`), not the
+        # activations and received copies the evaluator adds: a split over memory is reported.
+        respects_memory=False,
         needs_every_edge=True,
     )
 )
