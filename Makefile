@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install test test-slow test-all lint proto testdata bench clean
+.PHONY: install test test-slow test-all lint proto testdata bench fuzz clean
 
 install:  ## create .venv and install baechi with the dev extra (TensorFlow, pytest, ruff, ...)
 	$(PYTHON) -m venv $(VENV)
@@ -31,12 +31,18 @@ testdata:  ## regenerate all test graphs: TensorFlow ones (committed in testdata
 
 bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/passes.py
 	$(BIN)/python bench/profile.py
 	$(BIN)/python bench/onnx_place.py
 	$(BIN)/python bench/search.py
 	$(BIN)/python bench/pipeline.py > bench/pipeline.md
 	$(BIN)/python bench/framework.py  # needs pip install -e '.[bench]'; without it, says so and exits 0
+
+FUZZ_CASES ?= 100000
+FUZZ_SEED  ?= 0
+fuzz:  ## fuzz every reader and the CLI (FUZZ_CASES reader cases, FUZZ_SEED; failing inputs in build/fuzz-failures; tests/fuzz/)
+	PYTHONPATH=tests $(BIN)/python -m fuzz --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --out build/fuzz-failures
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -6,7 +6,11 @@
 * a preset name (see :data:`PRESETS`, e.g. ``rtx2080x4``);
 * a YAML file (schema in docs/DESIGN.md and the README).
 
-Sizes follow SI/IEC: ``8GB`` = 8e9 bytes, ``8GiB`` = 8 * 2**30 bytes.
+Sizes follow SI/IEC: ``8GB`` = 8e9 bytes, ``8GiB`` = 8 * 2**30 bytes. A
+spec holds at most :data:`MAX_DEVICES` devices. Every problem is an
+:class:`~baechi_cli.errors.InputError` on one line, naming the file or the
+``--devices`` value and the key; a value it quotes is cut to
+:data:`QUOTED` characters.
 
 A device may carry an *efficiency* table: per compute class
 (:data:`COMPUTE_CLASSES`: ``conv``, ``gemm``) a factor on its ``flops`` for
@@ -37,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from baechi_cli.errors import InputError
+from baechi_cli.errors import InputError, truncate
 
 # Baechi's fitted PCIe model (SoCC'20): 0.0001754 µs/byte + 134 µs.
 DEFAULT_LATENCY_US = 134.0
@@ -50,6 +54,11 @@ DEFAULT_MEMORY_BANDWIDTH = 448e9
 DEFAULT_LAUNCH_OVERHEAD_US = 5.0
 
 COMM_MODES = ("parallel", "sequential")
+
+# Far more devices than a placement uses: the bound keeps a spec like 10000000000x8GB from allocating.
+MAX_DEVICES = 4096
+# Characters of a user's value an error message quotes.
+QUOTED = 60
 
 # Compute classes: kinds of kernel that reach a FLOP rate of their own. The
 # cost rules tag their op types with one (costs/registry.py); a device's
@@ -166,53 +175,68 @@ _TIME_UNITS = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6, "ns": 1e-3}
 _NUMBER = r"(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)"
 
 
+def _quote(value: Any) -> str:
+    """A user's value for an error message: its text, cut to :data:`QUOTED` characters."""
+    return truncate(str(value), QUOTED)
+
+
+def _as_float(value: int | float) -> float:
+    """``float(value)``; an integer beyond the float range is infinite (float() raises)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def parse_size(text: Any, what: str = "size") -> int:
-    """``8GB`` -> 8_000_000_000, ``8GiB`` -> 8 * 2**30, ``123`` -> 123 (bytes)."""
+    """``8GB`` -> 8_000_000_000, ``8GiB`` -> 8 * 2**30, ``123`` -> 123 (bytes); at least 1 byte."""
     if isinstance(text, bool):
         raise InputError(f"{what} {text!r} is not a size (use e.g. 8GB, 8GiB or a byte count)")
     if isinstance(text, int):
-        value = float(text)
+        value = _as_float(text)
     else:
         m = re.fullmatch(_NUMBER + r"\s*([A-Za-z]*)", str(text).strip())
         if not m or m.group(2).upper() not in _SIZE_UNITS:
-            raise InputError(f"{what} '{text}' is not a size (use e.g. 8GB, 8GiB or a byte count)")
+            raise InputError(f"{what} '{_quote(text)}' is not a size (use e.g. 8GB, 8GiB or a byte count)")
         value = float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()]
     if not math.isfinite(value) or value <= 0:
-        raise InputError(f"{what} '{text}' must be positive")
+        raise InputError(f"{what} '{_quote(text)}' must be positive and finite")
+    if round(value) < 1:
+        raise InputError(f"{what} '{_quote(text)}' is less than one byte")
     return int(round(value))
 
 
 def parse_rate(text: Any, what: str, per_second_suffix: str) -> float:
     """``13.4T`` -> 1.34e13; ``448GB/s`` -> 4.48e11 (units per second)."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = float(text)
+        value = _as_float(text)
     else:
         s = str(text).strip()
         if s.endswith("/s"):
             s = s[:-2]
         s = s.removesuffix(per_second_suffix).removesuffix(per_second_suffix.upper())
         if per_second_suffix == "B" and re.search(r"[iI]$", s):
-            raise InputError(f"{what} '{text}': use SI prefixes (GB/s), not IEC")
+            raise InputError(f"{what} '{_quote(text)}': use SI prefixes (GB/s), not IEC")
         m = re.fullmatch(_NUMBER + r"\s*([KMGTP]?)", s, flags=re.IGNORECASE)
         if not m:
-            raise InputError(f"{what} '{text}' is not a rate (e.g. 13.4T or 448GB/s)")
+            raise InputError(f"{what} '{_quote(text)}' is not a rate (e.g. 13.4T or 448GB/s)")
         value = float(m.group(1)) * _SI[m.group(2).upper()]
     if not math.isfinite(value) or value <= 0:
-        raise InputError(f"{what} '{text}' must be positive")
+        raise InputError(f"{what} '{_quote(text)}' must be positive and finite")
     return value
 
 
 def parse_time_us(text: Any, what: str) -> float:
     """``134us`` / ``0.134ms`` / ``134`` (µs) -> 134.0."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = float(text)
+        value = _as_float(text)
     else:
         m = re.fullmatch(_NUMBER + r"\s*(us|µs|ms|s|ns)?", str(text).strip())
         if not m:
-            raise InputError(f"{what} '{text}' is not a time (e.g. 134us or 0.2ms)")
+            raise InputError(f"{what} '{_quote(text)}' is not a time (e.g. 134us or 0.2ms)")
         value = float(m.group(1)) * _TIME_UNITS[m.group(2) or "us"]
     if not math.isfinite(value) or value < 0:
-        raise InputError(f"{what} '{text}' must be a non-negative time")
+        raise InputError(f"{what} '{_quote(text)}' must be a non-negative, finite time")
     return value
 
 
@@ -287,15 +311,21 @@ def parse_devices(spec: str) -> DeviceSpec:
     for term in text.split(","):
         term = term.strip()
         m = re.fullmatch(r"(?:(\d+)\s*[xX*]\s*)?(.+)", term)
-        count = int(m.group(1)) if m and m.group(1) else 1
+        digits = (m.group(1) if m and m.group(1) else "1").lstrip("0") or "0"
+        # Compare lengths first: int() refuses strings of thousands of digits.
+        count = int(digits) if len(digits) <= len(str(MAX_DEVICES)) else MAX_DEVICES + 1
         if count < 1:
-            raise InputError(f"--devices '{spec}': device count in '{term}' must be at least 1")
+            raise InputError(
+                f"--devices '{_quote(spec)}': device count in '{_quote(term)}' must be at least 1"
+            )
+        if len(devices) + count > MAX_DEVICES:
+            raise InputError(f"--devices '{_quote(spec)}': more than {MAX_DEVICES} devices")
         try:
             memory = parse_size(m.group(2) if m else term, "memory")
         except InputError as err:
             presets = ", ".join(PRESETS)
             raise InputError(
-                f"--devices '{spec}': {err.problem}; or name a preset ({presets}) or a YAML file"
+                f"--devices '{_quote(spec)}': {err.problem}; or name a preset ({presets}) or a YAML file"
             ) from None
         for _ in range(count):
             devices.append(Device(f"/device:GPU:{len(devices)}", memory))
@@ -337,6 +367,8 @@ def devices_from_yaml(text: str, source: str) -> DeviceSpec:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise InputError(f"not valid YAML{where}", path=source) from None
+    except (ValueError, RecursionError):  # an integer of thousands of digits; absurdly deep nesting
+        raise InputError("not valid YAML (a number too long or nesting too deep)", path=source) from None
     try:
         return _spec_from_doc(doc, source)
     except InputError as err:
@@ -346,9 +378,12 @@ def devices_from_yaml(text: str, source: str) -> DeviceSpec:
 def _check_keys(obj: Any, allowed: set[str], where: str) -> dict:
     if not isinstance(obj, dict):
         raise InputError(f"{where} must be a mapping")
-    unknown = sorted(set(obj) - allowed)
+    # YAML keys may be numbers, dates or null as well as strings: report the first in file order.
+    unknown = [key for key in obj if key not in allowed]
     if unknown:
-        raise InputError(f"{where}: unknown key '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})")
+        raise InputError(
+            f"{where}: unknown key '{_quote(unknown[0])}' (allowed: {', '.join(sorted(allowed))})"
+        )
     return obj
 
 
@@ -373,7 +408,7 @@ def _positive_time_us(text: Any, what: str) -> float:
     """:func:`parse_time_us`, zero refused: every kernel launch costs something."""
     value = parse_time_us(text, what)
     if value == 0:
-        raise InputError(f"{what} '{text}' must be positive")
+        raise InputError(f"{what} '{_quote(text)}' must be positive")
     return value
 
 
@@ -385,9 +420,11 @@ def _efficiency(table: Any, where: str) -> tuple[tuple[str, float], ...]:
     pairs = []
     for name, factor in sorted(table.items()):
         if isinstance(factor, bool) or not isinstance(factor, (int, float)):
-            raise InputError(f"{where}.{name} '{factor}' is not a number (a factor on flops, e.g. 0.6)")
-        if not math.isfinite(factor) or factor <= 0:
-            raise InputError(f"{where}.{name} '{factor}' must be positive")
+            raise InputError(
+                f"{where}.{name} '{_quote(factor)}' is not a number (a factor on flops, e.g. 0.6)"
+            )
+        if not math.isfinite(_as_float(factor)) or factor <= 0:
+            raise InputError(f"{where}.{name} '{_quote(factor)}' must be positive and finite")
         pairs.append((name, float(factor)))
     return tuple(pairs)
 
@@ -401,26 +438,32 @@ def _spec_from_doc(doc: Any, source: str) -> DeviceSpec:
     if isinstance(raw, dict):  # one template with a count
         _check_keys(raw, _DEVICE_KEYS, "devices")
         count = raw.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise InputError(f"devices.count must be a positive integer, got {count!r}")
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_DEVICES:
+            raise InputError(
+                f"devices.count must be an integer from 1 to {MAX_DEVICES}, got {_quote(repr(count))}"
+            )
         if "name" in raw and count > 1:
             raise InputError("devices.name cannot be used with count > 1 (names must be unique)")
         devices = [_device_from_doc(raw, i, "devices") for i in range(count)]
     elif isinstance(raw, list) and raw:
+        if len(raw) > MAX_DEVICES:
+            raise InputError(f"'devices' lists {len(raw)} devices, more than {MAX_DEVICES}")
         for i, d in enumerate(raw):
             _check_keys(d, _DEVICE_KEYS - {"count"}, f"devices[{i}]")
             devices.append(_device_from_doc(d, i, f"devices[{i}]"))
     else:
         raise InputError("'devices' must be a non-empty list or a mapping with a count")
     names = [d.name for d in devices]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        raise InputError(f"device name '{dup}' is used twice")
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InputError(f"device name '{_quote(name)}' is used twice")
+        seen.add(name)
 
     ic = _check_keys(top.get("interconnect") or {}, _INTERCONNECT_KEYS, "interconnect")
     mode = str(ic.get("mode", "parallel"))
     if mode not in COMM_MODES:
-        raise InputError(f"interconnect.mode '{mode}' must be parallel or sequential")
+        raise InputError(f"interconnect.mode '{_quote(mode)}' must be parallel or sequential")
     latency = parse_time_us(ic.get("latency", DEFAULT_LATENCY_US), "interconnect.latency")
     bandwidth = (
         parse_rate(ic["bandwidth"], "interconnect.bandwidth", "B") / 1e6
@@ -451,7 +494,7 @@ def _device_ref(ref: Any, names: list[str], where: str) -> int:
         return ref
     if isinstance(ref, str) and ref in names:
         return names.index(ref)
-    raise InputError(f"{where}: '{ref}' is not a device name or index")
+    raise InputError(f"{where}: '{_quote(ref)}' is not a device name or index")
 
 
 # --- writing --------------------------------------------------------------------

@@ -26,6 +26,9 @@ EXIT_INFEASIBLE = 3
 EXIT_SOLVER = 4
 EXIT_MISSING_DEPENDENCY = 5
 
+#: Characters of an op's name an error message shows (a name in a malformed file may be megabytes).
+OP_NAME_LIMIT = 200
+
 
 def one_line(text: str | BaseException, limit: int | None = None) -> str:
     """``text``, or an exception's message, on one line of at most ``limit`` characters.
@@ -75,11 +78,16 @@ class BaechiError(Exception):
         return self
 
     def __str__(self) -> str:
+        """``path: op 'name': problem``, on one line; the op's name cut to :data:`OP_NAME_LIMIT` characters.
+
+        >>> str(InputError("no such file", path="m.pb", op="a" * 300)) == f"m.pb: op '{'a' * 197}...': no such file"
+        True
+        """
         parts = []
         if self.path:
             parts.append(str(self.path))
         if self.op is not None:
-            parts.append(f"op '{self.op}'")
+            parts.append(f"op '{one_line(self.op, OP_NAME_LIMIT)}'")
         parts.append(one_line(self.problem))
         return ": ".join(parts)
 

@@ -16,6 +16,7 @@ from baechi_cli.sim import SimResult
 
 if TYPE_CHECKING:
     from baechi_cli.pipeline import Candidate
+    from baechi_cli.verify.races import Race
 
 
 def uncovered_note(uncovered: dict[str, int]) -> str:
@@ -25,6 +26,17 @@ def uncovered_note(uncovered: dict[str, int]) -> str:
     return (
         f"{ops} op{'s' if ops != 1 else ''} of {len(uncovered)} type{'s' if len(uncovered) != 1 else ''} "
         f"without a cost rule, costed by the bytes they move: {listed}"
+    )
+
+
+def race_note(races: list[Race], sidecar: str) -> str:
+    """The warning for a training step that leaves variable accesses unordered (non-empty ``races``)."""
+    more = f" (and {len(races) - 1} more)" if len(races) > 1 else ""
+    return (
+        f"the training step ({sidecar}) has {len(races)} race{'s' if len(races) != 1 else ''} on "
+        f"variables: {races[0].message()}{more}; it can train differently run to run on any devices, "
+        "so baechi keeps those ops on their variable's device, where one device would run them; "
+        "a control dependency between them fixes it"
     )
 
 

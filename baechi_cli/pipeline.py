@@ -12,9 +12,13 @@ document are assembled in :mod:`baechi_cli.io.report`, the notes in
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
+import math
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -32,7 +36,7 @@ from baechi_cli.io.models import (
     sha256_of,
     write_placed_model,
 )
-from baechi_cli.notes import placement_notes, uncovered_note
+from baechi_cli.notes import placement_notes, race_note, uncovered_note
 from baechi_cli.placers import Placement, PlacerSpec
 from baechi_cli.placers.single import largest_device
 from baechi_cli.sim import SimResult
@@ -502,12 +506,50 @@ def default_pass_options(
     return PassOptions(forward_only, coplace, options.fusion is not False), reason
 
 
+def check_times_finite(graph: OpGraph, devices: DeviceSpec, path: str) -> None:
+    """InputError unless every step time of ``graph`` on ``devices`` is a finite float. O(V + E).
+
+    Each cost is finite (the readers check), but a sum of them can overflow, and
+    a timeline with an infinite step time has no meaning (nor a JSON report).
+    """
+    from baechi_cli.sim import step_time_ceiling
+
+    ceiling, largest = step_time_ceiling(graph, devices)
+    if not math.isfinite(ceiling):
+        raise InputError(
+            f"compute and transfer times add up past the largest float ({sys.float_info.max:.3g} µs), "
+            f"so no step time can be computed; the largest is {largest}: check the costs",
+            path=path,
+        )
+
+
 def bounds(graph: OpGraph, devices: DeviceSpec) -> tuple[LowerBounds, Placement, Evaluation]:
     """The lower bounds, and the one-device placement (on the largest device) with its evaluation."""
     single = Placement([largest_device(devices)] * graph.num_ops)
     return lower_bounds(graph, devices), single, evaluate(graph, devices, single)
 
 
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector meanwhile (a context manager and a decorator).
+
+    Reference counting still frees every object; only reference cycles wait. The
+    stages make millions of small lists, tuples and dicts on a large graph and no
+    cycles worth collecting, while each full collection walks every live object:
+    placing a 1M-op workload with m-TOPO, collections took 25 s of 120 (five full
+    ones 18 s). The workload reader pauses it likewise.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@cyclic_gc_paused()
 def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callable[[str], None]) -> Prepared:
     """load -> cost -> passes, plus the bounds every placement is compared with."""
     if options.comm is not None:
@@ -517,6 +559,13 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
     step("load")
     t0 = time.perf_counter()
     graph, fmt, notes = load_model(path, options.batch_size, options.dims)
+    if fmt == "graphdef":
+        from baechi_cli.verify.races import colocate_races, step_races
+
+        races, sidecar = step_races(graph, path)
+        if races:
+            graph = colocate_races(graph, races)
+            notes.append(race_note(races, sidecar))
     graph = with_views(graph, fmt)
     sha256 = sha256_of(path)
     model_ops = graph.num_ops
@@ -554,6 +603,7 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         timings["profile"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    check_times_finite(graph, devices, path)
     bound, single_placement, single_evaluation = bounds(graph, devices)
     single = single_evaluation.timeline if single_evaluation.feasible else None
     timings["simulate"] = time.perf_counter() - t0
@@ -614,6 +664,7 @@ def training_pass(
 AMPLE_MEMORY = 2**62
 
 
+@cyclic_gc_paused()
 def run_candidate(
     prepared: Prepared, spec: PlacerSpec, options: PlaceOptions, variant: Variant | None = None
 ) -> Candidate:
@@ -675,6 +726,9 @@ def run_candidate(
     if not evaluation.feasible:
         error = over_memory(evaluation.timeline, graph, devices, prepared.path)
         return Candidate(spec.name, seconds, error=error, variant=variant.options)
+    # Judged now: the placer's own list schedule (every planned transfer and time,
+    # hundreds of MB at 1M ops) is dropped, since auto keeps every candidate.
+    placement.schedule = None
     return Candidate(spec.name, seconds, placement, evaluation, variant=variant.options)
 
 
@@ -733,6 +787,7 @@ def choose(candidates: list[Candidate]) -> Candidate:
     raise next((e for e in errors if isinstance(e, InfeasibleError)), errors[0])
 
 
+@cyclic_gc_paused()
 def place_model(
     path: str,
     devices: DeviceSpec,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from baechi_cli import placers
+from baechi_cli.errors import InfeasibleError, SolverError
 from baechi_cli.graph import OpGraph
 from baechi_cli.pipeline import (
     COPLACE_GROUPS_PER_DEVICE,
@@ -244,10 +245,20 @@ def exact_stage(prepared: Prepared, search: Search) -> None:
     hint = node_devices(graph, start.placement.device_of)
     seconds = min(EXACT_SECONDS, max(0.1, search.budget_s - search.spent_s))
     t0 = time.perf_counter()
-    result = solve(graph, prepared.devices, time_limit=seconds, hint=hint)
     # Charged its limit (CP-SAT's deterministic seconds), not the clock: refinement's
     # share, and so the plan, must not depend on the machine's load.
     search.spent_s += seconds
+    try:
+        result = solve(graph, prepared.devices, time_limit=seconds, hint=hint)
+    except (InfeasibleError, SolverError) as err:
+        # Its memory model counts more than the evaluator's: a plan auto already has
+        # fits, so exact's failure is one more candidate's, listed, never auto's.
+        variant = start.variant if not on_ops else None
+        error = err.with_path(prepared.path)
+        search.candidates.append(
+            Candidate("exact", time.perf_counter() - t0, error=error, variant=variant, stage="exact")
+        )
+        return
     bounds = prepared.bounds
     if on_ops:
         bounds.exact_us = result.lower_bound_us

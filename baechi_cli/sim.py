@@ -51,6 +51,7 @@ Example:
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -61,7 +62,7 @@ _FINISH = 0  # at equal times, finishes are handled before readiness
 _READY = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million of them at scale, each without a __dict__
 class Transfer:
     """One tensor copied from ``src_device`` to ``dst_device``."""
 
@@ -185,13 +186,13 @@ def simulate(
         if remaining[v] == 0:
             heapq.heappush(events, (ready_at[v], _READY, rank[v], v))
 
-    def ship(u: int, now: float) -> None:
-        """Send u's outputs to the other devices that consume them."""
+    def ship(u: int, now: float, remote: list[int]) -> None:
+        """Send u's outputs over its ``remote`` edges (consumers on other devices)."""
         src = device_of[u]
-        outs = sorted(
-            (e for e in out_edges[u] if device_of[edge_dst[e]] != src),
-            key=lambda e: (edge_port[e], device_of[edge_dst[e]], e),
-        )
+        if len(remote) == 1:
+            outs = remote
+        else:
+            outs = sorted(remote, key=lambda e: (edge_port[e], device_of[edge_dst[e]], e))
         i = 0
         while i < len(outs):
             # Edges of one tensor to one device share one transfer (when caching).
@@ -219,8 +220,11 @@ def simulate(
 
     while events:
         now = events[0][0]
-        finished: list[int] = []  # ops ending at `now` whose transfers are not issued yet
+        # (rank, op, its edges to other devices) of ops ending at `now` whose transfers
+        # are not issued yet; an op whose consumers all share its device sends nothing.
+        finished: list[tuple[int, int, list[int]]] = []
         while True:
+            touched: list[int] = []  # devices that became free or got a ready op
             while events and events[0][0] == now:
                 _, kind, _, u = heapq.heappop(events)
                 if kind == _READY:
@@ -228,17 +232,27 @@ def simulate(
                         is_ready[u] = True
                     else:
                         heapq.heappush(avail[device_of[u]], (ready_at[u], rank[u], u))
+                    touched.append(device_of[u])
                     continue
                 # _FINISH: free the device and release consumers on it.
                 done += 1
                 src = device_of[u]
                 busy[src] = False
+                touched.append(src)
+                remote = None
                 for e in out_edges[u]:
                     if device_of[edge_dst[e]] == src:
                         release(e, now)
-                finished.append(u)
-            # Dispatch every free device, lowest index first.
-            for d in range(ndev):
+                    elif remote is None:
+                        remote = [e]
+                    else:
+                        remote.append(e)
+                if remote is not None:
+                    finished.append((rank[u], u, remote))
+            # Dispatch the free devices. Only those touched can have changed: any other is
+            # busy or was left with nothing ready, and devices do not interact here (ops
+            # start at `now` whatever the order), so this is O(events), not O(events x D).
+            for d in touched:
                 if busy[d]:
                     continue
                 if fixed:
@@ -261,9 +275,9 @@ def simulate(
             if not finished:
                 break
             # Every op ending now has ended: issue their transfers in topological order.
-            finished.sort(key=rank.__getitem__)
-            for u in finished:
-                ship(u, now)
+            finished.sort()
+            for _, u, remote in finished:
+                ship(u, now, remote)
             finished = []
     if done != n:
         raise ValueError("the per-device order contradicts the graph's dependencies (deadlock)")
@@ -524,41 +538,45 @@ def _memory(
     transfers: list[Transfer],
     edge_transfer: list[int],
 ) -> tuple[list[int], list[int], list[list[tuple[float, int]]]]:
-    """Per-device peak bytes, persistent bytes and memory curve (see module docstring)."""
+    """Per-device peak bytes, persistent bytes and memory curve (see module docstring). O((V + E) log V)."""
     ndev = devices.count
     persistent = [0] * ndev
     deltas: list[list[tuple[float, int]]] = [[] for _ in range(ndev)]
-    for v in range(graph.num_ops):
-        d = device_of[v]
+    temporary_bytes = graph.temporary_bytes
+    for v, d in enumerate(device_of):
         persistent[d] += graph.persistent_bytes[v]
-        if graph.temporary_bytes[v]:
-            deltas[d].append((start[v], graph.temporary_bytes[v]))
-            deltas[d].append((end[v], -graph.temporary_bytes[v]))
+        if temporary_bytes[v]:
+            deltas[d].append((start[v], temporary_bytes[v]))
+            deltas[d].append((end[v], -temporary_bytes[v]))
     # Free time of each output on its producer's device, and of each received copy.
     local_free: dict[tuple[int, int], float] = {}
     copy_free = [t.end for t in transfers]
-    for e in range(graph.num_edges):
-        port = graph.edge_port[e]
+    send_end = [t.send_end for t in transfers]
+    edge_src, edge_dst, output_bytes = graph.edge_src, graph.edge_dst, graph.output_bytes
+    view_of = graph.view_of
+    for e, port in enumerate(graph.edge_port):
         if port == CONTROL_PORT:
             continue
-        u, v = graph.edge_src[e], graph.edge_dst[e]
+        u = edge_src[e]
         x = edge_transfer[e]
         if x < 0:
-            key = (u, port)
-            local_free[key] = max(local_free.get(key, end[u]), end[v])
+            free = end[edge_dst[e]]
         else:
-            copy_free[x] = max(copy_free[x], end[v])
-            send_end = transfers[x].send_end
-            key = (u, port)
-            local_free[key] = max(local_free.get(key, end[u]), send_end)
-    view_of = graph.view_of
+            if end[edge_dst[e]] > copy_free[x]:
+                copy_free[x] = end[edge_dst[e]]
+            free = send_end[x]
+        if not view_of and (port >= len(output_bytes[u]) or not output_bytes[u][port]):
+            continue  # an output of 0 bytes allocates nothing: its free time is never read
+        key = (u, port)
+        held = local_free.get(key, end[u])
+        local_free[key] = free if free > held else held
     if view_of:
         _keep_view_sources(graph, device_of, end, edge_transfer, local_free, copy_free)
-    for u in range(graph.num_ops):
-        d = device_of[u]
+    for u, sizes in enumerate(graph.output_bytes):
         if u in view_of:
             continue  # a view's outputs live in its source's storage
-        for port, nbytes in enumerate(graph.output_bytes[u]):
+        d = device_of[u]
+        for port, nbytes in enumerate(sizes):
             if nbytes:
                 deltas[d].append((start[u], nbytes))
                 deltas[d].append((local_free.get((u, port), end[u]), -nbytes))
@@ -578,7 +596,8 @@ def _memory(
                 curve[-1] = (time, level)
             else:
                 curve.append((time, level))
-            peak = max(peak, level)
+            if level > peak:
+                peak = level
         peaks.append(peak)
         curves.append(curve)
     return peaks, persistent, curves
@@ -614,6 +633,47 @@ def _keep_view_sources(
             if x >= 0 and graph.edge_src[e] == src and graph.edge_port[e] == port:
                 copy_free[x] = max(copy_free[x], free)
                 break
+
+
+def step_time_ceiling(graph: OpGraph, devices: DeviceSpec) -> tuple[float, str]:
+    """An upper bound on every step time :func:`simulate` can give ``graph`` on ``devices``, and
+    what contributes most to it (an op or a transfer, for messages).
+
+    Until the step ends some op runs or some channel is busy (an op waits only
+    for a running producer or a transfer, a transfer only for a busy channel),
+    so the step is at most every op at its slowest device kind plus, per edge,
+    one transfer of its tensor at the dearest link occupying two channels.
+    Infinite when those times overflow a float: then no timeline can be
+    computed. O(V x kinds + E + links), the sums at C speed.
+    """
+    columns = [graph.durations(k) for k in sorted({d.kind for d in devices.devices})]
+    slowest = columns[0] if len(columns) == 1 else [max(times) for times in zip(*columns)]
+    total = sum(slowest)
+    largest, what = 0.0, ""
+    if slowest:
+        v = max(range(graph.num_ops), key=slowest.__getitem__)
+        largest, what = slowest[v], f"op '{graph.names[v]}' ({slowest[v]:.3g} µs)"
+    if devices.count > 1 and graph.num_edges:
+        ic = devices.interconnect
+        links = [(ic.latency_us, ic.bandwidth_bytes_per_us), *ic.links.values()]
+        latency, bandwidth = max(lat for lat, _ in links), min(bw for _, bw in links)
+
+        def length(measured: float | None, nbytes: int) -> float:
+            if measured is not None:
+                return measured
+            try:
+                return latency + nbytes / bandwidth
+            except OverflowError:  # a byte count too large for a float
+                return math.inf
+
+        tensors = graph.tensors
+        lengths = list(map(length, tensors.measured_us, tensors.nbytes))
+        total += 2 * sum(map(lengths.__getitem__, tensors.edge_tensor))
+        t = max(range(len(lengths)), key=lengths.__getitem__)
+        if lengths[t] > largest:
+            largest = lengths[t]
+            what = f"the transfer of '{graph.names[tensors.src[t]]}' ({largest:.3g} µs)"
+    return total, what
 
 
 def lower_bound(graph: OpGraph, devices: DeviceSpec) -> float:

@@ -111,6 +111,22 @@ def shorten_tf_message(message: str, limit: int = MESSAGE_LIMIT) -> str:
 # --- TensorFlow itself ----------------------------------------------------------
 
 
+def import_tensorflow() -> Any:
+    """``import tensorflow`` with OR-Tools' solvers loaded first; ImportError as ``import`` raises it.
+
+    Observed with TensorFlow 2.21 and OR-Tools 9.15: in a process that
+    imported TensorFlow first, HiGHS (m-SCT's LP) and CP-SAT (``--algo
+    exact``, auto's exact stage) die with SIGSEGV; the other order works. A
+    GraphDef without ``_output_shapes`` makes the reader import TensorFlow
+    for shape inference before any placer runs, so every import goes here.
+    """
+    import ortools.linear_solver.pywraplp  # noqa: F401
+    import ortools.sat.python.cp_model  # noqa: F401
+    import tensorflow as tf
+
+    return tf
+
+
 def require_tensorflow(message: str) -> None:
     """Raise MissingDependencyError (exit 5) with ``message`` unless TensorFlow is installed.
 

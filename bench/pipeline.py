@@ -93,7 +93,9 @@ def main() -> None:
     seen = set()
     print("# --objective throughput vs Tarnawski et al.'s DP\n")
     print(__doc__.split("Usage:")[0].strip().replace("\n", " "), "\n")
-    print("| workload | baechi max-load (ms) | proven | baechi s | DP max-load (ms) | DP s | ratio | expert (ms) |")
+    print(
+        "| workload | baechi max-load (ms) | proven | baechi s | DP max-load (ms) | DP s | ratio | expert (ms) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for path in paths:
         key = key_of(path)

@@ -87,6 +87,10 @@ def test_placement_trains_as_placed(tmp_path: Path, name: str, algo: str) -> Non
     assert result.error is None, result.error
     assert result.misplaced == []
     assert result.losses_equal, (result.loss_placed, result.loss_reference)
+    # Trained twice, bit for bit the same; no variable accessed in an unordered way.
+    assert result.deterministic, result.problems()
+    assert result.races_count == 0, result.races
+    assert result.max_variable_difference <= 1e-6, result.variable_differences
     assert result.ops_checked > 0.5 * result.ops_total
     assert outcome.ok
     _reference_losses.setdefault(name, result.loss_reference)

@@ -447,9 +447,7 @@ def _import_tensorflow() -> Any:
         "profile --comm needs TensorFlow to time transfers: install the tf extra: pip install 'baechi[tf]'"
     )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # only effective before TF's first import
-    import tensorflow as tf
-
-    return tf
+    return tfsupport.import_tensorflow()
 
 
 def local_device_pair() -> tuple[str, str]:

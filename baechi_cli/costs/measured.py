@@ -20,9 +20,11 @@ where there is one, and the problem on one line.
 What runs
 ---------
 * **Sidecar.** ``<model>.json`` beside the model (``testdata/cnn.json``), when
-  present, gives the feeds (``inputs``: name, dtype, shape, optional integer
-  ``range`` [low, high)), the fetches (``train_op`` and ``loss``), the init op
-  (``init_op``), the ``batch_size`` and the feed ``seed``. Every key is
+  present, gives the feeds (``inputs``: name, dtype, shape, optional
+  ``range`` [low, high), integers or floats as the dtype), the fetches
+  (``train_op`` and ``loss``), the init op (``init_op``), the ``batch_size``
+  and the feed ``seed``; :func:`baechi_cli.verify.sidecar.validate_sidecar`
+  checks it (a dim may be -1 here: the batch size fills it). Every key is
   optional; what it lacks comes from the conventions below.
 * **Init** (run once, untraced, before the warmup): the ``init_op`` argument,
   else the sidecar's ``init_op``, else by convention a node named ``init``
@@ -47,15 +49,16 @@ What runs
   attrs; an unknown dim is the ``batch_size`` argument, else the sidecar
   input's dim, else the sidecar's ``batch_size``, else an InputError naming
   the placeholder and suggesting ``--batch-size``. Values
-  (:func:`synthetic_feeds`): floats and complex numbers standard normal from
-  ``numpy.random.RandomState(seed)`` (the sidecar's ``seed``, else
-  :data:`DEFAULT_SEED`); integers uniform in the sidecar's ``range`` when it
-  gives one, else zeros (valid class labels and gather indices); bools
-  false; strings empty. A ``DT_RESOURCE`` or ``DT_VARIANT`` placeholder is
-  a handle captured by a ``tf.function`` (TF2 function graphs capture
-  variables that way, ``testdata/tf2_function.pb``): there is no value to
-  feed, so such a graph cannot run standalone -- an InputError pointing to
-  the analytic profile.
+  (:func:`synthetic_feeds`): from ``numpy.random.RandomState(seed)`` (the
+  sidecar's ``seed``, else :data:`DEFAULT_SEED`), integers and floats
+  uniform in the sidecar's ``range`` when it gives one
+  (:func:`~baechi_cli.verify.sidecar.range_values`); else floats and
+  complex numbers standard normal, integers zeros (valid class labels and
+  gather indices); bools false; strings empty. A ``DT_RESOURCE`` or
+  ``DT_VARIANT`` placeholder is a handle captured by a ``tf.function`` (TF2
+  function graphs capture variables that way, ``testdata/tf2_function.pb``):
+  there is no value to feed, so such a graph cannot run standalone -- an
+  InputError pointing to the analytic profile.
 * **Device and session.** Every NodeDef's device is cleared and TensorFlow's
   placer puts each op on one local device: ``/device:GPU:0`` when TensorFlow
   sees a GPU (ops without a GPU kernel then run on the CPU; each
@@ -142,7 +145,6 @@ memory O(V * steps) for the per-step times.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import platform
 import re
@@ -155,7 +157,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from baechi_cli.errors import InputError, MissingDependencyError
-from baechi_cli.tfsupport import as_written_config, normalize_device, shorten_tf_message
+from baechi_cli.tfsupport import as_written_config, import_tensorflow, normalize_device, shorten_tf_message
 
 if TYPE_CHECKING:
     import numpy as np
@@ -215,8 +217,8 @@ class FeedSpec:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    value_range: tuple[int, int] | None = None
-    """Integers are drawn uniformly from ``[low, high)`` when given, else zeros."""
+    value_range: tuple[int, int] | tuple[float, float] | None = None
+    """Values are drawn uniformly from ``[low, high)`` when given (integers or floats, as the dtype)."""
 
     def describe(self) -> str:
         """``float32[32,32,32,3]``, say.
@@ -337,12 +339,16 @@ def measure_graphdef(
 def synthetic_feeds(specs: Sequence[FeedSpec], seed: int) -> dict[str, np.ndarray]:
     """Deterministic values for ``specs``: the same specs and seed give the same arrays.
 
-    One ``numpy.random.RandomState(seed)`` draws, in ``specs`` order, floats
-    and complex numbers (standard normal) and ranged integers (uniform in
-    ``[low, high)``); integers without a range are zeros, bools false,
-    strings empty. Other dtypes raise InputError.
+    One ``numpy.random.RandomState(seed)`` draws, in ``specs`` order, ranged
+    integers and floats (uniform in ``[low, high)``,
+    :func:`~baechi_cli.verify.sidecar.range_values`) and floats and complex
+    numbers without a range (standard normal); integers without a range are
+    zeros, bools false, strings empty. Other dtypes, a range the dtype
+    cannot take and a tensor too large to allocate raise InputError.
     """
     import numpy as np
+
+    from baechi_cli.verify.sidecar import range_values
 
     tf = _import_tensorflow(None)
     rng = np.random.RandomState(seed)
@@ -350,22 +356,24 @@ def synthetic_feeds(specs: Sequence[FeedSpec], seed: int) -> dict[str, np.ndarra
     for spec in specs:
         dtype = tf.as_dtype(spec.dtype)
         numpy_dtype = dtype.as_numpy_dtype
-        if dtype.is_floating or dtype.is_complex:
-            value = np.asarray(rng.standard_normal(spec.shape)).astype(numpy_dtype)
-        elif dtype.is_integer:
+        try:
             if spec.value_range is not None:
-                low, high = spec.value_range
-                value = np.asarray(rng.randint(low, high, size=spec.shape, dtype=np.int64)).astype(
-                    numpy_dtype
-                )
-            else:
+                value = range_values(rng, spec.name, spec.dtype, spec.shape, spec.value_range)
+            elif dtype.is_floating or dtype.is_complex:
+                value = np.asarray(rng.standard_normal(spec.shape)).astype(numpy_dtype)
+            elif dtype.is_integer:
                 value = np.zeros(spec.shape, dtype=numpy_dtype)
-        elif dtype.is_bool:
-            value = np.zeros(spec.shape, dtype=bool)
-        elif dtype == tf.string:
-            value = np.full(spec.shape, b"", dtype=object)
-        else:
-            raise InputError(f"cannot make up a value of type {spec.dtype} to feed '{spec.name}'")
+            elif dtype.is_bool:
+                value = np.zeros(spec.shape, dtype=bool)
+            elif dtype == tf.string:
+                value = np.full(spec.shape, b"", dtype=object)
+            else:
+                raise InputError(f"cannot make up a value of type {spec.dtype} to feed '{spec.name}'")
+        except (MemoryError, ValueError):  # numpy: "array is too big", or no memory for it
+            shape = list(spec.shape)
+            raise InputError(
+                f"input '{spec.name}' of shape {shape} is too large to make up a value for"
+            ) from None
         feeds[spec.name] = value
     return feeds
 
@@ -378,14 +386,10 @@ def _import_tensorflow(path: str | None) -> Any:
     first = "tensorflow" not in sys.modules
     saved = {key: os.environ.get(key) for key in _IMPORT_ENV}
     if first:
-        # OR-Tools' HiGHS crashes in a process that imported TensorFlow first
-        # (tests/conftest.py); keep the order safe for a later m-SCT run.
-        import ortools.linear_solver.pywraplp  # noqa: F401
-
         for key, value in _IMPORT_ENV.items():
             os.environ.setdefault(key, value)
     try:
-        import tensorflow as tf
+        tf = import_tensorflow()  # OR-Tools first: its solvers crash in the other order
     except ImportError as err:
         raise MissingDependencyError(
             f"measuring a profile needs TensorFlow, which cannot be imported ({err}): install the tf "
@@ -414,48 +418,14 @@ def _read_graphdef(tf: Any, path: str) -> Any:
 
 def _read_sidecar(path: str) -> tuple[str | None, dict[str, Any] | None]:
     """(path, contents) of ``<model>.json`` beside the model, or (None, None) when there is none."""
+    from baechi_cli.verify.sidecar import load_sidecar
+
     candidate = Path(path).with_suffix(".json")
     if candidate == Path(path) or not candidate.is_file():
         return None, None
     where = str(candidate)
-    try:
-        data = json.loads(candidate.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise InputError(f"not a readable JSON sidecar: {err}", path=where) from None
-    if not isinstance(data, dict):
-        raise InputError("a sidecar must be a JSON object", path=where)
-    inputs = data.get("inputs", [])
-    if not isinstance(inputs, list):
-        raise InputError("sidecar 'inputs' must be a list", path=where)
-    for entry in inputs:
-        if not (
-            isinstance(entry, dict)
-            and isinstance(entry.get("name"), str)
-            and isinstance(entry.get("dtype"), str)
-            and _is_int_list(entry.get("shape"))
-        ):
-            raise InputError(
-                f"sidecar input {entry!r} needs a name, a dtype and an integer shape", path=where
-            )
-        value_range = entry.get("range")
-        if value_range is not None and not (
-            _is_int_list(value_range) and len(value_range) == 2 and value_range[0] < value_range[1]
-        ):
-            raise InputError(
-                f"sidecar input '{entry['name']}': range must be [low, high) integers", path=where
-            )
-    for key in ("loss", "train_op", "init_op"):
-        if data.get(key) is not None and not isinstance(data[key], str):
-            raise InputError(f"sidecar '{key}' must be a node or tensor name", path=where)
-    for key, least in (("batch_size", 1), ("seed", 0)):
-        value = data.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
-            raise InputError(f"sidecar '{key}' must be an integer of at least {least}", path=where)
-    return where, data
-
-
-def _is_int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    # Every key is optional here, and a -1 dim is filled from the batch size.
+    return where, load_sidecar(where, required=(), unknown_dims=True)
 
 
 def _import_graph(tf: Any, graph_def: Any, path: str) -> Any:
@@ -891,7 +861,14 @@ def _feed_specs(
     for name, entry in listed.items():  # feeds of tensors that are not placeholders
         _existing(name, nodes, sidecar_path or path, "the sidecar's input")
         value_range = tuple(entry["range"]) if entry.get("range") else None
-        specs.append(FeedSpec(name, tf.as_dtype(entry["dtype"]).name, tuple(entry["shape"]), value_range))
+        fill = batch_size if batch_size is not None else sidecar.get("batch_size")
+        if -1 in entry["shape"] and fill is None:
+            raise InputError(
+                f"sidecar input '{entry['name']}' has an unknown dim (-1); pass --batch-size to fill it in",
+                path=sidecar_path,
+            )
+        shape = tuple(fill if d == -1 else d for d in entry["shape"])
+        specs.append(FeedSpec(name, tf.as_dtype(entry["dtype"]).name, shape, value_range))
     return specs
 
 

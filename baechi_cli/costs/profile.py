@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
 
-from baechi_cli.errors import InputError
+from baechi_cli.errors import InputError, one_line, truncate
 from baechi_cli.graph import CONTROL_PORT, OpGraph
 from baechi_cli.proto_gen import profile_pb2
 
@@ -66,6 +66,8 @@ FALLBACK = "fallback"
 # How many mismatching names an error or a profile lists before "and N more".
 FIRST = 3
 NOT_RUN_LISTED = 100
+# Characters of a value from the file that an error message quotes.
+_QUOTED = 60
 
 CostProfile = profile_pb2.CostProfile
 
@@ -391,14 +393,17 @@ def parse(text: str, path: str) -> CostProfile:
         doc = json.loads(text, parse_constant=str)
     except json.JSONDecodeError as err:
         raise InputError(f"not a baechi profile: invalid JSON ({err})", path=path) from None
+    except (ValueError, RecursionError):  # an integer of thousands of digits; absurdly deep nesting
+        raise InputError("not a baechi profile: a number too long or nesting too deep", path=path) from None
     if not isinstance(doc, dict) or "schema" not in doc:
         raise InputError(f'not a baechi profile: no "schema" key (expected {SCHEMA!r})', path=path)
     if doc["schema"] != SCHEMA:
-        raise InputError(f"profile schema {doc['schema']!r} is not {SCHEMA!r}", path=path)
+        shown = truncate(repr(doc["schema"]), _QUOTED)
+        raise InputError(f"profile schema {shown} is not {SCHEMA!r}", path=path)
     try:
         profile = json_format.ParseDict(doc, CostProfile(), ignore_unknown_fields=True)
-    except json_format.ParseError as err:
-        raise InputError(f"malformed profile: {err}", path=path) from None
+    except (json_format.ParseError, OverflowError) as err:  # OverflowError: an integer beyond a double
+        raise InputError(f"malformed profile: {truncate(one_line(err), 3 * _QUOTED)}", path=path) from None
     _validate(profile, path)
     return profile
 
@@ -437,14 +442,15 @@ def _validate(profile: CostProfile, path: str) -> None:
     for edge in profile.edges:
         problem = _bad_number(edge.transfer_us, integral=False)
         if problem:
-            raise InputError(f"edge {edge.src}:{edge.port} -> {edge.dst}: transfer_us {problem}", path=path)
+            edge_name = f"{truncate(edge.src, _QUOTED)}:{edge.port} -> {truncate(edge.dst, _QUOTED)}"
+            raise InputError(f"edge {edge_name}: transfer_us {problem}", path=path)
 
 
 # --- applying a profile to a graph ----------------------------------------------------
 
 
 def _listing(names: list[str]) -> str:
-    shown = ", ".join(f"'{x}'" for x in names[:FIRST])
+    shown = ", ".join(f"'{truncate(x, _QUOTED)}'" for x in names[:FIRST])
     return shown + (f" and {len(names) - FIRST} more" if len(names) > FIRST else "")
 
 
@@ -461,7 +467,8 @@ def apply_profile(graph: OpGraph, profile: CostProfile, path: str, model_path: s
     missing = [name for name in graph.names if name not in by_name]
     extra = [op.name for op in profile.ops if op.name not in index]
     ports = [
-        f"'{op.name}' has {len(op.output_bytes)} in the profile, {len(graph.output_bytes[index[op.name]])} "
+        f"'{truncate(op.name, _QUOTED)}' has {len(op.output_bytes)} in the profile, "
+        f"{len(graph.output_bytes[index[op.name]])} "
         "in the model"
         for op in profile.ops
         if op.name in index and len(op.output_bytes) != len(graph.output_bytes[index[op.name]])

@@ -66,7 +66,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from baechi_cli.errors import InputError
+from baechi_cli.errors import OP_NAME_LIMIT, InputError, one_line, truncate
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.io.files import read_input, write_atomic
 
@@ -121,6 +121,7 @@ DTYPE_NAMES: dict[int, str] = {e: n for e, n, _ in _BASE_DTYPES} | {
 DTYPE_SIZES: dict[str, int] = {n: s for _, n, s in _BASE_DTYPES} | {f"{n}_ref": s for _, n, s in _BASE_DTYPES}
 
 _TEXT_EXTENSIONS = (".pbtxt", ".txt")
+_MESSAGE_LIMIT = 300  # characters of a protobuf parser's message kept
 _CONTROL_BYTES = bytes(b for b in range(0x20) if b not in b"\t\n\r") + b"\x7f"
 # Graph inputs: their unknown dims are the batch, never data-dependent.
 _INPUT_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
@@ -177,7 +178,8 @@ def parse_graphdef_file(path: str) -> GraphDef:
         except UnicodeDecodeError:
             raise InputError("not a GraphDef (neither binary protobuf nor UTF-8 text)") from None
         except text_format.ParseError as err:
-            problem = str(err).replace('"baechi.tf.', '"')
+            # The parser quotes the token it stopped at, which may be megabytes long.
+            problem = one_line(str(err).replace('"baechi.tf.', '"'), _MESSAGE_LIMIT)
             raise InputError(f"not a text-format GraphDef: {problem}") from None
 
     text_first = path.lower().endswith(_TEXT_EXTENSIONS) or _looks_like_text(data)
@@ -210,6 +212,11 @@ def _op_registry() -> dict[str, dict[str, Any]]:
     return json.loads(data)["ops"]
 
 
+def _q(name: str) -> str:
+    """A name from the file (op, op type, attr, input) for a message, cut as an op's name is."""
+    return truncate(name, OP_NAME_LIMIT)
+
+
 def _dtype_name(value: int, what: str) -> str:
     name = DTYPE_NAMES.get(value)
     if name is None:
@@ -227,7 +234,7 @@ def _signature_entry(signature: OpDef) -> dict[str, Any]:
         elif a.type_attr:
             entry["type_attr"] = a.type_attr
         else:
-            entry["type"] = _dtype_name(a.type, f"argument '{a.name}' of function '{signature.name}'")
+            entry["type"] = _dtype_name(a.type, f"argument '{_q(a.name)}' of function '{_q(signature.name)}'")
         if a.number_attr:
             entry["number_attr"] = a.number_attr
         if a.is_ref:
@@ -284,11 +291,11 @@ class _Node:
         if name in self.kinds:
             found = self.kinds[name]
             if found != kind and not (kind == "list(type)" and found == "list()"):
-                raise InputError(f"attr '{name}' must be {_TYPING_KINDS[kind]}")
+                raise InputError(f"attr '{_q(name)}' must be {_TYPING_KINDS[kind]}")
             return self.public[name]
         if name in defaults:
             return defaults[name]
-        raise InputError(f"attr '{name}' is missing; op type {self.op} needs it to type its tensors")
+        raise InputError(f"attr '{_q(name)}' is missing; op type {_q(self.op)} needs it to type its tensors")
 
     def arg_types(self, args: list[dict[str, Any]], defaults: dict[str, Any]) -> list[str]:
         """Expand declared arguments into one dtype name per tensor."""
@@ -302,7 +309,7 @@ class _Node:
             if "number_attr" in arg:
                 count = self.typing_attr(arg["number_attr"], defaults, "i")
                 if count < 0:
-                    raise InputError(f"attr '{arg['number_attr']}' is negative ({count})")
+                    raise InputError(f"attr '{_q(arg['number_attr'])}' is negative ({count})")
             # A ref argument of a ref type (RefIdentity of a float32_ref) stays one level deep.
             name = f"{base}_ref" if arg.get("is_ref") and not base.endswith("_ref") else base
             types.extend([name] * count)
@@ -319,7 +326,7 @@ class _Node:
                 shapes = self.private.get("_output_shapes")
                 return [self.public[key]] * (len(shapes.list.shape) if shapes is not None else 1)
         raise InputError(
-            f"unknown op type '{self.op}' (not in TensorFlow 2.21's op registry nor in the graph's "
+            f"unknown op type '{_q(self.op)}' (not in TensorFlow 2.21's op registry nor in the graph's "
             "function library) and no _output_types, T or dtype attr to tell its output types"
         )
 
@@ -354,7 +361,7 @@ def _decode_attr(value: AttrValue, key: str) -> tuple[str, Any]:
     if kind in ("i", "f", "b"):
         return kind, getattr(value, kind)
     if kind == "type":
-        return kind, _dtype_name(value.type, f"attr '{key}'")
+        return kind, _dtype_name(value.type, f"attr '{_q(key)}'")
     if kind == "shape":
         return kind, _decode_shape(value.shape)
     if kind == "func":
@@ -368,7 +375,7 @@ def _decode_attr(value: AttrValue, key: str) -> tuple[str, Any]:
         if field.name == "s":
             return kind, [s.decode("utf-8", errors="replace") for s in items]
         if field.name == "type":
-            return kind, [_dtype_name(t, f"attr '{key}'") for t in items]
+            return kind, [_dtype_name(t, f"attr '{_q(key)}'") for t in items]
         if field.name == "shape":
             return kind, [_decode_shape(s) for s in items]
         if field.name == "func":
@@ -387,7 +394,7 @@ def _parse_input(text: str) -> tuple[str, int]:
     if not sep:
         return name, 0
     if not port.isdigit():
-        raise InputError(f"input '{text}' is malformed (expected 'name', 'name:port' or '^name')")
+        raise InputError(f"input '{_q(text)}' is malformed (expected 'name', 'name:port' or '^name')")
     return name, int(port)
 
 
@@ -465,8 +472,10 @@ def decode_nodes(graph_def: GraphDef, *, lenient_types: bool = False) -> Decoded
 
 
 def _build(graph_def: GraphDef, batch_size: int | None) -> OpGraph:
-    # Pass 1: attrs, types and inputs of every node.
+    # Pass 1: attrs, types and inputs of every node, and the inputs checked against the types
+    # (before TensorFlow's shape inference sees them: an input port beyond int32 crashes it).
     names, ops, decoded, out_types, in_types, inputs = decode_nodes(graph_def)
+    _check_inputs(names, ops, out_types, in_types, inputs)
 
     # Pass 2: shapes and bytes.
     need_inference = [
@@ -507,24 +516,37 @@ def _build(graph_def: GraphDef, batch_size: int | None) -> OpGraph:
 
     # Pass 3: edges.
     for dst, node_inputs in enumerate(inputs):
+        for src, port in node_inputs:
+            builder.add_edge(src, dst, port)
+
+    return mark_backward(builder.build())
+
+
+def _check_inputs(
+    names: list[str],
+    ops: list[str],
+    out_types: list[list[str]],
+    in_types: list[list[str] | None],
+    inputs: list[list[tuple[int, int]]],
+) -> None:
+    """InputError naming the op whose data inputs are not as many as its op type declares, or
+    that reads an output port its producer does not have. O(V + E)."""
+    for dst, node_inputs in enumerate(inputs):
         declared = in_types[dst]
         if declared is not None:
             data_inputs = sum(1 for _, port in node_inputs if port != CONTROL_PORT)
             if len(declared) != data_inputs:
                 raise InputError(
-                    f"has {data_inputs} data inputs but op type {ops[dst]} declares {len(declared)}",
+                    f"has {data_inputs} data inputs but op type {_q(ops[dst])} declares {len(declared)}",
                     op=names[dst],
                 )
         for src, port in node_inputs:
             if port >= len(out_types[src]):
                 raise InputError(
-                    f"input '{names[src]}:{port}' is out of range: "
-                    f"'{names[src]}' ({ops[src]}) has {len(out_types[src])} outputs",
+                    f"input '{_q(names[src])}:{port}' is out of range: "
+                    f"'{_q(names[src])}' ({_q(ops[src])}) has {len(out_types[src])} outputs",
                     op=names[dst],
                 )
-            builder.add_edge(src, dst, port)
-
-    return mark_backward(builder.build())
 
 
 def _node_inputs(node: NodeDef, index: dict[str, int]) -> list[tuple[int, int]]:
@@ -535,11 +557,11 @@ def _node_inputs(node: NodeDef, index: dict[str, int]) -> list[tuple[int, int]]:
         name, port = _parse_input(text)
         src = index.get(name)
         if src is None:
-            raise InputError(f"input '{text}' names no node of the graph")
+            raise InputError(f"input '{_q(text)}' names no node of the graph")
         if port == CONTROL_PORT:
             control.append((src, port))
         elif control:
-            raise InputError(f"data input '{text}' follows a control input (data inputs come first)")
+            raise InputError(f"data input '{_q(text)}' follows a control input (data inputs come first)")
         else:
             data.append((src, port))
     return data + control
@@ -557,7 +579,7 @@ def _raw_shapes(
         shapes = inferred[name]
     if len(shapes) != len(types):
         raise InputError(
-            f"has {len(shapes)} output shapes but op type {info.op} has {len(types)} outputs", op=name
+            f"has {len(shapes)} output shapes but op type {_q(info.op)} has {len(types)} outputs", op=name
         )
     return shapes
 
@@ -606,7 +628,9 @@ def _infer_shapes(graph_def: GraphDef, first_op: str) -> dict[str, list[tuple[in
     """Output shapes of every node by TensorFlow's shape inference (imports TensorFlow)."""
     try:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import tensorflow as tf
+        from baechi_cli.tfsupport import import_tensorflow
+
+        tf = import_tensorflow()
     except ImportError:
         raise InputError(
             "has no _output_shapes attr, so output sizes are unknown; re-export the graph with "
@@ -620,7 +644,10 @@ def _infer_shapes(graph_def: GraphDef, first_op: str) -> dict[str, list[tuple[in
         with graph.as_default():
             tf.compat.v1.import_graph_def(tf_graph_def, name="")
     except Exception as err:  # TensorFlow raises ValueError or any of its OpError kinds here
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        from baechi_cli.tfsupport import shorten_tf_message
+
+        # TensorFlow quotes whole NodeDefs, names and attrs included: keep its first line, shortened.
+        first_line = shorten_tf_message(str(err)) if str(err).strip() else type(err).__name__
         raise InputError(
             f"has no _output_shapes attr and TensorFlow could not import the graph to infer shapes: {first_line}",
             op=first_op,

@@ -24,6 +24,8 @@ _ONNX_FIRST_BYTE = b"\x08"
 
 # The cost-rule name table each format's op types are looked up in.
 OP_SETS = {"graphdef": "tensorflow", "onnx": "onnx", "workload": "tensorflow"}
+#: The largest batch size: a profile records it as an int32 (proto/profile.proto).
+MAX_BATCH_SIZE = 2**31 - 1
 
 
 def detect_format(path: str) -> str:
@@ -54,10 +56,13 @@ def load_model(path: str, batch_size: int | None, dims: dict[str, int] | None = 
     """Read ``path`` into an OpGraph, with its format name and the reader's notes.
 
     ``dims`` binds ONNX symbolic dims by name; another format given ``dims``
-    is an InputError (TensorFlow graphs have only the batch dim to fill).
+    is an InputError (TensorFlow graphs have only the batch dim to fill), and
+    so is a ``batch_size`` above :data:`MAX_BATCH_SIZE`.
     """
     if not os.path.exists(path):
         raise InputError("no such file", path=path)
+    if batch_size is not None and batch_size > MAX_BATCH_SIZE:
+        raise InputError(f"the batch size must be at most {MAX_BATCH_SIZE}, not {batch_size}", path=path)
     fmt = detect_format(path)
     if dims and fmt != "onnx":
         raise InputError(f"--dim binds ONNX symbolic dims; this input is {fmt} (use --batch-size)", path=path)

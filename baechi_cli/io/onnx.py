@@ -163,7 +163,7 @@ from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from baechi_cli.errors import InputError, one_line
+from baechi_cli.errors import OP_NAME_LIMIT, InputError, one_line, truncate
 from baechi_cli.graph import GraphBuilder, OpGraph
 from baechi_cli.io.files import read_input, write_atomic
 from baechi_cli.io.torch_modules import ModuleMap, module_map, module_paths, parameter_module
@@ -496,7 +496,31 @@ def parse_model(data: bytes) -> ModelProto:
         raise InputError(f"not an ONNX model: the protobuf holds no model graph{hint}")
     if not model.graph.node:
         raise InputError("not an ONNX model: the graph has no nodes")
+    field = _undecodable_string(model)
+    if field is not None:
+        raise InputError(f"not an ONNX model: a string ({field}) is not UTF-8 text")
     return model
+
+
+def _undecodable_string(model: ModelProto) -> str | None:
+    """``Message.field`` of the first string field that is not UTF-8, or None. O(model size).
+
+    onnx.proto is proto2, whose parser keeps such a string as ``bytes``
+    instead of failing; everything downstream expects ``str``.
+    """
+    stack: list[Any] = [model]
+    while stack:
+        message = stack.pop()
+        for fd, value in message.ListFields():
+            repeated = fd.is_repeated
+            if fd.type == fd.TYPE_STRING:
+                if any(isinstance(v, bytes) for v in (value if repeated else (value,))):
+                    return f"{message.DESCRIPTOR.name}.{fd.name}"
+            elif fd.message_type is not None and repeated:  # onnx.proto has no map fields
+                stack.extend(value)
+            elif fd.message_type is not None:
+                stack.append(value)
+    return None
 
 
 def _check_opset(model: ModelProto) -> int:
@@ -536,7 +560,7 @@ def _external_data(model: ModelProto, base_dir: str, notes: list[str]) -> set[st
             except Exception:  # a bad offset or a path outside base_dir: keep it external
                 pass
         count += 1
-        nbytes += _tensor_bytes(tensor, f"tensor '{tensor.name}'")
+        nbytes += _tensor_bytes(tensor, f"tensor '{_q(tensor.name)}'")
     if count:
         missing = sorted(loc for loc, ok in locations.items() if not ok)
         where = ", ".join(sorted(locations)) or "?"
@@ -594,9 +618,9 @@ def _bind(graph: GraphProto, batch_size: int | None, binding: dict[str, int]) ->
                     into.add(dim.dim_param)
     unknown = sorted(set(binding) - declared - everywhere)
     if unknown:
-        known = ", ".join(sorted(declared | everywhere)) or "none"
+        known = truncate(", ".join(sorted(declared | everywhere)), MESSAGE_LIMIT) or "none"
         raise InputError(
-            f"--dim {unknown[0]}: the model has no symbolic dim of that name (its dims: {known})"
+            f"--dim {_q(unknown[0])}: the model has no symbolic dim of that name (its dims: {known})"
         )
     feeds = [info for info in graph.input if info.name not in inits]
     if batch_size is not None:
@@ -624,7 +648,7 @@ def _check_feed(info: Any) -> None:
         return
     if not t.tensor_type.HasField("shape"):
         raise InputError(
-            f"graph input '{info.name}' has unknown rank, so its size cannot be estimated; "
+            f"graph input '{_q(info.name)}' has unknown rank, so its size cannot be estimated; "
             "export the model with input shapes"
         )
     for axis, dim in enumerate(t.tensor_type.shape.dim):
@@ -634,11 +658,11 @@ def _check_feed(info: Any) -> None:
         hint = " or --batch-size" if axis == 0 else ""
         if kind == "dim_param":
             raise InputError(
-                f"graph input '{info.name}' has symbolic dim '{dim.dim_param}' (axis {axis}) with no value; "
-                f"pass --dim {dim.dim_param}=VALUE{hint}"
+                f"graph input '{_q(info.name)}' has symbolic dim '{_q(dim.dim_param)}' (axis {axis}) with no "
+                f"value; pass --dim {_q(dim.dim_param)}=VALUE{hint}"
             )
         fix = "pass --batch-size" if axis == 0 else "export the model with a named or fixed dim there"
-        raise InputError(f"graph input '{info.name}' has an unknown dim at axis {axis}; {fix}")
+        raise InputError(f"graph input '{_q(info.name)}' has an unknown dim at axis {axis}; {fix}")
 
 
 def _infer(model: ModelProto) -> GraphProto:
@@ -737,7 +761,7 @@ def _build(graph: GraphProto, declared: set[str], binding: dict[str, int]) -> tu
                 in_dtypes.append(inits[value].dtype)
             else:
                 raise InputError(
-                    f"input '{value}' is produced by no node, graph input or initializer", op=name
+                    f"input '{_q(value)}' is produced by no node, graph input or initializer", op=name
                 )
         persistent = 0
         subgraphs = _node_graphs(node)
@@ -913,7 +937,8 @@ class _SubgraphWalk:
         tensor = self.top.get(value)
         if tensor is None:
             raise InputError(
-                f"a subgraph reads '{value}', which no outer node, input or initializer defines", op=self.op
+                f"a subgraph reads '{_q(value)}', which no outer node, input or initializer defines",
+                op=self.op,
             )
         self.outer.setdefault(value)
         return tensor
@@ -944,10 +969,11 @@ def _initializers(graph: GraphProto) -> dict[str, _Tensor]:
     """Initializer name -> shape, dtype and bytes (from dims; data never read)."""
     out: dict[str, _Tensor] = {}
     for t in graph.initializer:
-        what = f"initializer '{t.name}'"
+        what = f"initializer '{_q(t.name)}'"
         out[t.name] = _Tensor(tuple(t.dims), _dtype(t.data_type, what), _tensor_bytes(t, what), False)
     for s in graph.sparse_initializer:
-        what = f"initializer '{s.values.name}'"
+        what = f"initializer '{_q(s.values.name)}'"
+        _check_dims(s.dims, what)
         nbytes = _tensor_bytes(s.values, what) + _tensor_bytes(s.indices, what)
         out[s.values.name] = _Tensor(tuple(s.dims), _dtype(s.values.data_type, what), nbytes, False)
     return out
@@ -957,7 +983,20 @@ def _tensor_bytes(tensor: TensorProto, what: str) -> int:
     bits = DTYPES.get(tensor.data_type, (None, None))[1]
     if bits is None:
         raise InputError(f"{what} has unknown ONNX data type {tensor.data_type}")
+    _check_dims(tensor.dims, what)
     return (math.prod(tensor.dims) * bits + 7) // 8
+
+
+def _check_dims(dims: Sequence[int], what: str) -> None:
+    """InputError when a dim is negative (the checker lets some through; a size would be negative)."""
+    for axis, dim in enumerate(dims):
+        if dim < 0:
+            raise InputError(f"{what} has a negative dim ({dim}) at axis {axis}")
+
+
+def _q(name: str) -> str:
+    """A name from the file for a message, cut as an op's name is (a malformed file may hold megabytes)."""
+    return truncate(name, OP_NAME_LIMIT)
 
 
 def _dtype(elem_type: int, what: str) -> str:
@@ -992,21 +1031,25 @@ def _value(name: str, t: TypeProto | None, op: str, declared: set[str], binding:
         return _Tensor(None, "", 0, True)
     dtype, bits = DTYPES.get(tt.elem_type, (None, 0))
     if dtype is None:
-        raise InputError(f"tensor '{name}' has unknown ONNX data type {tt.elem_type}", op=op)
+        raise InputError(f"tensor '{_q(name)}' has unknown ONNX data type {tt.elem_type}", op=op)
     if not tt.HasField("shape"):
         return _Tensor(None, dtype, 0, bits > 0)
     shape: list[int] = []
     guessed = False
-    for dim in tt.shape.dim:
+    for axis, dim in enumerate(tt.shape.dim):
         which = dim.WhichOneof("value")
+        if which == "dim_value" and dim.dim_value < 0:
+            raise InputError(
+                f"tensor '{_q(name)}' has a negative dim ({dim.dim_value}) at axis {axis}", op=op
+            )
         if which == "dim_value":
             shape.append(dim.dim_value)
         elif which == "dim_param" and dim.dim_param in binding:
             shape.append(binding[dim.dim_param])
         elif which == "dim_param" and dim.dim_param in declared and bits:
             raise InputError(
-                f"tensor '{name}' has symbolic dim '{dim.dim_param}' with no value; "
-                f"pass --dim {dim.dim_param}=VALUE",
+                f"tensor '{_q(name)}' has symbolic dim '{_q(dim.dim_param)}' with no value; "
+                f"pass --dim {_q(dim.dim_param)}=VALUE",
                 op=op,
             )
         else:

@@ -68,8 +68,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from baechi_cli.errors import InputError
-from baechi_cli.graph import GraphBuilder, OpGraph
+from baechi_cli.errors import InputError, truncate
+from baechi_cli.graph import OpGraph, graph_from_columns
 from baechi_cli.io.files import read_input
 
 DEFAULT_OP_TYPE = "workload"
@@ -77,6 +77,7 @@ _US_PER_MS = 1000.0
 _GRAD_SUFFIX = "grad"
 _GRAD_INFIX = "_Grad/"
 _OPTIMIZER_MARK = "Optimizer_"
+_QUOTED = 60  # characters of a value from the file that an error message quotes
 
 
 @dataclass(frozen=True)
@@ -158,30 +159,35 @@ def _read_graph(path: str) -> OpGraph:
             )
         is_bwd = node.get("isBackwardNode", False)
         if is_bwd not in (True, False):  # 0 and 1 compare equal to False and True
-            raise InputError(f"isBackwardNode must be true/false or 1/0, not {is_bwd!r}", path=path, op=label)
+            raise InputError(
+                f"isBackwardNode must be true/false or 1/0, not {_shown(is_bwd)}", path=path, op=label
+            )
         on_accelerator = node.get("supportedOnFpga", True)
         if on_accelerator not in (True, False):
             raise InputError(
-                f"supportedOnFpga must be true/false or 1/0, not {on_accelerator!r}", path=path, op=label
+                f"supportedOnFpga must be true/false or 1/0, not {_shown(on_accelerator)}",
+                path=path,
+                op=label,
             )
         try:
-            latency = _amount(node["fpgaLatency"], "fpgaLatency")
-            cpu_latency = _amount(node.get("cpuLatency", latency), "cpuLatency")
+            latency_us = _amount(node["fpgaLatency"], "fpgaLatency", _US_PER_MS)
+            cpu_us = (
+                _amount(node["cpuLatency"], "cpuLatency", _US_PER_MS) if "cpuLatency" in node else latency_us
+            )
             size = _amount(node.get("size", 0), "size")
         except InputError as err:
             raise InputError(err.problem, path=path, op=label) from None
         raw_names.append(name)
         ids.append(node_id)
         op_types.append(op_type)
-        compute_us.append(latency * _US_PER_MS)
-        attrs.append({"cpu_us": cpu_latency * _US_PER_MS, "accelerator": bool(on_accelerator)})
+        compute_us.append(latency_us)
+        attrs.append({"cpu_us": cpu_us, "accelerator": bool(on_accelerator)})
         persistent.append(math.ceil(size))
         backward.append(bool(is_bwd))
         classes.append(color)
     names = _unique_names(raw_names, ids)
 
     # Pass 2: the edges.
-    n = len(nodes)
     edge_src: list[int] = []
     edge_dst: list[int] = []
     edge_bytes: list[int] = []
@@ -195,7 +201,7 @@ def _read_graph(path: str) -> OpGraph:
         size, cost = edge.get("size", 0), edge.get("cost")
         try:
             nbytes = math.ceil(_amount(size, "size"))
-            us = None if cost is None else _amount(cost, "cost") * _US_PER_MS
+            us = None if cost is None else _amount(cost, "cost", _US_PER_MS)
         except InputError as err:
             raise InputError(f"edge to '{names[dst]}': {err.problem}", path=path, op=names[src]) from None
         edge_src.append(src)
@@ -203,28 +209,28 @@ def _read_graph(path: str) -> OpGraph:
         edge_bytes.append(nbytes)
         edge_us.append(us)
 
+    del doc, nodes, edges  # the parsed file (most of a big reader's memory) is not needed now
     forward = _forward_ops(raw_names, names, backward)
-    builder = GraphBuilder()
-    for v in range(n):
-        builder.add_op(
-            names[v],
-            op_types[v],
-            # The node's `size` already holds its output and is resident all step
-            # (REFERENCE.md's mapping), so the port itself adds no memory; edge
-            # bytes still size the copies other devices receive.
-            [0],
-            compute_us=compute_us[v],
-            persistent_bytes=persistent[v],
-            is_backward=backward[v],
-            forward_op=forward[v],
-            attrs=attrs[v],
-        )
-    for src, dst, nbytes, us in zip(edge_src, edge_dst, edge_bytes, edge_us):
-        builder.add_edge(src, dst, 0, nbytes=nbytes, transfer_us=us)
     # Ops are numbered in file order, so a class's first node has its smallest id.
     first_of_class: dict[Any, int] = {}
     group = [v if c is None else first_of_class.setdefault(c, v) for v, c in enumerate(classes)]
-    graph = builder.build().replace(group=group)
+    # One output port per op, of 0 bytes: the node's `size` already holds its output and
+    # is resident all step (REFERENCE.md's mapping); edge bytes still size the copies
+    # other devices receive.
+    graph = graph_from_columns(
+        names,
+        op_types,
+        compute_us,
+        persistent,
+        edge_src,
+        edge_dst,
+        edge_bytes,
+        edge_us,
+        group=group,
+        is_backward=backward,
+        forward_op=forward,
+        attrs=attrs,
+    )
     try:
         graph.topo_order()
     except InputError as err:
@@ -245,7 +251,7 @@ def read_workload_meta(path: str) -> WorkloadMeta:
             except InputError as err:
                 raise err.with_path(path) from None
             if amount != int(amount):
-                raise InputError(f"{key} must be a whole number, not {value!r}", path=path)
+                raise InputError(f"{key} must be a whole number, not {_shown(value)}", path=path)
             value = int(amount)
         values.append(value)
     return WorkloadMeta(*values)
@@ -281,19 +287,20 @@ def _list_field(doc: dict[str, Any], key: str, path: str) -> list[Any]:
     return value
 
 
-def _amount(value: Any, what: str) -> float:
-    """``value`` as a finite float >= 0; bools, strings and NaN are rejected.
+def _amount(value: Any, what: str, scale: float = 1.0) -> float:
+    """``value`` times ``scale`` (a unit conversion) as a finite float >= 0; bools, strings, NaN and
+    values whose conversion overflows are rejected.
 
     Raises an InputError without path or op: the caller knows which node it is.
     """
     if type(value) is int or type(value) is float:  # type(), not isinstance: bool is an int
         try:
-            x = float(value)
+            x = float(value) * scale
         except OverflowError:  # an integer too large for a float
             x = math.inf
         if 0.0 <= x < math.inf:  # false for NaN too
             return x
-        raise InputError(f"{what} must be finite and >= 0, not {value!r}")
+        raise InputError(f"{what} must be finite and >= 0, not {_shown(value)}")
     raise InputError(f"{what} must be a number, not {_describe(value)}")
 
 
@@ -305,10 +312,12 @@ def _edge_error(edge: Any, k: int, op_of_id: dict[int, int], names: list[str], p
         return InputError(f"edge #{k} has no 'sourceId'", path=path)
     src = _lookup(op_of_id, edge["sourceId"])
     if src is None:
-        return InputError(f"edge #{k}: sourceId {edge['sourceId']!r} is not a node id", path=path)
+        return InputError(f"edge #{k}: sourceId {_shown(edge['sourceId'])} is not a node id", path=path)
     if "destId" not in edge:
         return InputError(f"edge #{k} has no 'destId'", path=path, op=names[src])
-    return InputError(f"edge #{k}: destId {edge['destId']!r} is not a node id", path=path, op=names[src])
+    return InputError(
+        f"edge #{k}: destId {_shown(edge['destId'])} is not a node id", path=path, op=names[src]
+    )
 
 
 def _lookup(op_of_id: dict[int, int], node_id: Any) -> int | None:
@@ -319,7 +328,12 @@ def _describe(value: Any) -> str:
     """A JSON value's kind, for messages (``"a string ('12')"``)."""
     kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
     kind = kinds.get(type(value), "a number")
-    return f"{kind} ({value!r})" if type(value) in (str, bool, int, float) else kind
+    return f"{kind} ({_shown(value)})" if type(value) in (str, bool, int, float) else kind
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to :data:`_QUOTED` characters, for messages (a value may be megabytes)."""
+    return truncate(repr(value), _QUOTED)
 
 
 def _unique_names(raw: list[str | None], ids: list[int]) -> list[str]:

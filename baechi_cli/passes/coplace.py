@@ -73,18 +73,30 @@ def coplace(graph: OpGraph, *, max_group_bytes: int) -> OpGraph:
         f = graph.forward_op[v]
         if f >= 0:
             merge(f, v)
+    src, in_edges, compute_us = graph.edge_src, graph.in_edges, graph.compute_us
     depth = [0] * graph.num_ops  # longest path from a source, in edges
     for v in order:
-        for e in graph.in_edges[v]:
-            depth[v] = max(depth[v], depth[graph.edge_src[e]] + 1)
+        for e in in_edges[v]:
+            if depth[src[e]] >= depth[v]:
+                depth[v] = depth[src[e]] + 1
+    # The one op all of v's edges go to: -1 without edges, -2 with several consumers.
+    consumer = [-1] * graph.num_ops
+    for u, w in zip(src, graph.edge_dst):
+        if consumer[u] == -1:
+            consumer[u] = w
+        elif consumer[u] != w:
+            consumer[u] = -2
     for w in order:
         deep = -1
-        for v in dict.fromkeys(graph.edge_src[e] for e in graph.in_edges[w]):
-            if any(graph.edge_dst[e] != w for e in graph.out_edges[v]):
+        # A producer read twice is looked at twice, to no effect: merged already, or
+        # not heavier than the heaviest so far.
+        for e in in_edges[w]:
+            v = src[e]
+            if consumer[v] != w:
                 continue  # v has other consumers
             if depth[v] <= 1:
                 merge(v, w)
-            elif deep < 0 or graph.compute_us[v] > graph.compute_us[deep]:
+            elif deep < 0 or compute_us[v] > compute_us[deep]:
                 deep = v
         if deep >= 0:
             merge(deep, w)

@@ -65,16 +65,28 @@ def fuse(graph: OpGraph) -> OpGraph:
     if not candidates:
         return graph
     uf = UnionFind(range(n))
-    succ: list[set[int]] = [set() for _ in range(n)]
-    pred: list[set[int]] = [set() for _ in range(n)]
-    for e in range(graph.num_edges):
-        if src[e] != dst[e]:
-            succ[src[e]].add(dst[e])
-            pred[dst[e]].add(src[e])
+    # Neighbour sets, made on first use: only the ends of candidate edges need one,
+    # and a set per op of a 1M-op graph would cost about 400 MB.
+    succ: list[set[int] | None] = [None] * n
+    pred: list[set[int] | None] = [None] * n
+    out_edges, in_edges = graph.out_edges, graph.in_edges
 
-    def current(neighbours: set[int], node: int) -> set[int]:
-        """The neighbour set in terms of current roots (stored back: later calls are cheap)."""
-        if all(uf.parent[x] == x for x in neighbours):
+    def current(successors: bool, node: int) -> set[int]:
+        """``node``'s successor (else predecessor) set in terms of current roots (stored back:
+        later calls are cheap)."""
+        sets = succ if successors else pred
+        neighbours = sets[node]
+        if neighbours is None:  # an op not merged yet: its own edges
+            if successors:
+                neighbours = {dst[e] for e in out_edges[node] if dst[e] != node}
+            else:
+                neighbours = {src[e] for e in in_edges[node] if src[e] != node}
+            sets[node] = neighbours
+        parent = uf.parent
+        for x in neighbours:
+            if parent[x] != x:
+                break
+        else:  # every neighbour is a root still
             return neighbours
         fresh = {uf.find(x) for x in neighbours}
         fresh.discard(node)
@@ -96,10 +108,10 @@ def fuse(graph: OpGraph) -> OpGraph:
             u, v = uf.find(src[e]), uf.find(dst[e])
             if u == v:
                 continue
-            su, pv = current(succ[u], u), current(pred[v], v)
+            su, pv = current(True, u), current(False, v)
             if len(su) != 1 and len(pv) != 1:
                 continue
-            pu, sv = current(pred[u], u), current(succ[v], v)
+            pu, sv = current(False, u), current(True, v)
             if not ((len(su) == 1 and (len(pv) == 1 or not pu)) or (len(pv) == 1 and not sv)):
                 continue  # safe, but it would make one of them wait (module docstring)
             uf.union(u, v)
@@ -109,6 +121,8 @@ def fuse(graph: OpGraph) -> OpGraph:
             changed = fused_any = True
     if not fused_any:
         return graph
+    succ.clear()  # before the node graph is built beside them
+    pred.clear()
     roots = uf.roots()
     node_id: dict[int, int] = {}
     return contract(graph, [node_id.setdefault(r, len(node_id)) for r in roots])

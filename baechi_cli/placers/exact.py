@@ -45,7 +45,8 @@ first model requires only what every placement the evaluator accepts meets:
 each device holds its persistent bytes (resident all step) and, while a node
 runs there for a positive time, those plus the node's outputs, temporaries
 and inputs (each allocated then: inputs are freed no sooner than the node
-ends; views allocate nothing and are left out). Should
+ends; an input counts the smaller of its producer's output and its copy, one
+of which it is; views allocate nothing and are left out). Should
 the evaluator find that model's answer over memory, a second model counts a
 safe upper bound of the evaluator's peak instead: persistent bytes and every
 output of the device's nodes (views allocate nothing) for the whole step,
@@ -366,7 +367,12 @@ class _Problem:
                 for e in graph.in_edges[v]
                 if graph.edge_port[e] != CONTROL_PORT and graph.edge_src[e] not in graph.view_of
             }
-            need = graph.temporary_bytes[v] + sum(tensors.nbytes[t] for t in inputs)
+            # An input is its producer's output (beside it) or a copy (apart): the smaller
+            # counts. A workload JSON's ports hold 0 bytes, however big the copies.
+            outputs = graph.output_bytes
+            need = graph.temporary_bytes[v] + sum(
+                min(tensors.nbytes[t], outputs[tensors.src[t]][tensors.port[t]]) for t in inputs
+            )
             need += 0 if v in graph.view_of else sum(graph.output_bytes[v])
             running.append([need if dur_us[d][v] > 0 else 0 for d in range(ndev)])
         self.running = running

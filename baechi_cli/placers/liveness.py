@@ -101,17 +101,19 @@ class LiveLedger:
         self._view_of = view_of
         # Bytes v allocates at its start that outlive it (``fresh``), and those that do
         # not: temporaries and outputs nothing reads (``transient``).
-        self._fresh = [
-            0 if v in view_of else sum(graph.output_bytes[v][p] for p, _ in consumed[v]) for v in range(n)
-        ]
-        self._transient = [
-            graph.temporary_bytes[v] + (0 if v in view_of else sum(graph.output_bytes[v]) - self._fresh[v])
-            for v in range(n)
-        ]
+        output_bytes, temporary_bytes = graph.output_bytes, graph.temporary_bytes
+        self._fresh = fresh = [0] * n
+        self._transient = transient = list(temporary_bytes)
+        for v, sizes in enumerate(output_bytes):
+            if v in view_of:
+                continue
+            if consumed[v]:
+                fresh[v] = sum(sizes[p] for p, _ in consumed[v])
+            transient[v] += sum(sizes) - fresh[v]
         self._members = graph.group_members()
-        self._group_persistent = {
-            g: sum(graph.persistent_bytes[v] for v in ops) for g, ops in self._members.items()
-        }
+        self._group_persistent = dict.fromkeys(self._members, 0)
+        for v, g in enumerate(graph.group):
+            self._group_persistent[g] += graph.persistent_bytes[v]
         self.group_device: dict[int, int] = {}
         # Groups whose weights are big enough to strand: a placer filling devices
         # greedily can leave no device with room for one of them although the
@@ -196,7 +198,9 @@ class LiveLedger:
 
     def place_group(self, group: int, d: int) -> None:
         """Pin colocation group ``group`` to ``d``: its weights live there all step, and its
-        ops' reads settle the tensors they read on every other device."""
+        ops' reads settle the tensors they read on every other device.
+
+        O(in-edges of the group's ops x devices)."""
         self.group_device[group] = d
         nbytes = self._group_persistent[group]
         self.persistent[d] += nbytes

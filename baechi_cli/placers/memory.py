@@ -385,21 +385,25 @@ def _largest_op_need(graph: OpGraph) -> tuple[int, int, int, int, int] | None:
 
     Its group's weights, its temporaries and its outputs (unless it is a
     view), and its largest input that is not a view (a view may share storage
-    with the weights or another input). Returns (bytes, op, weights, outputs
-    and temporaries, input). O(V + E).
+    with the weights or another input). An input is there as its producer's
+    output (beside it) or as a received copy (apart), so it counts the smaller
+    of the two: a workload JSON's ports hold 0 bytes, and its producer beside
+    it needs no room for a tensor however big its edges say it is. Returns
+    (bytes, op, weights, outputs and temporaries, input). O(V + E).
     """
     weights: dict[int, int] = {}
     for v, g in enumerate(graph.group):
         weights[g] = weights.get(g, 0) + graph.persistent_bytes[v]
     view_of = graph.view_of
+    src, port, output_bytes = graph.edge_src, graph.edge_port, graph.output_bytes
     best = None
     for v in range(graph.num_ops):
-        own = graph.temporary_bytes[v] + (0 if v in view_of else sum(graph.output_bytes[v]))
+        own = graph.temporary_bytes[v] + (0 if v in view_of else sum(output_bytes[v]))
         largest_input = max(
             (
-                graph.edge_bytes[e]
+                min(graph.edge_bytes[e], output_bytes[src[e]][port[e]])
                 for e in graph.in_edges[v]
-                if graph.edge_port[e] != CONTROL_PORT and graph.edge_src[e] not in view_of
+                if port[e] != CONTROL_PORT and src[e] not in view_of
             ),
             default=0,
         )
@@ -446,7 +450,11 @@ def _worst_pair(graph: OpGraph) -> tuple[int, int, int, int] | None:
 
 
 def _fmt(nbytes: int) -> str:
-    """Bytes in the SI units the device spec uses, with the exact count."""
+    """Bytes in the SI units the device spec uses, with the exact count; past 10^18 bytes only the
+    count's first three digits and exponent (a message never holds a 300-digit number)."""
+    if nbytes >= 10**18:
+        digits = str(nbytes)
+        return f"{digits[0]}.{digits[1:3]}e{len(digits) - 1} bytes"
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if nbytes >= scale:
             return f"{nbytes / scale:.2f} {unit} ({nbytes} bytes)"

@@ -122,8 +122,14 @@ def _run_summary(run: VerifyResult, has_original: bool) -> str:
     else:
         loss = f"loss {losses} DIFFERS from the {reference}"
     placed_ok = run.ops_checked - len(run.misplaced)
+    repeat = "two runs bit-identical" if run.deterministic else "two runs DIFFER"
+    if run.variables_compared:
+        same = run.variables_compared - run.variables_differing
+        repeat += f"; {same} of {run.variables_compared} variables bitwise equal to the {reference}"
+    races = f"; {run.races_count} RACE(S) on variables" if run.races_count else "; no variable races"
     return escape(
-        f"TensorFlow ({where}): {loss}; {placed_ok} of {run.ops_checked} ops that ran did so where placed"
+        f"TensorFlow ({where}): {loss}; {repeat}{races}; "
+        f"{placed_ok} of {run.ops_checked} ops that ran did so where placed"
     )
 
 
@@ -191,6 +197,15 @@ def render_run_text(result: VerifyResult) -> str:
             "bitwise equal" if result.losses_bitwise_equal else "equal" if result.losses_equal else "DIFFER"
         )
         lines.append(f"loss placed {result.loss_placed} reference {result.loss_reference} ({kind})")
+    if result.loss_placed_again:
+        again = "bit-identical" if result.deterministic else f"DIFFERENT ({result.loss_placed_again})"
+        lines.append(f"second placed run: {again}")
+    if result.variables_compared:
+        lines.append(
+            f"variables: {result.variables_differing} of {result.variables_compared} differ from the "
+            f"reference's (largest relative distance {result.max_variable_difference:.3g})"
+        )
+    lines += [f"race: {race}" for race in result.races]
     for op, requested, actual in result.misplaced[:20]:
         lines.append(f"misplaced: {op}: requested {requested}, ran on {actual}")
     if len(result.misplaced) > 20:

@@ -38,19 +38,38 @@ The subprocess:
 5. Runs the reference graph -- the original file when one is given, else the
    placed graph -- with every device cleared, the same feeds, in a fresh
    ``tf.Graph``, and compares the losses. Given known reference losses
-   (``reference_loss``, e.g. cached by a test), it skips this run.
+   (``reference_loss``, e.g. cached by a test), it skips this run (and then
+   has no variables to compare with).
+6. Trains the placed graph a second time, in a fresh session, and requires
+   the two runs to agree bit for bit: every step's loss, the loss of one more
+   forward pass after the steps (``eval_loss_*``), and the value of every
+   variable. When they differ, the reference is run again too, so the result
+   says whether TensorFlow runs the unplaced graph non-reproducibly as well
+   (``reference_deterministic``).
+7. Compares every variable after the steps with the reference's: the count
+   that are not bitwise equal and the largest relative L2 distance.
+
+Before any of it, :func:`find_races` looks for accesses of one variable that
+the step leaves unordered (:mod:`baechi_cli.verify.races`); any makes the
+check fail, since such a graph trains differently depending on timing, which
+a multi-device placement changes.
 
 Feeds are synthetic and deterministic: ``numpy.random.RandomState(seed)``
-from the sidecar, one batch per step, floats from a standard normal, integers
-uniformly from the input's ``range`` ``[low, high)`` (default ``[0, 2)``),
-bools uniformly. The graph's own random ops must be seeded (the generator in
-``testdata/`` seeds them) or the two runs start from different weights.
+from the sidecar, one batch per step and one for the last forward pass
+(see :func:`_make_feeds`). The graph's own random ops must be seeded (the
+generator in ``testdata/`` seeds them) or the runs start from different weights.
 
-Losses are "equal" when bitwise equal or within 1e-6 relative difference.
-With TF 2.21 on CPU they have been bitwise equal for every placement tried:
-the kernels are the same and no cross-device reduction is reordered, because
-placement moves whole ops and never splits one. ``losses_bitwise_equal``
-says which case held.
+Losses are "equal" when bitwise equal or within 1e-6 relative difference;
+variables when within 1e-6 relative L2 distance. With TF 2.21 on CPU they
+have been bitwise equal for every placement tried: the kernels are the same
+and no cross-device reduction is reordered, because placement moves whole
+ops and never splits one. ``losses_bitwise_equal`` says which case held.
+What does change the numbers is the intra-op thread count: Eigen splits
+reductions and contractions by it, so the same graph on 2 and on 8 threads
+ends two Inception-V3 steps with 560 of 568 variables different and a loss
+0.09% apart. The reference and placed runs therefore share one process and
+one session configuration; comparing runs made under different thread
+settings measures the threads, not the placement.
 
 Failures are results, not exceptions: a placement TF rejects (e.g. "Cannot
 colocate nodes ...") comes back with ``ok=False`` and TF's message shortened
@@ -76,7 +95,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from baechi_cli.errors import EXIT_OK, BaechiError, InputError, one_line
 from baechi_cli.tfsupport import (
@@ -86,10 +105,13 @@ from baechi_cli.tfsupport import (
     require_tensorflow,
     shorten_tf_message,
 )
-from baechi_cli.verify.sidecar import load_sidecar
+from baechi_cli.verify.races import Race, variable_races
+from baechi_cli.verify.sidecar import load_sidecar, numpy_dtype, range_values
 
 EXIT_VERIFY_FAILED = 1
 RELATIVE_TOLERANCE = 1e-6
+#: Races, and differing variables, the result lists by name (it counts them all).
+KEEP_RACES = 10
 #: What MissingDependencyError says when the run check cannot import TensorFlow.
 NEEDS_TENSORFLOW = "verify --run needs TensorFlow: pip install 'baechi[tf]' (the static checks do not)"
 
@@ -126,6 +148,21 @@ class VerifyResult:
     steps: int = 0
     sidecar: str | None = None
     reference: str | None = None  # the file the reference loss came from
+    # Reproducibility: the placed graph trains twice; both runs must agree bit for bit.
+    loss_placed_again: list[float] = field(default_factory=list)
+    deterministic: bool = False
+    nondeterministic_variables: int = 0  # variables whose two placed runs differ
+    reference_deterministic: bool | None = None  # run again only when the placed runs differ
+    # After the steps: one more forward pass (no update) and every variable's value.
+    eval_loss_placed: float | None = None
+    eval_loss_reference: float | None = None
+    variables_compared: int = 0  # 0 when the reference came as known losses
+    variables_differing: int = 0  # not bitwise equal to the reference's
+    variable_differences: list[tuple[str, float]] = field(default_factory=list)  # largest first
+    max_variable_difference: float = 0.0  # relative L2 distance to the reference's value
+    # Unordered accesses of one variable in a step (:mod:`baechi_cli.verify.races`).
+    races: list[str] = field(default_factory=list)
+    races_count: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +171,7 @@ class VerifyResult:
     def from_json(cls, data: dict[str, Any]) -> VerifyResult:
         data = dict(data)
         data["misplaced"] = [tuple(m) for m in data.get("misplaced", [])]
+        data["variable_differences"] = [tuple(d) for d in data.get("variable_differences", [])]
         return cls(**data)
 
     def problems(self) -> list[str]:
@@ -143,6 +181,32 @@ class VerifyResult:
             lines.append(f"TensorFlow run: {self.error}")
         if self.loss_placed and self.loss_reference and not self.losses_equal:
             lines.append(f"the loss differs: {self.loss_placed} placed, {self.loss_reference} reference")
+        if self.loss_placed and self.loss_placed_again and not self.deterministic:
+            culprit = (
+                "TensorFlow runs the original so too"
+                if self.reference_deterministic is False
+                else "the original runs reproducibly"
+                if self.reference_deterministic
+                else "the original was not rerun"
+            )
+            lines.append(
+                f"two runs of the placed graph differ ({self.loss_placed} and {self.loss_placed_again}, "
+                f"{self.nondeterministic_variables} variable(s)); {culprit}"
+            )
+        if self.variables_compared and self.max_variable_difference > RELATIVE_TOLERANCE:
+            name, worst = self.variable_differences[0]
+            lines.append(
+                f"{self.variables_differing} of {self.variables_compared} variables differ from the "
+                f"reference's after {self.steps} step(s), '{name}' most ({worst:.3g} relative)"
+            )
+        if not _close(self.eval_loss_placed, self.eval_loss_reference):
+            lines.append(
+                f"the loss after training differs: {self.eval_loss_placed} placed, "
+                f"{self.eval_loss_reference} reference"
+            )
+        lines += [f"race: {race}" for race in self.races]
+        if self.races_count > len(self.races):
+            lines.append(f"... and {self.races_count - len(self.races)} more races")
         for op, requested, actual in self.misplaced:
             lines.append(f"'{op}' is placed on {requested} but ran on {actual}")
         if not lines and not self.ok:
@@ -176,8 +240,9 @@ def verify_placed_graph(
     for path in (placed_path, original_path):
         if path is not None and not Path(path).is_file():
             raise InputError("no such file", path=path)
-    load_sidecar(sidecar_path)
+    sidecar = load_sidecar(sidecar_path)
     require_tensorflow(NEEDS_TENSORFLOW)
+    races = find_races(placed_path, [sidecar["loss"], sidecar["train_op"]])
 
     # The child must import this package even when it is not installed.
     package_root = str(Path(__file__).resolve().parents[2])
@@ -199,6 +264,30 @@ def verify_placed_graph(
         "sidecar": str(sidecar_path),
         "reference": str(original_path or placed_path),
     }
+    result = _run_child(cmd, env, timeout_s, context)
+    result.races = [race.message() for race in races[:KEEP_RACES]]
+    result.races_count = len(races)
+    result.ok = result.ok and not races
+    return result
+
+
+def find_races(placed_path: str, fetches: list[str]) -> list[Race]:
+    """The unordered variable accesses of a step of ``placed_path`` fetching ``fetches``.
+
+    Pure Python (no TensorFlow); :func:`baechi_cli.verify.races.variable_races`
+    on the file's structure. InputError names the file when a fetch names no node.
+    """
+    from baechi_cli.io.graphdef import parse_graphdef_file
+    from baechi_cli.verify.static import structure_graph
+
+    try:
+        return variable_races(structure_graph(parse_graphdef_file(placed_path)), fetches)
+    except InputError as err:
+        raise err.with_path(placed_path) from None
+
+
+def _run_child(cmd: list[str], env: dict[str, str], timeout_s: float | None, context: dict) -> VerifyResult:
+    """The subprocess's result; a failed one (never an exception) when it crashes or times out."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
@@ -222,6 +311,13 @@ def verify_placed_graph(
 # --- the subprocess side ------------------------------------------------------
 
 
+def _close(a: float | None, b: float | None) -> bool:
+    """Bitwise equal, within the tolerance, both NaN, or either unknown."""
+    if a is None or b is None or a == b or (math.isnan(a) and math.isnan(b)):
+        return True
+    return math.isclose(a, b, rel_tol=RELATIVE_TOLERANCE, abs_tol=0.0)
+
+
 def _losses_equal(a: list[float], b: list[float]) -> tuple[bool, bool]:
     """(equal within tolerance, bitwise equal); NaN equals NaN."""
     if len(a) != len(b) or not a:
@@ -234,24 +330,53 @@ def _losses_equal(a: list[float], b: list[float]) -> tuple[bool, bool]:
 
 
 def _make_feeds(sidecar: dict[str, Any], steps: int) -> list[dict[str, Any]]:
+    """One batch per step for a validated sidecar; InputError when an input is too large to allocate.
+
+    ``numpy.random.RandomState(seed)`` draws, input by input: values uniform
+    in the input's ``range`` [low, high) when it has one (integers or floats,
+    :func:`~baechi_cli.verify.sidecar.range_values`); else integers uniform
+    in [0, 2), bools uniform, floats and complex numbers standard normal,
+    strings empty.
+    """
     import numpy as np
 
-    rng = np.random.RandomState(int(sidecar.get("seed", 0)))
+    rng = np.random.RandomState(int(sidecar.get("seed") or 0))
     feeds = []
     for _ in range(steps):
         batch = {}
         for entry in sidecar["inputs"]:
-            dtype = np.dtype(entry["dtype"])
+            name, dtype = entry["name"], numpy_dtype(entry["dtype"])
             shape = [int(d) for d in entry["shape"]]
-            if dtype.kind in "iu":
-                low, high = entry.get("range", [0, 2])
-                batch[entry["name"]] = rng.randint(low, high, size=shape).astype(dtype)
-            elif dtype.kind == "b":
-                batch[entry["name"]] = rng.rand(*shape) < 0.5
-            else:
-                batch[entry["name"]] = rng.standard_normal(shape).astype(dtype)
+            try:
+                if entry.get("range") is not None:
+                    batch[name] = range_values(rng, name, entry["dtype"], shape, entry["range"])
+                elif dtype.kind in "iu":
+                    batch[name] = rng.randint(0, 2, size=shape).astype(dtype)
+                elif dtype.kind == "b":
+                    batch[name] = rng.rand(*shape) < 0.5
+                elif dtype.kind == "O":  # strings
+                    batch[name] = np.full(shape, b"", dtype=object)
+                else:
+                    batch[name] = rng.standard_normal(shape).astype(dtype)
+            except (MemoryError, ValueError):  # numpy: "array is too big", or no memory for it
+                raise InputError(
+                    f"input '{name}' of shape {shape} is too large to make up a value for"
+                ) from None
         feeds.append(batch)
     return feeds
+
+
+class _Trained(NamedTuple):
+    """One training run: the step losses, the loss after them, the variables, where ops ran."""
+
+    losses: list[float]
+    eval_loss: float
+    variables: dict[str, Any]  # variable op name -> numpy value after the steps
+    ran_on: dict[str, set[str]]
+
+
+#: Op types whose first output is a variable whose value the run reads back.
+_VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
 
 
 def _run(
@@ -261,19 +386,34 @@ def _run(
     sidecar: dict[str, Any],
     feeds: list[dict[str, Any]],
     config: Any,
-) -> tuple[list[float], dict[str, set[str]]]:
-    """Run init + len(feeds) training steps; (losses, node name -> devices it ran on)."""
+) -> _Trained:
+    """Run init, ``len(feeds) - 1`` training steps and a last forward pass (the last feed).
+
+    Each variable's value is read afterwards by an op added on its device (a
+    ref variable's tensor is fetched as it is).
+    """
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
         for op in graph.get_operations():
             # import_graph_def moved every _class member to its target's device.
             op._set_device(devices.get(op.name, ""))
+        reads = {}
+        for op in graph.get_operations():
+            if op.type not in _VARIABLE_OPS:
+                continue
+            if op.type == "VarHandleOp":
+                with tf.device(devices.get(op.name, "")):
+                    reads[op.name] = tf.raw_ops.ReadVariableOp(
+                        resource=op.outputs[0], dtype=op.get_attr("dtype"), name=f"{op.name}/verify_read"
+                    )
+            else:
+                reads[op.name] = op.outputs[0]
     ran_on: dict[str, set[str]] = {}
     losses: list[float] = []
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     with tf.compat.v1.Session(graph=graph, config=config) as session:
-        for step in range(len(feeds) + 1):
+        for step in range(len(feeds)):
             metadata = tf.compat.v1.RunMetadata()
             if step == 0:
                 session.run(sidecar["init_op"], options=options, run_metadata=metadata)
@@ -289,7 +429,53 @@ def _run(
                 device = map_device(dev_stats.device)
                 for node in dev_stats.node_stats:
                     ran_on.setdefault(node.node_name, set()).add(device)
-    return losses, ran_on
+        eval_loss = float(session.run(sidecar["loss"], feed_dict=feeds[-1]))
+        variables = _read_variables(tf, session, reads)
+    return _Trained(losses, eval_loss, variables, ran_on)
+
+
+def _read_variables(tf: Any, session: Any, reads: dict[str, Any]) -> dict[str, Any]:
+    """Every variable's value; the ones that cannot be read (never initialised) are left out."""
+    try:
+        return session.run(reads)
+    except tf.errors.OpError:
+        values = {}
+        for name, tensor in reads.items():
+            try:
+                values[name] = session.run(tensor)
+            except tf.errors.OpError:
+                continue
+        return values
+
+
+def _relative_distance(a: Any, b: Any) -> float:
+    """||a - b|| / ||b|| in float64: 0 when bitwise equal, inf for another shape, NaNs or b = 0."""
+    import numpy as np
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return math.inf
+    if a.tobytes() == b.tobytes():
+        return 0.0
+    if a.dtype.kind not in "fciu":
+        return math.inf
+    diff = float(np.linalg.norm((a.astype(np.float64) - b.astype(np.float64)).ravel()))
+    scale = float(np.linalg.norm(b.astype(np.float64).ravel()))
+    return diff / scale if math.isfinite(diff) and scale > 0 else math.inf
+
+
+def _same_run(a: _Trained, b: _Trained) -> tuple[bool, int]:
+    """(bit-for-bit the same losses and variables, how many variables differ)."""
+    import numpy as np
+
+    differing = sum(
+        1
+        for name in a.variables.keys() | b.variables.keys()
+        if name not in a.variables
+        or name not in b.variables
+        or a.variables[name].tobytes() != b.variables[name].tobytes()
+    )
+    losses = np.array(a.losses + [a.eval_loss]).tobytes() == np.array(b.losses + [b.eval_loss]).tobytes()
+    return losses and differing == 0, differing
 
 
 def _tf_error(exc: BaseException) -> str:
@@ -352,30 +538,49 @@ def check(
     for node in mapped.node:
         node.device = requested[node.name]
 
-    feeds = _make_feeds(sidecar, steps)
+    # One batch per step, then one for the forward pass after them.
+    feeds = _make_feeds(sidecar, steps + 1)
     config = as_written_config(tf, cpus=num_devices)
     # Any exception here is TF rejecting or failing the graph; it becomes the
     # result's one-line error, never a traceback.
+    reference_def = None
+    reference: _Trained | None = None
     if reference_loss is not None:
         result.loss_reference = list(reference_loss)
     else:
-        reference = graph_pb2.GraphDef()
-        reference.CopyFrom(_load_graph_def(graph_pb2, original_path) if original_path else placed)
-        for node in reference.node:
+        reference_def = graph_pb2.GraphDef()
+        reference_def.CopyFrom(_load_graph_def(graph_pb2, original_path) if original_path else placed)
+        for node in reference_def.node:
             node.device = ""
         try:
-            result.loss_reference, _ = _run(tf, reference, {}, sidecar, feeds, config)
+            reference = _run(tf, reference_def, {}, sidecar, feeds, config)
         except Exception as exc:
             which = "the original graph" if original_path else "the unplaced graph"
             result.error = f"{which} does not run: {_tf_error(exc)}"
             return result
-        del reference
+        result.loss_reference, result.eval_loss_reference = reference.losses, reference.eval_loss
     try:
-        result.loss_placed, ran_on = _run(tf, mapped, requested, sidecar, feeds, config)
+        first = _run(tf, mapped, requested, sidecar, feeds, config)
+        again = _run(tf, mapped, requested, sidecar, feeds, config)
     except Exception as exc:
         result.error = _tf_error(exc)
         return result
+    result.loss_placed, result.eval_loss_placed, result.loss_placed_again = (
+        first.losses, first.eval_loss, again.losses
+    )  # fmt: skip
+    result.deterministic, result.nondeterministic_variables = _same_run(first, again)
+    if not result.deterministic and reference_def is not None and reference is not None:
+        # Is it the placement, or TensorFlow on this graph whatever the placement?
+        try:
+            result.reference_deterministic = _same_run(
+                reference, _run(tf, reference_def, {}, sidecar, feeds, config)
+            )[0]
+        except Exception as exc:
+            result.error = f"the reference's second run failed: {_tf_error(exc)}"
+    if reference is not None:
+        _compare_variables(result, first.variables, reference.variables)
 
+    ran_on = first.ran_on
     by_name = {node.name: node.device for node in placed.node}
     for name in sorted(ran_on.keys() & requested.keys()):
         actual = ran_on[name]
@@ -389,10 +594,30 @@ def check(
     result.losses_equal, result.losses_bitwise_equal = _losses_equal(
         result.loss_placed, result.loss_reference
     )
-    result.ok = result.losses_equal and not result.misplaced and result.ops_checked > 0
+    result.ok = (
+        result.losses_equal
+        and result.deterministic
+        and _close(result.eval_loss_placed, result.eval_loss_reference)
+        and result.max_variable_difference <= RELATIVE_TOLERANCE
+        and not result.misplaced
+        and result.ops_checked > 0
+    )
     if result.ops_checked == 0:
         result.error = "no op with a requested device ran, so nothing was checked"
     return result
+
+
+def _compare_variables(result: VerifyResult, placed: dict[str, Any], reference: dict[str, Any]) -> None:
+    """Fill ``result``'s variable fields: how many differ from the reference's, and by how much."""
+    distances = sorted(
+        ((_relative_distance(placed[name], reference[name]) if name in placed else math.inf), name)
+        for name in reference
+    )
+    differing = [(name, d) for d, name in reversed(distances) if d > 0]
+    result.variables_compared = len(reference)
+    result.variables_differing = len(differing)
+    result.variable_differences = differing[:KEEP_RACES]
+    result.max_variable_difference = differing[0][1] if differing else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:

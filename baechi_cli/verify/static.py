@@ -120,7 +120,7 @@ def static_check(placed: str, original: str | None = None) -> StaticResult:
     result = StaticResult(ok=False, placed=placed, original=original)
     devices = [normalize_device(node.device) for node in placed_def.node]
     try:
-        graph = _structure_graph(placed_def)
+        graph = structure_graph(placed_def)
     except InputError as err:
         raise err.with_path(placed) from None
     result.ops_total = graph.num_ops
@@ -177,7 +177,7 @@ def _loop_reason(graph: OpGraph, enter: int) -> str:
     return f"is in the while loop that '{graph.names[enter]}' enters (frame '{frame}')"
 
 
-def _structure_graph(graph_def: GraphDef) -> OpGraph:
+def structure_graph(graph_def: GraphDef) -> OpGraph:
     """The OpGraph the checks need -- names, op types, attrs, ``_class``, declared
     types, edges -- without shapes or bytes, so TensorFlow is never needed.
 

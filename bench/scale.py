@@ -1,0 +1,268 @@
+"""Scale: `baechi place` on synthetic workloads of 100k to 1M ops, with wall time and peak RSS.
+
+`make bench` runs this script. It writes every graph as a cost-annotated
+workload JSON file (bench/synthetic.py's layered DAG, seed 0, the same graph
+``layered_dag`` builds) into a temporary folder, places each one through the
+CLI in a fresh process (``baechi place FILE --devices ... --algo ALGO
+--report R.json``), and writes bench/scale.md: per graph and algorithm, wall
+seconds, peak resident memory (the child's own ``ru_maxrss``, from
+``os.wait4``), the predicted step time, whether it stayed within the 8 GB
+target, and the seconds per stage from the report. The graphs are not kept
+(195 MB for 1M ops).
+
+Two device settings per size:
+
+* ``ample``: 4 devices of 2 TB, so every device could hold the whole graph
+  (``placers/memory.ample``) and the placers count no memory;
+* ``counted``: 4 devices of 200 KB per op (20 GB at 100k ops), roomy enough
+  to place but not ample, so m-TOPO and m-ETF count memory by liveness
+  (``placers/liveness.py``) and the evaluator checks their placement.
+
+``--algo auto`` runs too (counted devices, sizes up to ``AUTO_MAX_OPS``):
+its search budget grows with the graph (docs/DESIGN.md, "auto").
+
+Options: ``--sizes 100000,300000`` and ``--algos topo,etf`` pick cases,
+``--quick`` is a smoke run on 10k and 30k ops written to a temporary folder,
+``--baechi-root DIR`` places with the ``baechi_cli`` package of another
+checkout (to compare before and after a change under the same load),
+``--output FILE`` writes the table elsewhere. Times on a shared machine
+vary from run to run; the table states the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from synthetic import write_workload_json  # noqa: E402
+
+SIZES = (100_000, 300_000, 1_000_000)
+QUICK_SIZES = (10_000, 30_000)
+ALGOS = ("topo", "etf", "auto")
+AUTO_MAX_OPS = 300_000  # auto's budget grows with size: at 1M ops it would search for minutes
+TARGET_OPS = 1_000_000
+RSS_TARGET_BYTES = 8 * 10**9
+CASE_TIMEOUT_S = 1800
+AMPLE = "4x2TB"
+COUNTED_BYTES_PER_OP = 200_000
+STAGES = ("load", "passes", "simulate", "place")
+
+
+@dataclass
+class Case:
+    ops: int
+    setting: str  # "ample" or "counted"
+    devices: str
+    algo: str
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cases(sizes: list[int], algos: list[str]) -> list[Case]:
+    out = []
+    for n in sizes:
+        memory = COUNTED_BYTES_PER_OP * n
+        counted = f"4x{memory // 10**9}GB" if memory % 10**9 == 0 else f"4x{memory}"
+        for algo in algos:
+            if algo == "auto":
+                if n <= AUTO_MAX_OPS:
+                    out.append(Case(n, "counted", counted, algo))
+                continue
+            out.append(Case(n, "ample", AMPLE, algo))
+            out.append(Case(n, "counted", counted, algo))
+    return out
+
+
+def run_case(case: Case, path: str, workdir: str, baechi_root: str) -> dict[str, Any]:
+    """Place ``path`` in a child process; wall seconds, the child's peak RSS and the report's numbers."""
+    report = os.path.join(workdir, "report.json")
+    if os.path.exists(report):
+        os.unlink(report)
+    code = f"import sys; sys.path.insert(0, {baechi_root!r}); from baechi_cli.cli import main; main()"
+    argv = [sys.executable, "-c", code, "place", path, "--devices", case.devices, "--algo", case.algo]
+    argv += ["--report", report, "--quiet"]
+    errors = os.path.join(workdir, "stderr.txt")
+    t0 = time.perf_counter()
+    with open(errors, "w") as err:
+        # wait4, not wait: it gives this child's own rusage (RUSAGE_CHILDREN is the largest child's).
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, cwd=workdir)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - t0 > CASE_TIMEOUT_S:
+                proc.kill()
+                _, status, usage = os.wait4(proc.pid, 0)
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                return {
+                    "error": f"no result within {CASE_TIMEOUT_S} s",
+                    "peak_rss_bytes": usage.ru_maxrss * 1024,
+                }
+            time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    exit_code = proc.returncode = os.waitstatus_to_exitcode(status)  # reaped: Popen must not wait again
+    record: dict[str, Any] = {
+        "exit": exit_code,
+        "wall_s": wall,
+        "peak_rss_bytes": usage.ru_maxrss * 1024,  # Linux reports KiB
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+    }
+    if exit_code != 0:
+        with open(errors) as f:
+            record["error"] = f"exit {exit_code}: " + " ".join(f.read().split())[:200]
+        return record
+    with open(report) as f:
+        doc = json.load(f)
+    record["step_time_us"] = doc["result"]["step_time_us"]
+    record["lower_bound_us"] = doc["result"]["lower_bound_us"]
+    record["timings_s"] = doc["timings_s"]
+    record["chosen"] = doc["algorithm"]
+    record["candidates"] = len(doc["candidates"])
+    return record
+
+
+def machine() -> str:
+    model = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor() or "unknown CPU",
+    )
+    mem_kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"{model}, {os.cpu_count()} cores, {mem_kb * 1024 / 2**30:.0f} GiB RAM; {platform.system()} "
+        f"{platform.release()}; Python {platform.python_version()}; load average at start {load} "
+        "(a shared machine: other jobs ran beside this one)"
+    )
+
+
+def fmt_step(us: float | None) -> str:
+    return "-" if us is None else f"{us / 1e6:,.1f} s"
+
+
+def table(records: list[tuple[Case, int, dict[str, Any]]]) -> list[str]:
+    header = [
+        "ops",
+        "edges",
+        "devices",
+        "algorithm",
+        "wall (s)",
+        "CPU (s)",
+        "peak RSS (GB)",
+        "within 8 GB",
+        "predicted step",
+        *(f"{s} (s)" for s in STAGES),
+        "rest (s)",
+        "note",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for case, edges, r in records:
+        rss = r.get("peak_rss_bytes")
+        timings = r.get("timings_s", {})
+        note = r.get("error", "")
+        if case.algo == "auto" and "chosen" in r:
+            note = f"chose {r['chosen']} of {r['candidates']} candidates"
+        row = [
+            f"{case.ops:,}",
+            f"{edges:,}",
+            f"{case.devices} ({case.setting})",
+            case.algo,
+            f"{r['wall_s']:.1f}" if "wall_s" in r else "-",
+            f"{r['cpu_s']:.1f}" if "cpu_s" in r else "-",
+            f"{rss / 1e9:.2f}" if rss else "-",
+            "-" if not rss else ("yes" if rss <= RSS_TARGET_BYTES else "no"),
+            fmt_step(r.get("step_time_us")),
+            *(f"{timings[s]:.1f}" if s in timings else "-" for s in STAGES),
+            f"{r['wall_s'] - sum(timings[s] for s in STAGES):.1f}" if timings else "-",
+            note.replace("|", "/"),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def write_markdown(path: str, records: list[tuple[Case, int, dict[str, Any]]], quick: bool) -> None:
+    target = [r for c, _, r in records if c.ops == TARGET_OPS and c.algo in ("topo", "etf")]
+    met = target and all(r.get("exit") == 0 and r["peak_rss_bytes"] <= RSS_TARGET_BYTES for r in target)
+    lines = [
+        "# Scale: 100k to 1M ops through `baechi place`",
+        "",
+        "Written by `bench/scale.py` (`make bench`); see its docstring for the method. Each row is one",
+        "`baechi place FILE.json --devices D --algo A --report R.json` in a fresh process on a",
+        "synthetic layered DAG (bench/synthetic.py, seed 0, 16 ops per layer, 1-3 inputs per op,",
+        "10-500 µs ops, 4 KB-4 MB tensors, a quarter of the ops holding 1 MB of weights) written as",
+        "workload JSON. Wall and CPU: the whole process (start-up, reading the file, report written);",
+        "peak RSS: the process's own (`ru_maxrss`). Stage seconds come from the report's `timings_s`",
+        "(`place` includes judging the placement; `simulate` is the one-device run and bounds);",
+        "rest: the wall time outside them (start-up, building and writing the report, exit).",
+        "ample: every device could hold the whole graph, so no memory is counted; counted: 200 KB",
+        "per op per device, where m-TOPO and m-ETF count memory by liveness.",
+        "",
+        f"Target: 1M ops with m-TOPO and m-ETF within {RSS_TARGET_BYTES / 1e9:.0f} GB peak RSS: "
+        + ("**met**." if met else "not measured in this run." if not target else "**missed**."),
+        "",
+        f"Machine: {machine()}.",
+        "",
+        *table(records),
+        "",
+    ]
+    if quick:
+        lines.insert(2, "**Quick run (`--quick`): small graphs only.**\n")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", help="comma-separated op counts (default: 100000,300000,1000000)")
+    parser.add_argument("--algos", default=",".join(ALGOS), help="comma-separated: topo, etf, auto")
+    parser.add_argument("--quick", action="store_true", help="10k and 30k ops; output in a temporary folder")
+    parser.add_argument("--baechi-root", default=ROOT, help="the checkout whose baechi_cli places")
+    parser.add_argument("--output", help="where to write the table (default bench/scale.md)")
+    args = parser.parse_args()
+    sizes = (
+        [int(s) for s in args.sizes.split(",")] if args.sizes else list(QUICK_SIZES if args.quick else SIZES)
+    )
+    algos = args.algos.split(",")
+    with tempfile.TemporaryDirectory(prefix="baechi-scale-") as workdir:
+        output = args.output or (
+            os.path.join(workdir, "scale.md") if args.quick else os.path.join(HERE, "scale.md")
+        )
+        records: list[tuple[Case, int, dict[str, Any]]] = []
+        for n in sizes:
+            path = os.path.join(workdir, f"layered_{n}.json")
+            t0 = time.perf_counter()
+            edges = write_workload_json(path, n)
+            log(
+                f"{n:,} ops, {edges:,} edges: {os.path.getsize(path) / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s"
+            )
+            for case in cases([n], algos):
+                record = run_case(case, path, workdir, os.path.abspath(args.baechi_root))
+                rss = record.get("peak_rss_bytes", 0) / 1e9
+                log(
+                    f"  {case.algo:5s} {case.setting:8s} {record.get('wall_s', 0):7.1f} s  {rss:5.2f} GB  "
+                    f"{fmt_step(record.get('step_time_us'))}  {record.get('error', '')}"
+                )
+                records.append((case, edges, record))
+            os.unlink(path)
+        write_markdown(output, records, args.quick)
+        if args.quick:
+            with open(output) as f:
+                print(f.read())
+    log(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Heavy case (marker `slow`): a 200k-op workload through `baechi place`, within its share of 8 GB.
+
+The scale target (bench/scale.md) is a 1M-op graph placed by m-TOPO and m-ETF
+within 8 GB peak RSS. This places a fifth of that in a child process and
+holds it to a fifth of the memory, measured as the child's own peak
+resident set (``os.wait4``; RUSAGE_CHILDREN would report the largest child
+this worker ever had).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
+from synthetic import write_workload_json  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+OPS = 200_000
+RSS_LIMIT_BYTES = 8 * 10**9 * OPS // 1_000_000  # 1.6 GB: the 1M-op target, pro rata
+
+
+@pytest.mark.parametrize("devices", ["4x2TB", f"4x{200_000 * OPS}"])  # memory ample, and counted
+def test_200k_ops_place_with_topo_within_a_fifth_of_8_gb(tmp_path, devices):
+    path, report = tmp_path / "layered.json", tmp_path / "report.json"
+    write_workload_json(str(path), OPS)
+    code = "from baechi_cli.cli import main; main()"
+    argv = [sys.executable, "-c", code, "place", str(path), "--devices", devices, "--algo", "topo"]
+    proc = subprocess.Popen([*argv, "--report", str(report), "-q"], stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert proc.returncode == 0, stderr
+    peak = usage.ru_maxrss * 1024  # Linux reports KiB
+    assert peak <= RSS_LIMIT_BYTES, f"peak RSS {peak / 1e9:.2f} GB over {RSS_LIMIT_BYTES / 1e9:.2f} GB"
+    doc = json.loads(report.read_text())
+    assert doc["input"]["ops"] == OPS and len(doc["placement"]) == OPS
+    assert doc["result"]["feasible"] and math.isfinite(doc["result"]["step_time_us"])
