@@ -35,10 +35,10 @@ def _resource_step(*, ordered: bool) -> OpGraph:
     delta = b.add_op("delta", "Const", [4], output_dtypes=["float32"])
     update = b.add_op("update", "AssignAddVariableOp", [], attrs={"_input_types": ["resource", "float32"]})
     init = b.add_op("init", "AssignVariableOp", [], attrs={"_input_types": ["resource", "float32"]})
-    b.add_op("step", "NoOp", [])
+    step = b.add_op("step", "NoOp", [])
     for src, dst in ((v, read), (read, loss), (v, update), (delta, update), (v, init), (delta, init)):
         b.add_edge(src, dst)
-    b.add_edge(update, 6, CONTROL_PORT)
+    b.add_edge(update, step, CONTROL_PORT)
     if ordered:
         b.add_edge(read, update, CONTROL_PORT)
     return b.build()
@@ -127,6 +127,18 @@ def _write(tf: Any, graph: Any, path: Path, devices: dict[str, str]) -> str:
     return str(path)
 
 
+def _write_sidecar(
+    path: Path, shape: list[int], value_range: list[float] | None = None, seed: int = 0
+) -> str:
+    """The sidecar of the graphs built here: float input `x:0`, `loss:0`, `train`, `init`."""
+    entry: dict[str, Any] = {"name": "x:0", "dtype": "float32", "shape": shape}
+    if value_range is not None:
+        entry["range"] = value_range
+    sidecar = {"inputs": [entry], "loss": "loss:0", "train_op": "train", "init_op": "init", "seed": seed}
+    path.write_text(json.dumps(sidecar))
+    return str(path)
+
+
 def _planted_race(tf: Any, tmp_path: Path) -> tuple[str, str, str]:
     """(original, placed, sidecar): `loss` reads v while `train` adds to it, unordered."""
     graph = tf.Graph()
@@ -145,19 +157,8 @@ def _planted_race(tf: Any, tmp_path: Path) -> tuple[str, str, str]:
     devices = {op.name: "/device:GPU:1" for op in graph.get_operations() if op.type in ("MatMul", "Tanh")}
     devices[loss.op.name] = "/device:GPU:1"
     placed = _write(tf, graph, tmp_path / "race.placed.pb", devices)
-    sidecar = tmp_path / "race.json"
-    sidecar.write_text(
-        json.dumps(
-            {
-                "inputs": [{"name": "x:0", "dtype": "float32", "shape": [64, 64], "range": [-0.1, 0.1]}],
-                "loss": "loss:0",
-                "train_op": "train",
-                "init_op": "init",
-                "seed": 1,
-            }
-        )
-    )
-    return str(original), placed, str(sidecar)
+    sidecar = _write_sidecar(tmp_path / "race.json", [64, 64], value_range=[-0.1, 0.1], seed=1)
+    return str(original), placed, sidecar
 
 
 @pytest.mark.tf
@@ -190,20 +191,10 @@ def test_tensorflow_nondeterminism_is_told_apart_from_the_placement(tmp_path: Pa
     original = tmp_path / "noisy.pb"
     original.write_bytes(graph.as_graph_def().SerializeToString(deterministic=True))
     placed = _write(tf, graph, tmp_path / "noisy.placed.pb", {})
-    sidecar = tmp_path / "noisy.json"
-    sidecar.write_text(
-        json.dumps(
-            {
-                "inputs": [{"name": "x:0", "dtype": "float32", "shape": [8, 8]}],
-                "loss": "loss:0",
-                "train_op": "train",
-                "init_op": "init",
-            }
-        )
-    )
+    sidecar = _write_sidecar(tmp_path / "noisy.json", [8, 8])
     from baechi_cli.verify.run import verify_placed_graph
 
-    run = verify_placed_graph(placed, str(sidecar), 1, steps=2, original_path=str(original))
+    run = verify_placed_graph(placed, sidecar, 1, steps=2, original_path=str(original))
     assert not run.ok
     assert not run.deterministic and run.reference_deterministic is False
     assert run.races_count == 0
@@ -249,16 +240,7 @@ def test_place_keeps_a_racy_reference_read_on_its_variables_device(tmp_path: Pat
         tf.group(w.initializer, name="init")
     model = tmp_path / "ref_race.pb"
     model.write_bytes(graph.as_graph_def(add_shapes=True).SerializeToString(deterministic=True))
-    (tmp_path / "ref_race.json").write_text(
-        json.dumps(
-            {
-                "inputs": [{"name": "x:0", "dtype": "float32", "shape": [256, 256]}],
-                "loss": "loss:0",
-                "train_op": "train",
-                "init_op": "init",
-            }
-        )
-    )
+    _write_sidecar(tmp_path / "ref_race.json", [256, 256])
     structure = structure_graph(parse_graphdef_file(str(model)))
     assert [(r.first, r.second) for r in variable_races(structure, ["loss:0", "train"])] == [
         ("late", "AssignAdd")
