@@ -111,7 +111,7 @@ def _place_options(algo: str, placing: dict[str, Any]) -> PlaceOptions:
 
 
 def _devices_from_workload(model: str, objective: str) -> tuple[str, int]:
-    """The devices a workload JSON states (maxFPGAs of maxSizePerFPGA, maxCPUs), for --objective throughput."""
+    """The devices a workload JSON states (maxFPGAs of maxSizePerFPGA, maxCPUs), for --objective throughput|latency."""
     from baechi_cli.io.workload_json import read_workload_meta
 
     meta = read_workload_meta(model)
@@ -152,7 +152,7 @@ def _common_options(fn: Callable) -> Callable:
             "device_spec",
             metavar="SPEC",
             help="Devices: 4x8GB, 2x16GB,2x8GB, a preset (rtx2080x4, v100x4, t4x4, a100x8) or a YAML file. "
-            "Required, except for a workload JSON with --objective throughput (its maxFPGAs and maxCPUs).",
+            "Required, except for a workload JSON with --objective throughput or latency (its maxFPGAs and maxCPUs).",
         ),
         click.option(
             "--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions."
@@ -264,11 +264,12 @@ def _common_options(fn: Callable) -> Callable:
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @click.option(
     "--objective",
-    type=click.Choice(["makespan", "throughput"]),
+    type=click.Choice(["makespan", "throughput", "latency"]),
     default="makespan",
     show_default=True,
     help="makespan: one training step's time. throughput: pipeline stages for a stream of samples "
-    "(Tarnawski et al.'s max-load, solved exactly; with --microbatches, the schedule's throughput).",
+    "(Tarnawski et al.'s max-load, solved exactly; with --microbatches, the schedule's throughput). "
+    "latency: one sample's time through one call per device (their inference-latency objective).",
 )
 @click.option(
     "--microbatches",
@@ -308,7 +309,7 @@ def place(
         raise click.UsageError("--schedule needs --microbatches (a schedule runs microbatches)")
     if objective != "throughput" and microbatches is not None:
         raise click.UsageError("--microbatches needs --objective throughput")
-    if device_spec is None and not (objective == "throughput" and model.endswith(".json")):
+    if device_spec is None and not (objective in ("throughput", "latency") and model.endswith(".json")):
         raise click.UsageError("Missing option '--devices' / '-d'.")
     try:
         from baechi_cli.devices import parse_devices

@@ -68,7 +68,7 @@ class PlaceOptions:
     dims: dict[str, int] | None = None  # ONNX symbolic dims bound by --dim NAME=VALUE
     training: bool = False  # synthesize the backward pass and optimizer of a forward-only model
     optimizer: str = "sgd"  # with training: sgd | momentum | adam
-    objective: str = "makespan"  # makespan: one step's time; throughput: a pipeline's
+    objective: str = "makespan"  # makespan: one step's time; throughput: a pipeline's; latency: one sample's
     microbatches: int | None = None  # with throughput: per minibatch (None: an endless stream)
     schedule: str = "1f1b"  # with throughput and microbatches: 1f1b | gpipe
     cpus: int = 0  # with throughput: CPU cores beside the devices (a workload file's maxCPUs)
@@ -79,6 +79,7 @@ class PlaceOptions:
             {
                 "solver_time_limit": self.solver_time_limit,
                 "sct_threshold": self.sct_threshold,
+                "objective": self.objective,
                 "microbatches": self.microbatches,
                 "schedule": self.schedule,
                 "cpus": self.cpus,
@@ -687,8 +688,9 @@ def run_candidate(
       devices whose memory is cut by the excess
       (:func:`~baechi_cli.placers.memory.cut_budget`).
 
-    For a placer that does not respect memory (one device), over memory is the
-    model's infeasibility.
+    A placer with ``spec.budget_retries`` (the pipeline splitter) also runs
+    again on cut memory. For any other placer that does not respect memory
+    (one device), over memory is the model's infeasibility.
     """
     from baechi_cli.placers.memory import MEMORY_ATTEMPTS, cut_budget
 
@@ -712,7 +714,7 @@ def run_candidate(
         if pgraph is not graph:
             placement = expand(placement, pgraph, graph, expands_sequence)
         evaluation = prepared.judge(placement)
-        if evaluation.feasible or not spec.respects_memory:
+        if evaluation.feasible or not (spec.respects_memory or spec.budget_retries):
             break
         if premise:
             assert variant.without_forward_only is not None
@@ -800,17 +802,17 @@ def place_model(
 ) -> PlaceOutcome:
     """Run the whole pipeline on ``path``; write the outputs that were asked for."""
     step = progress or (lambda stage: None)
-    if options.objective == "throughput":
-        if options.algo not in ("auto", "pipeline"):
-            raise InputError(
-                f"--objective throughput places with the pipeline splitter, not --algo {options.algo} "
-                "(leave --algo out)"
-            )
-        options = replace(options, algo="pipeline")
-    elif options.microbatches is not None:
+    if options.objective != "throughput" and options.microbatches is not None:
         raise InputError(
             "--microbatches needs --objective throughput (microbatches stream through pipeline stages)"
         )
+    if options.objective in ("throughput", "latency"):
+        if options.algo not in ("auto", "pipeline"):
+            raise InputError(
+                f"--objective {options.objective} places with the pipeline splitter, not --algo {options.algo} "
+                "(leave --algo out)"
+            )
+        options = replace(options, algo="pipeline")
     spec = None if options.algo == "auto" else placers.get(options.algo)
     for target in (output, report_path, trace_path):
         if target is not None:

@@ -83,7 +83,11 @@ class PlacerSpec:
     (what the placers see after the passes); above that auto lists it as
     skipped with ``auto_skip_reason``. ``respects_memory`` is the placer's
     promise never to exceed device memory: the evaluator finding it over
-    memory is then a bug, not the model's infeasibility.
+    memory is then a bug, not the model's infeasibility. ``budget_retries``:
+    the placer keeps within a memory model of its own that counts less than
+    the evaluator's (the pipeline splitter counts an op's persistent bytes), so
+    when the evaluator finds it over memory it is run again on devices whose
+    memory is cut by the excess, as a placer that respects memory is.
     """
 
     name: str  # the --algo value
@@ -98,6 +102,7 @@ class PlacerSpec:
     # auto lists its candidates in.
     auto_priority: int = 100
     respects_memory: bool = True
+    budget_retries: bool = False
     # The placer proves things about the schedule of the graph it sees, so it must
     # see every edge: it places the graph without forward-only placement's contraction.
     needs_every_edge: bool = False
@@ -240,6 +245,7 @@ class PipelineOptions:
     stream), the schedule that runs them, CPU cores beside the devices, and how many sets the
     exact search may enumerate (:mod:`baechi_cli.throughput`)."""
 
+    objective: str = "throughput"  # or "latency": one sample's time through the calls (baechi_cli.latency)
     microbatches: int | None = None
     schedule: str = "1f1b"
     cpus: int = 0
@@ -250,14 +256,16 @@ class PipelineOptions:
 register(
     PlacerSpec(
         "pipeline",
-        "pipeline (max-load)",
-        "pipeline: stages for throughput, Tarnawski et al.'s max-load solved exactly (--objective throughput)",
+        "pipeline split",
+        "pipeline: stages for throughput or latency, Tarnawski et al.'s objectives solved exactly "
+        "(--objective throughput|latency)",
         "baechi_cli.placers.pipeline",
         options=PipelineOptions,
         auto=False,  # a different objective: --objective throughput picks it
         # The model counts an op's own bytes (weights; a workload's `size`), not the
         # activations and received copies the evaluator adds: a split over memory is reported.
         respects_memory=False,
+        budget_retries=True,
         needs_every_edge=True,
     )
 )

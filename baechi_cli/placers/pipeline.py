@@ -1,4 +1,4 @@
-"""pipeline: a pipeline-parallel split for throughput (``--objective throughput``).
+"""pipeline: a pipeline-parallel split for throughput or latency (``--objective throughput|latency``).
 
 Contract: ``place(graph, devices, options)`` splits the op graph into
 pipeline stages, one per device, by :mod:`baechi_cli.throughput` (Tarnawski
@@ -23,6 +23,12 @@ the units are ordered by the program and the stages are ranges of that
 order starting at a module's first op; ``info["pipeline"]["split_points"]``
 is then the ``split_spec`` that rebuilds the split in PyTorch.
 
+With ``options.objective == "latency"`` the split is Tarnawski et al.'s
+inference-latency one instead (:mod:`baechi_cli.latency`): one contiguous
+call per accelerator, ordered by every edge of the graph, least time for one
+sample; ``info["pipeline"]`` then has ``latency_us`` and the calls' start
+and finish.
+
 Complexity: that of :func:`baechi_cli.throughput.solve`, once per stage count
 with microbatches, plus O(S M) per schedule simulation.
 """
@@ -44,6 +50,8 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
     """Split ``graph`` into pipeline stages over ``devices`` (module docstring)."""
     if options.microbatches is not None and options.microbatches < 1:
         raise InputError(f"--microbatches must be at least 1, got {options.microbatches}")
+    if options.objective == "latency":
+        return _place_for_latency(graph, devices, options)
     # Tarnawski's files tie a backward node to its forward node by colorClass only.
     from_workload = graph.num_ops > 0 and "cpu_us" in graph.attrs[0]
     model = load_model(graph, devices, cpus=options.cpus, follow_forward=not from_workload)
@@ -56,6 +64,19 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
     if cuts is not None:
         info["split_points"] = _split_points(graph, split)
     return Placement(split.device_of_op, info={"pipeline": info})
+
+
+def _place_for_latency(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Placement:
+    """One sample's calls through the devices, least latency (:mod:`baechi_cli.latency`)."""
+    if options.microbatches is not None:
+        raise InputError("--microbatches needs --objective throughput (latency is one sample's time)")
+    from baechi_cli.latency import solve_latency
+
+    model = load_model(graph, devices, cpus=options.cpus, follow_forward=False)
+    # A call is contiguous in the whole graph: a training step's backward edges order it too.
+    model = LoadModel(**{**model.__dict__, "is_backward": [False] * model.num_ops})
+    split = solve_latency(model)
+    return Placement(split.device_of_op, info={"pipeline": {"objective": "latency", **split.to_json()}})
 
 
 def _program_cuts(graph: OpGraph) -> tuple[list[int] | None, dict[int, str] | None]:

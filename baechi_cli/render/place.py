@@ -79,12 +79,20 @@ def tried(outcome: PlaceOutcome) -> str:
 
 
 def render_pipeline(console: Console, pipeline: dict, device_names: list[str]) -> None:
-    """The throughput objective's lines: max-load, the stages in order, and the schedule's timeline."""
+    """The throughput or latency objective's lines: the value, the stages in order, the schedule's timeline."""
     proof = (
         f"proven optimal among {pipeline['optimal_among']} splits"
         if pipeline["proven_optimal"]
         else f"not proven (lower bound {fmt_us(pipeline['lower_bound_us'])})"
     )
+    if pipeline["objective"] == "latency":
+        console.print(f"latency: one sample [bold]{fmt_us(pipeline['latency_us'])}[/], {proof}")
+        calls = ", ".join(
+            f"{device_names[s['device']]} {fmt_us(s['start_us'])}-{fmt_us(s['finish_us'])}"
+            for s in pipeline["stages"]
+        )
+        console.print(f"calls: {calls}")
+        return
     console.print(
         f"pipeline: max-load [bold]{fmt_us(pipeline['max_load_us'])}[/] (the bottleneck's time per "
         f"input: {pipeline['throughput_per_s']:.4g} inputs/s streamed), {proof}"
