@@ -37,6 +37,7 @@ bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/onnx_place.py
 	$(BIN)/python bench/search.py
 	$(BIN)/python bench/pipeline.py > bench/pipeline.md
+	$(BIN)/python bench/latency.py > bench/latency.md
 	$(BIN)/python bench/framework.py  # needs pip install -e '.[bench]'; without it, says so and exits 0
 
 FUZZ_CASES ?= 100000

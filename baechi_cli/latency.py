@@ -273,17 +273,11 @@ def solve_latency(model: LoadModel, *, max_sets: int = DEFAULT_MAX_SETS) -> Late
     t0 = time.perf_counter()
     u = _build_units(model)
     k, cpus = model.accelerators, model.cpus
-    cheapest = [
-        min(a if ok and k else math.inf, c if cpus else math.inf)
-        for a, c, ok in zip(u.accel_us, u.cpu_us, u.accel_ok)
-    ]
-    if any(math.isinf(c) for c in cheapest):
+    if any(not (ok and k) and not cpus for ok in u.accel_ok):
         raise InfeasibleError("an op no accelerator can run needs a CPU core: the model has none")
-    # tail[w]: the longest path of cheapest compute that starts at w (w included).
-    tail = list(cheapest)
-    for w in range(u.n - 1, -1, -1):
-        tail[w] += max((tail[s] for s in u.succs[w]), default=0.0)
-    critical = max(tail, default=0.0)
+    hop = _hops(u)
+    tail = _tails(u, k, cpus, model.memory, hop)
+    critical = max((min(t) for t in tail), default=0.0)
 
     best_value, best_stages = math.inf, []
     for order in (list(range(u.n)), *_other_orders(u)):
@@ -296,7 +290,7 @@ def solve_latency(model: LoadModel, *, max_sets: int = DEFAULT_MAX_SETS) -> Late
             value = _judge(model, u, stages).latency_us
             if value < best_value * (1 - _EPS):
                 best_value, best_stages = value, stages
-    search = _Search(u, k, cpus, model.memory, tail, best_value, best_stages, max_sets)
+    search = _Search(u, k, cpus, model.memory, tail, hop, best_value, best_stages, max_sets)
     proven = search.run()
     if not search.best_stages:
         devices = f"{k} accelerator(s) of {model.memory:.6g} bytes" + (" and the CPU cores" if cpus else "")
@@ -325,6 +319,70 @@ def solve_latency(model: LoadModel, *, max_sets: int = DEFAULT_MAX_SETS) -> Late
         sets_enumerated=search.sets,
         units=u.n,
     )
+
+
+def _hops(u: _Units) -> list[dict[int, float]]:
+    """Per unit x and successor s: the transfer time of x's tensors that s reads."""
+    hop: list[dict[int, float]] = [{} for _ in range(u.n)]
+    for t, src in enumerate(u.t_src):
+        for w in u.t_dst[t]:
+            hop[src][w] = hop[src].get(w, 0.0) + u.t_us[t]
+    return hop
+
+
+def _tails(
+    u: _Units, k: int, cpus: int, memory: float, hop: list[dict[int, float]]
+) -> list[tuple[float, float]]:
+    """Per unit x: lower bounds of the time from x's call beginning x to the last finish, x first in
+    an accelerator call and x on a CPU (inf where it cannot run).
+
+    A path bound that counts the calls memory forces: along any path every
+    unit adds its compute, and where the path passes from one call to
+    another the transfer between them is paid once by each accelerator end
+    (its call sends it, the next receives it). A call holding path units
+    ``y .. x`` holds every unit on a path between them, so it can continue
+    to ``s`` only if those (``y``'s descendants that are ``s``'s ancestors)
+    fit memory and run on an accelerator. ``V[x][y]`` (x in a call that the
+    path entered at ``y``) is the most over x's successors of the least over
+    continuing the call, a new accelerator call, or a CPU: no split's path
+    does better. O(n^3) to size every interval (numpy), then O(sum over x of
+    the y that fit, times degree).
+    """
+    n = u.n
+    reach = np.zeros((n, n), dtype=np.float64)  # reach[a, b]: b is a descendant of a
+    for x in range(n - 1, -1, -1):
+        for s in u.succs[x]:
+            reach[x, s] = 1.0
+            np.maximum(reach[x], reach[s], out=reach[x])
+    size = np.asarray(u.size, dtype=np.float64)
+    bad = np.asarray([0.0 if ok else 1.0 for ok in u.accel_ok])
+    # Bytes and accelerator-less units of the call from y to s: y, s and everything between.
+    between = (reach * size) @ reach
+    blocked = (reach * bad) @ reach
+    fits = (between + size[:, None] + size[None, :] <= memory) & (blocked + bad[:, None] + bad[None, :] == 0)
+    fits &= reach > 0
+    np.fill_diagonal(fits, (size <= memory) & (bad == 0))
+    inf = math.inf
+    v_accel: list[dict[int, float]] = [{} for _ in range(n)]
+    v_cpu = [inf] * n
+    for x in range(n - 1, -1, -1):
+        after_cpu = 0.0
+        for s in u.succs[x]:
+            t = hop[x].get(s, 0.0)
+            after_cpu = max(after_cpu, min(v_accel[s].get(s, inf) + t, v_cpu[s]))
+        v_cpu[x] = u.cpu_us[x] + after_cpu if cpus else inf
+        if not k:
+            continue
+        leave = []  # per successor: its best if the path leaves x's call there
+        for s in u.succs[x]:
+            t = hop[x].get(s, 0.0)
+            leave.append((s, min(v_accel[s].get(s, inf) + 2 * t, v_cpu[s] + t)))
+        for y in np.flatnonzero(fits[:, x]).tolist():
+            after = 0.0
+            for s, out in leave:
+                after = max(after, min(v_accel[s].get(y, inf), out))
+            v_accel[x][y] = u.accel_us[x] + after
+    return [(v_accel[x].get(x, inf), v_cpu[x]) for x in range(n)]
 
 
 def _device_of_op(model: LoadModel, u: _Units, stages: list[_Stage]) -> list[int]:
@@ -422,7 +480,7 @@ class _Label:
     bound: float  # a lower bound of the latency of every completion
     parent: _Label | None
     stage: _Stage | None
-    alive: bool = True  # False once a label at the same ideal dominates it
+    alive: bool = True  # False once expanded, or once a label at the same ideal dominates it
 
 
 class _Search:
@@ -434,12 +492,14 @@ class _Search:
         k: int,
         cpus: int,
         memory: float,
-        tail: list[float],
+        tail: list[tuple[float, float]],
+        hop: list[dict[int, float]],
         best_value: float,
         best_stages: list[_Stage],
         max_sets: int,
     ) -> None:
-        self.u, self.k, self.cpus, self.memory, self.tail = u, k, cpus, memory, tail
+        self.u, self.k, self.cpus, self.memory, self.tail, self.hop = u, k, cpus, memory, tail, hop
+        self.accel_tail = [a for a, _ in tail]
         self.best_value, self.best_stages = best_value, best_stages
         self.max_sets = max_sets
         self.sets = 0
@@ -448,30 +508,40 @@ class _Search:
         self.open_bound = math.inf  # set when the search stops early
         self.labels: dict[int, list[_Label]] = {}
         self.heap: list[tuple[float, int, _Label]] = []
+        self.deep: list[tuple[int, float, int, _Label]] = []
         self.pushed = 0
-        # Per unit w and successor s: the transfers from w that s's call receives when s is
-        # on an accelerator in a later call than w (the first hop of a path's communication).
-        self.hop: list[dict[int, float]] = [{} for _ in range(u.n)]
-        for t, src in enumerate(u.t_src):
-            for w in u.t_dst[t]:
-                self.hop[src][w] = self.hop[src].get(w, 0.0) + u.t_us[t]
 
     def run(self) -> bool:
-        """Search until done (True: proven) or out of effort (False, ``open_bound`` set)."""
+        """Search until done (True: proven) or out of effort (False, ``open_bound`` set).
+
+        Expansions alternate between the open label of least bound (which
+        raises the proven bound) and the one nearest completion (a dive,
+        which finds complete splits and so lowers ``best_value`` early).
+        An expanded label is retired: its children stand for it.
+        """
         if self.u.n == 0:
             return True
         self._offer(_Label(0, 0, 0.0, {}, 0.0, None, None))
-        while self.heap:
-            bound, _, label = heapq.heappop(self.heap)
-            if bound >= self.best_value * (1 - _EPS):
+        dive = False
+        while True:
+            while self.heap and not self.heap[0][2].alive:
+                heapq.heappop(self.heap)
+            if not self.heap or self.heap[0][0] >= self.best_value * (1 - _EPS):
                 return True  # every open label is at least this bound
-            if not label.alive:
-                continue
+            label = None
+            if dive:
+                while self.deep and label is None:
+                    candidate = heapq.heappop(self.deep)[3]
+                    if candidate.alive and candidate.bound < self.best_value * (1 - _EPS):
+                        label = candidate
+            if label is None:
+                label = heapq.heappop(self.heap)[2]
+            dive = not dive
+            label.alive = False
             if not self._expand(label):
                 alive = [b for b, _, other in self.heap if other.alive]
-                self.open_bound = min([bound, *alive])
+                self.open_bound = min([label.bound, *alive])
                 return False
-        return True
 
     def _offer(self, label: _Label) -> None:
         """Keep ``label`` unless a label at its ideal dominates it; retire those it dominates."""
@@ -493,6 +563,7 @@ class _Search:
         self.labels[ideal] = kept
         self.pushed += 1
         heapq.heappush(self.heap, (label.bound, self.pushed, label))
+        heapq.heappush(self.deep, (-ideal.bit_count(), label.bound, self.pushed, label))
 
     def _expand(self, label: _Label) -> bool:
         """Every call (or CPU unit) that can follow ``label``; False when the effort ran out."""
@@ -513,6 +584,10 @@ class _Search:
         grow = _Growing(u)
         fixed = 0.0
         ready = [0.0]  # the call's start as it grows (a stack: start with each unit added)
+        # The most of the units' path bounds (a stack too): the call computes each after
+        # its start and the transfers it must receive, and no unit's path can do better.
+        path = [0.0]
+        accel_tail = self.accel_tail
         chosen: list[int] = []
         mask = ideal
         stack: list[tuple[list[int], int]] = [(available, 0)]
@@ -526,16 +601,18 @@ class _Search:
                     fixed -= fixed_of[w]
                     mask ^= 1 << w
                     ready.pop()
+                    path.pop()
                     for s in u.succs[w]:
                         missing[s] += 1
                 continue
             stack[-1] = (avail, i + 1)
             w = avail[i]
             start = max([ready[-1], *(finish[p] for p in u.preds[w] if ideal >> p & 1)])
+            longest = max(path[-1], accel_tail[w], grow.accel + u.accel_us[w])
             if (
                 not u.accel_ok[w]
                 or grow.size + u.size[w] > self.memory
-                or start + grow.accel + u.accel_us[w] + fixed + fixed_of[w] >= self.best_value * (1 - _EPS)
+                or start + fixed + fixed_of[w] + longest >= self.best_value * (1 - _EPS)
             ):
                 continue  # every call in this branch holds w: it cannot run it, or is too late
             self.sets += 1
@@ -545,6 +622,7 @@ class _Search:
             fixed += fixed_of[w]
             chosen.append(w)
             ready.append(start)
+            path.append(longest)
             mask |= 1 << w
             opened = []
             for s in u.succs[w]:
@@ -581,17 +659,8 @@ class _Search:
             finish[w] = f
             for s in after:
                 # s runs in a later call: on an accelerator it receives w's tensors first.
-                rest = tail[s] - (
-                    min(
-                        u.accel_us[s] if u.accel_ok[s] and self.k else math.inf,
-                        u.cpu_us[s] if self.cpus else math.inf,
-                    )
-                )
-                first = min(
-                    u.accel_us[s] + hop[w].get(s, 0.0) if accel_left and u.accel_ok[s] else math.inf,
-                    u.cpu_us[s] if self.cpus else math.inf,
-                )
-                bound = max(bound, f + first + rest)
+                s_accel, s_cpu = tail[s]
+                bound = max(bound, f + min(s_accel + hop[w].get(s, 0.0) if accel_left else math.inf, s_cpu))
         bound = max(bound, done)
         if bound >= limit:
             return

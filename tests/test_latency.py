@@ -155,8 +155,7 @@ def test_parallel_calls_overlap():
 
 
 def test_published_workload_agrees_with_their_evaluator():
-    # greedy.cpp -computeLatency (msr-fiddle/dnn-partitioning, built outside this repository) prices
-    # this split at 414.740 ms; their greedy baseline's split is 416.204 ms (bench/latency.md).
+    # baechi's own evaluator counts activations too: the split is made again on less memory.
     r = CliRunner().invoke(main, ["place", BERT3, "--objective", "latency", "--json", "-q"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -176,8 +175,10 @@ def test_solver_on_the_published_file_with_its_own_devices():
     graph = read_workload_json(BERT3)
     model = load_model(graph, parse_devices("4x629145600,8x1000000000000000"), cpus=8, follow_forward=False)
     split = solve_latency(model)
-    # Their model (persistent bytes only): 414.7395 ms, which greedy.exe -computeLatency confirms.
-    assert split.latency_us == pytest.approx(414_739.5, abs=0.1)
+    # Their model (persistent bytes only): 414.4295 ms; greedy.exe -computeLatency prices this split
+    # at 414.430 ms (bench/latency.md).
+    assert split.latency_us == pytest.approx(414_429.5, abs=0.1)
+    assert split.lower_bound_us > 0.95 * split.latency_us  # the bound counts the transfers memory forces
     assert split.latency_us < 416_204.4  # their greedy baseline
 
 
