@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from baechi_cli.pipeline import Candidate
     from baechi_cli.verify.races import Race
 
+# Device names a note lists in full; beyond, the first and last few.
+NAMES_LISTED = 8
+
 
 def uncovered_note(uncovered: dict[str, int]) -> str:
     """The warning for op types without a cost rule: which, how many, what they were costed as."""
@@ -63,8 +66,19 @@ def placement_notes(
                 f" (the best, {placers.title(best.algorithm)}, takes {_ms(best.sim.step_time_us)}: "
                 "communication costs more than the parallelism gains)"
             )
-        idle = ", ".join(d.name for i, d in enumerate(devices.devices) if not sim.order[i])
+        idle = _names([d.name for i, d in enumerate(devices.devices) if not sim.order[i]])
         return [f"auto kept one device: {why}; {idle} stay idle."]
+    if algo == "pipeline":
+        # Its objective is a pipeline's max-load or one sample's latency, not this step's time:
+        # one device's step says nothing about it, and the stages say why a device is idle.
+        idle = [devices.devices[d].name for d in range(devices.count) if not sim.order[d]]
+        if not idle:
+            return notes
+        verb = "runs" if len(idle) == 1 else "run"
+        return [
+            f"{_names(idle)} {verb} no ops: the split's objective is best with fewer stages than devices "
+            "(a stage more would cost more in transfers, or contiguity and memory leave no better cut)"
+        ]
     if single is not None and algo != "single" and single.step_time_us < sim.step_time_us:
         notes.append(
             f"the model fits one device, where it runs in {_ms(single.step_time_us)}: "
@@ -74,7 +88,7 @@ def placement_notes(
     idle = [devices.devices[d].name for d in range(devices.count) if not sim.order[d]]
     if not idle:
         return notes
-    which = ", ".join(idle)
+    which = _names(idle)
     verb = "runs" if len(idle) == 1 else "run"
     if algo == "single":
         why = "--algo single puts every op on one device"
@@ -106,6 +120,19 @@ def placement_notes(
             "once the transfer of its inputs is counted, than on a device that already held them"
         )
     return [*notes, f"{which} {verb} no ops: {why}."]
+
+
+def _names(names: list[str]) -> str:
+    """``names`` joined by commas; past :data:`NAMES_LISTED` the first and last few and the count,
+    so that a note stays a sentence on 65,536 devices.
+
+    >>> _names(["a", "b"]), _names([f"d{i}" for i in range(100)])
+    ('a, b', 'd0, d1, d2, d3, ..., d96, d97, d98, d99 (100 devices)')
+    """
+    if len(names) <= NAMES_LISTED:
+        return ", ".join(names)
+    half = NAMES_LISTED // 2
+    return f"{', '.join(names[:half])}, ..., {', '.join(names[-half:])} ({len(names):,} devices)"
 
 
 def _ms(us: float) -> str:
