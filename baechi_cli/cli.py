@@ -280,9 +280,10 @@ def _common_options(fn: Callable) -> Callable:
 )
 @click.option(
     "--schedule",
-    type=click.Choice(["1f1b", "gpipe"]),
+    type=click.Choice(["1f1b", "gpipe", "interleaved"]),
     default=None,
-    help="With --microbatches: the pipeline schedule (default 1f1b).",
+    help="With --microbatches: the pipeline schedule (default: the faster of 1f1b and interleaved). "
+    "interleaved: torch's ScheduleInterleaved1F1B, two stages per device, a smaller bubble.",
 )
 @_common_options
 def place(
@@ -323,7 +324,7 @@ def place(
             _place_options(algo, placing),
             objective=objective,
             microbatches=microbatches,
-            schedule=schedule or "1f1b",
+            schedule=schedule or "auto",
             cpus=cpus,
         )
         with StageProgress(enabled=not quiet) as progress:

@@ -70,7 +70,7 @@ class PlaceOptions:
     optimizer: str = "sgd"  # with training: sgd | momentum | adam
     objective: str = "makespan"  # makespan: one step's time; throughput: a pipeline's; latency: one sample's
     microbatches: int | None = None  # with throughput: per minibatch (None: an endless stream)
-    schedule: str = "1f1b"  # with throughput and microbatches: 1f1b | gpipe
+    schedule: str = "auto"  # with throughput and microbatches: 1f1b | gpipe | interleaved | auto (the faster)
     cpus: int = 0  # with throughput: CPU cores beside the devices (a workload file's maxCPUs)
 
     def placer_options(self, spec: PlacerSpec) -> Any:

@@ -79,7 +79,10 @@ from typing import Literal, NamedTuple
 
 from baechi_cli.errors import InputError
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b")  # one stage per device
+# torch's ScheduleInterleaved1F1B (Megatron-LM's interleaved schedule): several stages per device.
+INTERLEAVED = "interleaved"
+ALL_SCHEDULES = (*SCHEDULES, INTERLEAVED)
 
 OpKind = Literal["F", "B", "O"]
 
@@ -189,10 +192,19 @@ class PipelineTiming:
     events: tuple[PipelineEvent, ...]
     # Grouped by link (forward links first, by sender), each in the order the link sends.
     transfers: tuple[LinkTransfer, ...]
+    # Per stage, its device; per device, its busy share and peak (equal to the per-stage
+    # tuples when every device runs one stage).
+    stage_device: tuple[int, ...] = ()
+    device_bubble_fraction: tuple[float, ...] = ()
+    device_peak_bytes: tuple[int, ...] = ()
 
     @property
     def num_stages(self) -> int:
         return len(self.busy_us)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.device_peak_bytes)
 
 
 def _check_microbatches(num_microbatches: int) -> None:
@@ -215,8 +227,10 @@ def op_order(
     >>> op_order("gpipe", 2, 2)[1], op_order("1f1b", 2, 2, training=False)[1]
     ([('F', 0), ('F', 1), ('B', 0), ('B', 1)], [('F', 0), ('F', 1)])
     """
+    if schedule == INTERLEAVED:
+        raise InputError("the interleaved schedule runs several stages per device: see device_orders")
     if schedule not in SCHEDULES:
-        raise InputError(f"unknown schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
+        raise InputError(f"unknown schedule {schedule!r}: expected one of {', '.join(ALL_SCHEDULES)}")
     _check_microbatches(num_microbatches)
     forwards: list[tuple[OpKind, int]] = [("F", m) for m in range(num_microbatches)]
     if not training:
@@ -235,16 +249,93 @@ def op_order(
     return orders
 
 
+def device_orders(
+    schedule: str, num_stages: int, num_devices: int, num_microbatches: int, *, training: bool = True
+) -> list[list[tuple[OpKind, int, int]]]:
+    """Each device's ops, as (kind, stage, microbatch), in the order ``schedule`` runs them.
+
+    Stage ``s`` runs on device ``s % num_devices``. GPipe and 1F1B need one
+    stage per device (their :func:`op_order`). ``interleaved`` is torch's
+    ``ScheduleInterleaved1F1B`` with ``v = num_stages / num_devices`` stages
+    per device: ``r = max(1, M // D)`` rounds of ``M / r`` microbatches (M
+    must be a multiple of ``r``); device ``d`` runs ``min((v - 1) M/r + 2 (D
+    - 1 - d), v M)`` warm-up forwards, then pairs of a forward and a
+    backward, then the remaining backwards, forward step ``i`` on its local
+    stage ``(i // (M/r)) % v`` and backward step ``i`` (counted from the end
+    of the warm-up) on ``v - 1 - (i // (M/r)) % v``, each stage's
+    microbatches in order. O(S·M).
+
+    >>> [f"{k}{s}.{m}" for k, s, m in device_orders("interleaved", 4, 2, 2)[1]]
+    ['F1.0', 'F1.1', 'F3.0', 'B3.0', 'F3.1', 'B3.1', 'B1.0', 'B1.1']
+    """
+    _check_microbatches(num_microbatches)
+    if schedule != INTERLEAVED:
+        if num_devices != num_stages:
+            raise InputError(
+                f"{schedule} runs one stage per device: {num_stages} stages on {num_devices} devices"
+            )
+        return [
+            [(kind, s, m) for kind, m in order]
+            for s, order in enumerate(op_order(schedule, num_stages, num_microbatches, training=training))
+        ]
+    if num_devices < 1 or num_stages % num_devices:
+        raise InputError(
+            f"the interleaved schedule needs a whole number of stages per device: "
+            f"{num_stages} stages on {num_devices} devices"
+        )
+    local = num_stages // num_devices
+    rounds = max(1, num_microbatches // num_devices)
+    if num_microbatches % rounds:
+        raise InputError(
+            f"the interleaved schedule needs the microbatches to be a multiple of its rounds "
+            f"(max(1, M // devices) = {rounds}), got {num_microbatches}"
+        )
+    per_round = num_microbatches // rounds
+    return [
+        _interleaved_order(d, num_devices, local, num_microbatches, per_round, training)
+        for d in range(num_devices)
+    ]
+
+
+def _interleaved_order(
+    device: int, devices: int, local: int, microbatches: int, per_round: int, training: bool
+) -> list[tuple[OpKind, int, int]]:
+    """One device's ops under the interleaved schedule (:func:`device_orders`)."""
+    steps = local * microbatches
+    warmup = steps if not training else min((local - 1) * per_round + 2 * (devices - 1 - device), steps)
+    done = {"F": [0] * local, "B": [0] * local}
+    order: list[tuple[OpKind, int, int]] = []
+    for step in range(steps + (warmup if training else 0)):
+        kinds: list[OpKind] = []
+        if step < steps:
+            kinds.append("F")
+        if training and step >= warmup:
+            kinds.append("B")
+        for kind in kinds:
+            if kind == "F":
+                chunk = (step // per_round) % local
+            else:
+                chunk = local - 1 - ((step - warmup) // per_round) % local
+            order.append((kind, chunk * devices + device, done[kind][chunk]))
+            done[kind][chunk] += 1
+    return order
+
+
 def simulate_pipeline(
     costs: StageCosts,
     num_microbatches: int,
     schedule: str = "1f1b",
     *,
     microbatch_size: int | None = None,
+    devices: int | None = None,
 ) -> PipelineTiming:
     """Time one minibatch of ``num_microbatches`` under ``schedule`` (see module docstring).
 
-    ``microbatch_size`` (samples per microbatch), when given, fills
+    ``devices``: how many devices run the stages, stage ``s`` on ``s %
+    devices`` (default: one per stage; the interleaved schedule needs fewer).
+    A device runs one op at a time in :func:`device_orders`'s order; a link
+    is one direction between two devices, shared by every stage pair that
+    uses it. ``microbatch_size`` (samples per microbatch), when given, fills
     ``samples_per_s``. Bad arguments raise :class:`InputError`. O(S·M).
 
     >>> costs = StageCosts([1, 1], [0, 0], send_forward_us=[1])
@@ -259,65 +350,84 @@ def simulate_pipeline(
     ):
         raise InputError(f"microbatch_size must be a positive integer, got {microbatch_size!r}")
     stages, training = costs.num_stages, costs.training
-    orders = op_order(schedule, stages, num_microbatches, training=training)
+    num_devices = stages if devices is None else devices
+    orders = device_orders(schedule, stages, num_devices, num_microbatches, training=training)
+    device_of = [s % num_devices for s in range(stages)]
 
     # Arrival times of each stage's inputs, None until the producer is resolved. Stage 0's
     # inputs are there from the start; the last stage's "gradient" is its own forward's end.
     activation_at: list[list[float | None]] = [[None] * num_microbatches for _ in range(stages)]
     activation_at[0] = [0.0] * num_microbatches
     gradient_at: list[list[float | None]] = [[None] * num_microbatches for _ in range(stages)]
-    forward_link_free = [0.0] * (stages - 1)
-    backward_link_free = [0.0] * (stages - 1)
+    link_free: dict[tuple[int, int], float] = {}
     forward_sends: list[list[LinkTransfer]] = [[] for _ in range(stages - 1)]
     backward_sends: list[list[LinkTransfer]] = [[] for _ in range(stages - 1)]
     stage_events: list[list[PipelineEvent]] = [[] for _ in range(stages)]
-    stage_free = [0.0] * stages
-    next_op = [0] * stages
+    device_free = [0.0] * num_devices
+    next_op = [0] * num_devices
 
-    to_visit = list(range(stages))
+    def send(src: int, dst: int, ready: float, duration: float) -> tuple[float, float]:
+        link = (device_of[src], device_of[dst])
+        start = max(ready, link_free.get(link, 0.0))
+        link_free[link] = start + duration
+        return start, start + duration
+
+    to_visit = list(range(num_devices))
     while to_visit:
-        stage = to_visit.pop()
-        order = orders[stage]
-        while next_op[stage] < len(order):
-            kind, mb = order[next_op[stage]]
+        device = to_visit.pop()
+        order = orders[device]
+        while next_op[device] < len(order):
+            kind, stage, mb = order[next_op[device]]
             arrival = activation_at[stage][mb] if kind == "F" else gradient_at[stage][mb]
             if arrival is None:
                 break  # revisited when the input arrives
-            start = max(stage_free[stage], arrival)
+            start = max(device_free[device], arrival)
             end = start + (costs.forward_us[stage] if kind == "F" else costs.backward_us[stage])
             stage_events[stage].append(PipelineEvent(stage, kind, mb, start, end))
-            stage_free[stage] = end
-            next_op[stage] += 1
+            device_free[device] = end
+            next_op[device] += 1
             if kind == "F" and stage + 1 < stages:
-                send = max(end, forward_link_free[stage])
-                arrived = send + costs.send_forward_us[stage]
-                forward_link_free[stage] = activation_at[stage + 1][mb] = arrived
-                forward_sends[stage].append(LinkTransfer(stage, stage + 1, mb, send, arrived))
-                to_visit.append(stage + 1)
+                began, arrived = send(stage, stage + 1, end, costs.send_forward_us[stage])
+                activation_at[stage + 1][mb] = arrived
+                forward_sends[stage].append(LinkTransfer(stage, stage + 1, mb, began, arrived))
+                to_visit.append(device_of[stage + 1])
             elif kind == "F":
                 gradient_at[stage][mb] = end
             elif stage > 0:
-                send = max(end, backward_link_free[stage - 1])
-                arrived = send + costs.send_backward_us[stage - 1]
-                backward_link_free[stage - 1] = gradient_at[stage - 1][mb] = arrived
-                backward_sends[stage - 1].append(LinkTransfer(stage, stage - 1, mb, send, arrived))
-                to_visit.append(stage - 1)
+                began, arrived = send(stage, stage - 1, end, costs.send_backward_us[stage - 1])
+                gradient_at[stage - 1][mb] = arrived
+                backward_sends[stage - 1].append(LinkTransfer(stage, stage - 1, mb, began, arrived))
+                to_visit.append(device_of[stage - 1])
     assert next_op == [len(order) for order in orders], "a schedule's fixed order deadlocked"
 
     for stage in range(stages):
         if costs.optimizer_us[stage] > 0:
-            start = stage_free[stage]
-            stage_free[stage] = start + costs.optimizer_us[stage]
-            stage_events[stage].append(PipelineEvent(stage, "O", None, start, stage_free[stage]))
+            device = device_of[stage]
+            start = device_free[device]
+            device_free[device] = start + costs.optimizer_us[stage]
+            stage_events[stage].append(PipelineEvent(stage, "O", None, start, device_free[device]))
 
-    minibatch_us = max(stage_free)
+    minibatch_us = max(device_free)
     # From the costs rather than the events' end - start: exact, not rounded per op.
     busy_us = tuple(
         num_microbatches * (costs.forward_us[s] + costs.backward_us[s]) + costs.optimizer_us[s]
         for s in range(stages)
     )
-    peak_in_flight = tuple(_peak_in_flight(order, training) for order in orders)
+    stage_orders: list[list[tuple[OpKind, int]]] = [[] for _ in range(stages)]
+    for order in orders:
+        for kind, stage, mb in order:
+            stage_orders[stage].append((kind, mb))
+    peak_in_flight = tuple(_peak_in_flight(order, training) for order in stage_orders)
+    device_busy = [0.0] * num_devices
+    device_persistent = [0] * num_devices
+    for s in range(stages):
+        device_busy[device_of[s]] += busy_us[s]
+        device_persistent[device_of[s]] += costs.persistent_bytes[s]
     throughput_per_s = num_microbatches / minibatch_us * 1e6 if minibatch_us > 0 else math.inf
+
+    def bubble(busy: float) -> float:
+        return 1 - busy / minibatch_us if minibatch_us > 0 else 0.0
+
     return PipelineTiming(
         schedule=schedule,
         num_microbatches=num_microbatches,
@@ -325,7 +435,7 @@ def simulate_pipeline(
         throughput_per_s=throughput_per_s,
         samples_per_s=None if microbatch_size is None else throughput_per_s * microbatch_size,
         busy_us=busy_us,
-        bubble_fraction=tuple(1 - busy / minibatch_us if minibatch_us > 0 else 0.0 for busy in busy_us),
+        bubble_fraction=tuple(bubble(busy) for busy in busy_us),
         peak_in_flight=peak_in_flight,
         peak_bytes=tuple(
             persistent + peak * activation
@@ -335,7 +445,27 @@ def simulate_pipeline(
         ),
         events=tuple(event for events in stage_events for event in events),
         transfers=tuple(t for sends in forward_sends + backward_sends for t in sends),
+        stage_device=tuple(device_of),
+        device_bubble_fraction=tuple(bubble(busy) for busy in device_busy),
+        device_peak_bytes=tuple(
+            persistent + _peak_activation_bytes(order, costs.activation_bytes, training)
+            for persistent, order in zip(device_persistent, orders)
+        ),
     )
+
+
+def _peak_activation_bytes(
+    order: list[tuple[OpKind, int, int]], activation: Sequence[int], training: bool
+) -> int:
+    """Most activation bytes in flight at once on a device that runs ``order`` (as :func:`_peak_in_flight`)."""
+    live = peak = 0
+    for kind, stage, _ in order:
+        if kind == "F":
+            live += activation[stage]
+            peak = max(peak, live)
+        if kind == "B" or not training:
+            live -= activation[stage]
+    return peak
 
 
 def _peak_in_flight(order: list[tuple[OpKind, int]], training: bool) -> int:
@@ -355,7 +485,8 @@ def _peak_in_flight(order: list[tuple[OpKind, int]], training: bool) -> int:
 
 
 def render_timeline(timing: PipelineTiming, width: int = 72) -> str:
-    """The timeline as text: one line per stage, ``width`` columns spanning the minibatch.
+    """The timeline as text: one line per stage (per device ``d0, d1, ...`` when a device runs
+    several), ``width`` columns spanning the minibatch.
 
     Each column shows what its stage runs at the column's midpoint: ``F``
     (forward), ``B`` (backward), ``O`` (optimizer step) or ``.`` (idle, a
@@ -369,12 +500,16 @@ def render_timeline(timing: PipelineTiming, width: int = 72) -> str:
     """
     if isinstance(width, bool) or not isinstance(width, numbers.Integral) or width < 1:
         raise InputError(f"the timeline width must be a positive integer, got {width!r}")
-    by_stage: list[list[PipelineEvent]] = [[] for _ in range(timing.num_stages)]
+    device_of = timing.stage_device or tuple(range(timing.num_stages))
+    rows = max(device_of) + 1
+    prefix = "s" if rows == timing.num_stages else "d"
+    by_row: list[list[PipelineEvent]] = [[] for _ in range(rows)]
     for event in timing.events:
-        by_stage[event.stage].append(event)
-    label_width = len(f"s{timing.num_stages - 1}")
+        by_row[device_of[event.stage]].append(event)
+    label_width = len(f"{prefix}{rows - 1}")
     lines = []
-    for stage, events in enumerate(by_stage):
+    for row, events in enumerate(by_row):
+        events.sort(key=lambda e: e.start_us)
         cells = []
         current = 0  # events before it ended at or before the current column's midpoint
         for column in range(width):
@@ -383,5 +518,5 @@ def render_timeline(timing: PipelineTiming, width: int = 72) -> str:
                 current += 1
             running = current < len(events) and events[current].start_us <= midpoint
             cells.append(events[current].kind if running else ".")
-        lines.append(f"{f's{stage}':>{label_width}} |{''.join(cells)}|")
+        lines.append(f"{f'{prefix}{row}':>{label_width}} |{''.join(cells)}|")
     return "\n".join(lines)

@@ -367,3 +367,91 @@ def test_bad_input_raises_input_error_naming_the_problem(build, message):
         build()
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+# ---------------------------------------------------------------- interleaved (several stages per device)
+
+
+@pytest.mark.parametrize(
+    "devices, chunks, microbatches", [(2, 2, 4), (4, 2, 8), (3, 3, 6), (4, 2, 4), (2, 3, 8)]
+)
+def test_interleaved_closed_form(devices, chunks, microbatches):
+    # Megatron-LM's: equal chunks of one device's f and b, free transfers, M a multiple of the devices:
+    # M (f + b) plus a bubble of (D - 1)(f + b) / v, v times smaller than 1F1B's.
+    f, b = 2.0, 4.0
+    stages = devices * chunks
+    timing = simulate_pipeline(
+        uniform(stages, f / chunks, b / chunks), microbatches, "interleaved", devices=devices
+    )
+    assert timing.minibatch_us == pytest.approx(microbatches * (f + b) + (devices - 1) * (f + b) / chunks)
+    one_stage_each = simulate_pipeline(uniform(devices, f, b), microbatches, "1f1b")
+    assert timing.minibatch_us < one_stage_each.minibatch_us
+    assert timing.stage_device == tuple(s % devices for s in range(stages))
+    assert len(timing.device_bubble_fraction) == len(timing.device_peak_bytes) == devices
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_interleaved_timelines_keep_every_dependency(seed):
+    rng = random.Random(seed)
+    devices, chunks = rng.randint(1, 4), rng.randint(1, 3)
+    stages = devices * chunks
+    microbatches = rng.choice([m for m in range(1, 10) if m % max(1, m // devices) == 0])
+    training = rng.random() < 0.8
+    costs = StageCosts(
+        [rng.randint(1, 4) / 2 for _ in range(stages)],
+        [rng.randint(1, 4) / 2 if training else 0 for _ in range(stages)],
+        send_forward_us=[rng.randint(0, 3) / 2 for _ in range(stages - 1)],
+        send_backward_us=[rng.randint(0, 3) / 2 for _ in range(stages - 1)],
+        activation_bytes=[rng.randint(1, 5) for _ in range(stages)],
+    )
+    timing = simulate_pipeline(costs, microbatches, "interleaved", devices=devices)
+    ops = {(e.kind, e.stage, e.microbatch): e for e in timing.events}
+    kinds = ("F", "B") if training else ("F",)
+    assert len(ops) == len(timing.events) == len(kinds) * stages * microbatches
+    sends = {(t.src_stage, t.dst_stage, t.microbatch): t for t in timing.transfers}
+    for (kind, s, m), e in ops.items():
+        assert e.end_us - e.start_us == (costs.forward_us[s] if kind == "F" else costs.backward_us[s])
+        if kind == "F" and s > 0:
+            t = sends[(s - 1, s, m)]
+            assert t.start_us >= ops[("F", s - 1, m)].end_us and e.start_us >= t.end_us
+        if kind == "B" and s < stages - 1:
+            t = sends[(s + 1, s, m)]
+            assert t.start_us >= ops[("B", s + 1, m)].end_us and e.start_us >= t.end_us
+        if kind == "B" and s == stages - 1:
+            assert e.start_us >= ops[("F", s, m)].end_us
+    for d in range(devices):  # one op at a time per device
+        mine = sorted((e for e in timing.events if e.stage % devices == d), key=lambda e: e.start_us)
+        assert all(a.end_us <= b.start_us for a, b in zip(mine, mine[1:]))
+    assert timing.minibatch_us == max(e.end_us for e in timing.events)
+
+
+@pytest.mark.parametrize(
+    "devices, chunks, microbatches", [(2, 2, 2), (2, 2, 4), (4, 2, 8), (3, 2, 6), (4, 3, 4), (4, 2, 10)]
+)
+def test_interleaved_order_is_torchs(devices, chunks, microbatches):
+    pytest.importorskip("torch")
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+
+    from baechi_cli.schedule import device_orders
+
+    class Stage:  # what the schedule reads of a stage to compute its order
+        def __init__(self, index: int, rank: int) -> None:
+            self.group_size, self.group_rank, self.stage_index = devices, rank, index
+            self.num_stages = devices * chunks
+            self.is_first, self.is_last = index == 0, index == devices * chunks - 1
+
+    ours = device_orders("interleaved", devices * chunks, devices, microbatches)
+    for rank in range(devices):
+        stages = [Stage(c * devices + rank, rank) for c in range(chunks)]
+        theirs = ScheduleInterleaved1F1B(stages, microbatches).pipeline_order[rank]
+        # torch writes an action as stage, kind, microbatch ("2F0"); None pads lock-step slots.
+        assert [f"{s}{k}{m}" for k, s, m in ours[rank]] == [str(a) for a in theirs if a is not None]
+
+
+def test_interleaved_refuses_what_torch_refuses():
+    with pytest.raises(InputError, match="whole number of stages per device"):
+        simulate_pipeline(uniform(5, 1, 1), 4, "interleaved", devices=2)
+    with pytest.raises(InputError, match="multiple of its rounds"):
+        simulate_pipeline(uniform(4, 1, 1), 7, "interleaved", devices=2)  # 3 rounds of 7
+    with pytest.raises(InputError, match="one stage per device"):
+        simulate_pipeline(uniform(4, 1, 1), 4, "1f1b", devices=2)

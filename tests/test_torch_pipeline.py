@@ -12,14 +12,17 @@ stages run in turn give the model's output. Skipped without torch.
 from __future__ import annotations
 
 import copy
+import json
 import warnings
 
 import onnx
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+from baechi_cli.cli import main
 from baechi_cli.errors import InputError
 from baechi_cli.io.onnx import onnx_node_ops, read_onnx
 from baechi_cli.io.torch_pipeline import (
@@ -591,3 +594,28 @@ def test_a_module_called_twice_in_a_row_is_told_by_its_call_suffix(tmp_path):
     assert stage_boundaries(modules)[0] == Boundary(1, "block")  # the paths alone cannot tell
     assert list(graph_boundaries(graph).values()) == ["post"]
     assert _pipe(torch, model, x, ["block"]).num_stages == 3
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")
+def test_interleaved_plan_builds_two_stages_per_device_in_torch(exported, tmp_path):
+    """`place --objective throughput --microbatches 4 --schedule interleaved`: the report's split points
+    make torch build the same number of stages on every device used (up to two; stage s runs on
+    device s % devices, as ScheduleInterleaved1F1B assigns them), and the stages in turn compute the
+    model's output."""
+    torch, model, x, graph = exported
+    onnx_path = str(tmp_path / "model.onnx")
+    _export(torch, model, x, onnx_path)
+    report = tmp_path / "r.json"
+    args = ["place", onnx_path, "--training", "--objective", "throughput", "--microbatches", "4"]
+    args += ["--schedule", "interleaved", "--devices", "2x16GB", "--report", str(report), "-q"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(report.read_text())
+    schedule = doc["pipeline"]["schedule"]
+    assert schedule["name"] == "interleaved" and schedule["chunks_per_device"] in (1, 2)
+    points = doc["module_map"]["pipeline"]["split_points"]
+    pipe = _pipe(torch, model, x, points)
+    assert pipe.num_stages == schedule["chunks_per_device"] * schedule["devices"] == len(points) + 1
+    with torch.no_grad():
+        got, _ = _run_stages(torch, pipe, x)
+        torch.testing.assert_close(got, model(x))

@@ -247,7 +247,7 @@ class PipelineOptions:
 
     objective: str = "throughput"  # or "latency": one sample's time through the calls (baechi_cli.latency)
     microbatches: int | None = None
-    schedule: str = "1f1b"
+    schedule: str = "auto"  # auto: the faster of 1f1b and interleaved
     cpus: int = 0
     # throughput.DEFAULT_MAX_SETS (not imported: the registry loads with `baechi --help`)
     max_sets: int = 150_000

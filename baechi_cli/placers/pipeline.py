@@ -36,14 +36,18 @@ with microbatches, plus O(S M) per schedule simulation.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InfeasibleError, InputError
 from baechi_cli.graph import CONTROL_PORT, OpGraph
 from baechi_cli.placers import PipelineOptions, Placement
-from baechi_cli.schedule import StageCosts, render_timeline, simulate_pipeline
-from baechi_cli.throughput import LoadModel, Split, load_model, solve
+from baechi_cli.schedule import INTERLEAVED, StageCosts, render_timeline, simulate_pipeline
+from baechi_cli.throughput import LoadModel, Split, evaluate, load_model, solve
+
+# Stages per device under the interleaved schedule (Megatron-LM's and torch's usual choice).
+INTERLEAVED_CHUNKS = 2
 
 
 def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Placement:
@@ -60,10 +64,28 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
         split = solve(model, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts)
         info = _info(model, split, None, options)
     else:
-        split, info = _best_for_schedule(graph, model, program, cuts, options)
+        schedules = ("1f1b", INTERLEAVED) if options.schedule == "auto" else (options.schedule,)
+        best = None
+        first_error = None
+        for schedule in schedules:
+            found = _best_for_schedule(graph, model, program, cuts, replace(options, schedule=schedule))
+            if isinstance(found, InfeasibleError):
+                first_error = first_error or found
+            elif best is None or found[1]["schedule"]["minibatches_per_s"] > best[1]["schedule"][
+                "minibatches_per_s"
+            ] * (1 + 1e-9):
+                best = found  # on a tie the first: 1F1B, one stage per device, is simpler to run
+        if best is None:
+            assert first_error is not None
+            raise first_error
+        split, info = best
     if cuts is not None:
         info["split_points"] = _split_points(graph, split)
-    return Placement(split.device_of_op, info={"pipeline": info})
+    devices_used = info.get("schedule", {}).get("devices")
+    if devices_used is None:
+        return Placement(split.device_of_op, info={"pipeline": info})
+    # Interleaved: stage s (a virtual device of the split) runs on device s % devices.
+    return Placement([d % devices_used for d in split.device_of_op], info={"pipeline": info})
 
 
 def _place_for_latency(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Placement:
@@ -114,27 +136,44 @@ def _best_for_schedule(
     program: list[int] | None,
     cuts: dict[int, str] | None,
     options: PipelineOptions,
-) -> tuple[Split, dict[str, Any]]:
-    """The split of highest scheduled throughput within memory, over every stage count."""
+) -> tuple[Split, dict[str, Any]] | InfeasibleError:
+    """The split of highest scheduled throughput within memory, over every stage count.
+
+    Returns (not raises) the InfeasibleError when none fits, so that another
+    schedule can be tried.
+
+    Interleaved (``INTERLEAVED_CHUNKS`` stages per device): on ``D`` devices
+    the graph is split into ``D * chunks`` stages by the max-load model with
+    that many virtual devices of ``1 / chunks`` of the memory each (so a
+    device's weights fit), stage ``s`` on device ``s % D``.
+    """
     assert options.microbatches is not None
     saved = _saved_activation_bytes(graph)
     best: tuple[float, Split, dict[str, Any]] | None = None
     problems: list[str] = []
-    for stages in range(1, model.accelerators + 1):
-        narrowed = LoadModel(**{**model.__dict__, "accelerators": stages})
+    chunks = INTERLEAVED_CHUNKS if options.schedule == INTERLEAVED else 1
+    for devices in range(1, model.accelerators + 1):
+        narrowed = LoadModel(
+            **{
+                **model.__dict__,
+                "accelerators": devices * chunks,
+                "memory": model.memory / chunks,
+                "cpus": model.cpus if chunks == 1 else 0,
+            }
+        )
         try:
             split = solve(narrowed, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts)
-        except InfeasibleError as err:
+            info = _info(model, split, saved, options, devices if chunks > 1 else None)
+        except (InfeasibleError, InputError) as err:  # no split, or microbatches the schedule refuses
             problems.append(str(err))
             continue
-        info = _info(model, split, saved, options)
         schedule = info["schedule"]
         if not schedule["within_memory"]:
             continue
         if best is None or schedule["minibatches_per_s"] > best[0] * (1 + 1e-9):
             best = (schedule["minibatches_per_s"], split, info)
     if best is None:
-        raise InfeasibleError(
+        return InfeasibleError(
             f"no pipeline split over 1 to {model.accelerators} device(s) fits memory with "
             f"{options.microbatches} microbatch(es) in flight under {options.schedule}"
             + (f" ({problems[-1]})" if problems else "")
@@ -157,30 +196,46 @@ def _saved_activation_bytes(graph: OpGraph) -> list[int]:
 
 
 def _info(
-    model: LoadModel, split: Split, saved: list[int] | None, options: PipelineOptions
+    model: LoadModel,
+    split: Split,
+    saved: list[int] | None,
+    options: PipelineOptions,
+    devices: int | None = None,
 ) -> dict[str, Any]:
+    """The report's ``pipeline`` section; ``devices``: the interleaved schedule's devices (None: one per stage)."""
     info: dict[str, Any] = {"objective": "throughput", **split.to_json()}
+    if devices is not None:
+        # The stages' loads are per stage; max-load is per device, each running several.
+        judged = evaluate(model, [d % devices for d in split.device_of_op])
+        info["max_load_us"] = round(judged.max_load_us, 6)
+        info["throughput_per_s"] = round(1e6 / judged.max_load_us, 6) if judged.max_load_us > 0 else None
+        info["stages"] = [{**stage, "device": stage["device"] % devices} for stage in info["stages"]]
     if saved is None or options.microbatches is None:
         return info
     m = options.microbatches
     costs = _stage_costs(model, split, saved, m)
-    timing = simulate_pipeline(costs, m, options.schedule)
+    timing = simulate_pipeline(costs, m, options.schedule, devices=devices)
     memory = model.memory
-    within = all(
-        b <= memory for s, b in enumerate(timing.peak_bytes) if split.stage_device[s] < model.accelerators
-    )
+    if devices is None:
+        within = all(
+            b <= memory for s, b in enumerate(timing.peak_bytes) if split.stage_device[s] < model.accelerators
+        )
+    else:
+        within = all(b <= memory for b in timing.device_peak_bytes)
     info["schedule"] = {
         "name": options.schedule,
         "microbatches": m,
+        "devices": devices,
+        "chunks_per_device": len(split.stage_device) // devices if devices else 1,
         "minibatch_us": round(timing.minibatch_us, 6),
         "minibatches_per_s": round(1e6 / timing.minibatch_us, 9) if timing.minibatch_us > 0 else math.inf,
         # One device runs the minibatch's ops back to back, no transfers.
         "speedup_vs_one_device": round(sum(model.accel_us) / timing.minibatch_us, 6)
         if timing.minibatch_us > 0
         else None,
-        "bubble_fraction": [round(b, 6) for b in timing.bubble_fraction],
+        "bubble_fraction": [round(b, 6) for b in timing.device_bubble_fraction],
         "peak_in_flight": list(timing.peak_in_flight),
-        "peak_bytes": list(timing.peak_bytes),
+        "peak_bytes": list(timing.device_peak_bytes),
         "within_memory": within,
         "timeline": render_timeline(timing).splitlines(),
     }

@@ -1,0 +1,113 @@
+"""--objective throughput on the memory harness's real models: pipeline speedup over one device.
+
+For each model of bench/framework.py (torchvision-style and Hugging Face
+models, exported to ONNX as README.md says, cached under ``--cache``), the
+training step (``--training``, SGD) is split into pipeline stages with
+``baechi place MODEL --training --objective throughput --microbatches M
+--schedule S --devices SPEC``, as the library: ``place_model`` with those
+options. Recorded: the stages chosen (the best stage count for the
+schedule), the minibatch time and its speedup over one device running the
+whole minibatch (``speedup_vs_one_device``), the largest bubble fraction
+of a device, whether every device's peak (weights plus the activations in
+flight) fits memory, and the steady-state bound: one device's time over
+the split's max-load, what an endless stream without flushes would reach.
+Without ``--schedule`` baechi takes the faster of 1F1B and interleaved.
+
+With a flushing schedule (GPipe, 1F1B) and equal stages, ``S`` stages and
+``M`` microbatches take ``(M + S - 1)`` stage-times for ``M`` microbatches,
+so the speedup over one device is at most ``S M / (M + S - 1)``: 2.91x for
+4 stages and 8 microbatches, before any transfer or imbalance. The
+interleaved schedule (torch's ``ScheduleInterleaved1F1B``, two stages per
+device) shrinks the bubble by the stages per device: at most ``D M v / (M v
++ D - 1)``, 3.37x for 4 devices, 2 stages each and 8 microbatches.
+
+Usage: python bench/pipeline_models.py [--devices SPEC] [--microbatches M] [--models a,b] > bench/pipeline_models.md
+(needs torch and transformers to export: pip install -e '.[bench]'; exports are cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Run as a script, bench/ is sys.path[0], and bench/profile.py would shadow the standard
+# library's profile (which torch imports): bench/ goes last, for framework.py.
+if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
+    sys.path.pop(0)
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.append(HERE)
+
+from baechi_cli.devices import parse_devices  # noqa: E402
+from baechi_cli.errors import BaechiError  # noqa: E402
+from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
+
+
+def export(name: str, cache: str) -> str:
+    """The model's ONNX export in ``cache`` (made with bench/framework.py's build and export)."""
+    path = os.path.join(cache, f"{name}.onnx")
+    if not os.path.exists(path):
+        import framework
+
+        model, x = framework.build(framework.CASE_BY_NAME[name], quick=False)
+        os.makedirs(cache, exist_ok=True)
+        framework.export_onnx(model, x, path)
+    return path
+
+
+def row(name: str, path: str, devices: str, microbatches: int, schedule: str) -> str:
+    spec = parse_devices(devices)
+    options = PlaceOptions(
+        algo="auto",
+        training=True,
+        optimizer="sgd",
+        objective="throughput",
+        microbatches=microbatches,
+        schedule=schedule,
+    )
+    t0 = time.perf_counter()
+    try:
+        outcome = place_model(path, spec, options)
+    except BaechiError as err:
+        return f"| {name} | {schedule} | {str(err).splitlines()[0][:120]} |  |  |  |  |  |  |"
+    seconds = time.perf_counter() - t0
+    pipeline = outcome.placement.info["pipeline"]
+    plan = pipeline["schedule"]
+    one_device_us = plan["speedup_vs_one_device"] * plan["minibatch_us"]
+    steady = one_device_us / pipeline["max_load_us"] if pipeline["max_load_us"] > 0 else float("inf")
+    stages = len(pipeline["stages"])
+    return (
+        f"| {name} | {schedule} | {stages} on {plan['devices'] or stages} | {one_device_us / 1000:.2f} | "
+        f"{plan['minibatch_us'] / 1000:.2f} | **{plan['speedup_vs_one_device']:.2f}x** | "
+        f"{max(plan['bubble_fraction']):.0%} | {'yes' if plan['within_memory'] else 'no'} | "
+        f"{steady:.2f}x | {seconds:.1f} |"
+    )
+
+
+def main() -> None:
+    import framework
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--devices", default="v100x4", help="a --devices spec (default v100x4: NVLink)")
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--models", help=f"comma-separated, of: {', '.join(framework.CASE_BY_NAME)}")
+    parser.add_argument("--cache", default=os.path.join(HERE, "cache"))
+    args = parser.parse_args()
+    names = args.models.split(",") if args.models else list(framework.CASE_BY_NAME)
+    print(f"# Pipeline parallelism on real models ({args.devices}, {args.microbatches} microbatches)\n")
+    print(__doc__.split("Usage:")[0].strip(), "\n")
+    print(
+        "| model | schedule | stages on devices | one device (ms) | minibatch (ms) | speedup | "
+        "largest bubble | within memory | steady-state bound | place s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in names:
+        path = export(name, args.cache)
+        for schedule in ("1f1b", "gpipe", "interleaved"):
+            print(row(name, path, args.devices, args.microbatches, schedule), flush=True)
+
+
+if __name__ == "__main__":
+    main()
