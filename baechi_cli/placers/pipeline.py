@@ -67,11 +67,15 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
         schedules = ("1f1b", INTERLEAVED) if options.schedule == "auto" else (options.schedule,)
         best = None
         first_error = None
+        minibatch_us: dict[str, float | None] = {}
         for schedule in schedules:
             found = _best_for_schedule(graph, model, program, cuts, replace(options, schedule=schedule))
             if isinstance(found, InfeasibleError):
                 first_error = first_error or found
-            elif best is None or found[1]["schedule"]["minibatches_per_s"] > best[1]["schedule"][
+                minibatch_us[schedule] = None
+                continue
+            minibatch_us[schedule] = found[1]["schedule"]["minibatch_us"]
+            if best is None or found[1]["schedule"]["minibatches_per_s"] > best[1]["schedule"][
                 "minibatches_per_s"
             ] * (1 + 1e-9):
                 best = found  # on a tie the first: 1F1B, one stage per device, is simpler to run
@@ -79,6 +83,8 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
             assert first_error is not None
             raise first_error
         split, info = best
+        if len(schedules) > 1:  # what the default compared (None: no split fit under it)
+            info["schedule"]["compared_minibatch_us"] = minibatch_us
     if cuts is not None:
         info["split_points"] = _split_points(graph, split)
     devices_used = info.get("schedule", {}).get("devices")
