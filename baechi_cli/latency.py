@@ -52,6 +52,10 @@ Solver (:func:`solve_latency`), exact within the model:
    returned with ``proven=False`` and a valid lower bound: the least lower
    bound of the labels not yet expanded (every split not found completes
    one of them), at least the critical path of cheapest compute.
+4. An unproven split is then improved by local search (:func:`_improve`):
+   a unit on a call's boundary moves to a neighbouring call, an unused
+   accelerator or a CPU while the latency drops, within a fixed number of
+   judged splits.
 
 A unit on a CPU is timed as one block (its ops' CPU times summed, started
 when all its inputs are ready), exact for a unit of one op; the evaluator
@@ -86,6 +90,8 @@ from baechi_cli.throughput import LoadModel, _build_units, _fixed_costs, _Growin
 
 # Floating-point slack when comparing times summed in different orders.
 _EPS = 1e-9
+# Splits the local search after an unfinished exact search may judge (about 200 a second here).
+IMPROVE_EVALUATIONS = 300
 # Calls the exact search may enumerate (about 30,000 a second here) before it settles for the
 # best found with a bound: the pipeline may run it again on cut memory, so keep it near a second.
 DEFAULT_MAX_SETS = 40_000
@@ -299,10 +305,11 @@ def solve_latency(model: LoadModel, *, max_sets: int = DEFAULT_MAX_SETS) -> Late
         raise InfeasibleError(
             f"the search found no contiguous split of the model on {devices} within its effort"
         )
-    judged = evaluate_latency(model, _device_of_op(model, u, search.best_stages))
+    stages = search.best_stages if proven else _improve(model, u, search.best_stages, IMPROVE_EVALUATIONS)
+    judged = evaluate_latency(model, _device_of_op(model, u, stages))
     lower = judged.latency_us if proven else min(judged.latency_us, max(critical, search.open_bound))
     order_of = sorted(range(len(judged.start_us)), key=lambda c: (judged.start_us[c], judged.finish_us[c], c))
-    device_of_op = _device_of_op(model, u, search.best_stages)
+    device_of_op = _device_of_op(model, u, stages)
     members: list[set[int]] = [set() for _ in judged.call_device]
     for v, c in enumerate(judged.call_of_op):
         members[c].add(u.of_op[v])
@@ -319,6 +326,63 @@ def solve_latency(model: LoadModel, *, max_sets: int = DEFAULT_MAX_SETS) -> Late
         sets_enumerated=search.sets,
         units=u.n,
     )
+
+
+def _improve(model: LoadModel, u: _Units, stages: list[_Stage], evaluations: int) -> list[_Stage]:
+    """Local search from ``stages``: move a unit on a call's boundary to a neighbour's accelerator,
+    an unused one or a CPU while the latency drops; at most ``evaluations`` splits judged.
+
+    A move is kept only when the split stays valid (one contiguous call per
+    accelerator, calls that do not wait on each other in a cycle, memory) and
+    is faster. Units and targets are tried in a fixed order: deterministic.
+    """
+    k = model.accelerators
+    device_of_unit = [0] * u.n
+    next_accel = 0
+    for members, on_accel in stages:
+        d = next_accel if on_accel else k  # the CPUs are one device here: they never queue
+        next_accel += on_accel
+        for w in members:
+            device_of_unit[w] = d
+
+    def judge(assignment: list[int]) -> float:
+        try:
+            e = evaluate_latency(model, [assignment[w] for w in u.of_op])
+        except InfeasibleError:
+            return math.inf
+        calls = [d for d in e.call_device if d < k]
+        return e.latency_us if e.within_memory and len(calls) == len(set(calls)) else math.inf
+
+    best = judge(device_of_unit)
+    improved = True
+    while improved and evaluations > 0:
+        improved = False
+        for w in range(u.n):
+            here = device_of_unit[w]
+            neighbours = {device_of_unit[x] for x in (*u.preds[w], *u.succs[w])} - {here}
+            if not neighbours:
+                continue
+            used = set(device_of_unit)
+            targets = sorted(d for d in neighbours if d < k)
+            targets += [d for d in range(k) if d not in used][:1]
+            if model.cpus and here < k:
+                targets.append(k)
+            for d in targets:
+                if evaluations <= 0 or not (u.accel_ok[w] or d >= k):
+                    continue
+                evaluations -= 1
+                device_of_unit[w] = d
+                value = judge(device_of_unit)
+                if value < best * (1 - _EPS):
+                    best, here, improved = value, d, True
+                    break
+                device_of_unit[w] = here
+    by_device: dict[int, list[int]] = {}
+    for w, d in enumerate(device_of_unit):
+        by_device.setdefault(d, []).append(w)
+    return [(by_device[d], True) for d in sorted(by_device) if d < k] + [
+        ([w], False) for w in by_device.get(k, [])
+    ]
 
 
 def _hops(u: _Units) -> list[dict[int, float]]:
