@@ -10,7 +10,10 @@ schedule), the minibatch time and its speedup over one device running the
 whole minibatch (``speedup_vs_one_device``), the largest bubble fraction
 of a device, whether every device's peak (weights plus the activations in
 flight) fits memory, and the steady-state bound: one device's time over
-the split's max-load, what an endless stream without flushes would reach.
+the split's max-load, what an endless stream without flushes would reach in
+Tarnawski et al.'s model (which charges a device for the transfers it sends
+and receives; the schedule simulator overlaps them with compute, so the
+scheduled speedup can exceed it).
 Without ``--schedule`` baechi takes the faster of 1F1B and interleaved.
 
 With a flushing schedule (GPipe, 1F1B) and equal stages, ``S`` stages and
