@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -55,8 +56,9 @@ DEFAULT_LAUNCH_OVERHEAD_US = 5.0
 
 COMM_MODES = ("parallel", "sequential")
 
-# Far more devices than a placement uses: the bound keeps a spec like 10000000000x8GB from allocating.
-MAX_DEVICES = 4096
+# Far more devices than a placement uses (placers cost O(ops x (devices used + kinds)) whatever the
+# count, see DeviceSpec.classes); the bound keeps a spec like 10000000000x8GB from allocating.
+MAX_DEVICES = 65536
 # Characters of a user's value an error message quotes.
 QUOTED = 60
 
@@ -78,16 +80,14 @@ class Device:
     # (compute class, factor on flops) pairs, sorted by class; a class not listed runs at flops.
     # A tuple, not a dict, so that the dataclass stays hashable.
     efficiency: tuple[tuple[str, float], ...] = ()
+    # Devices with the same compute characteristics share a kind (see _kind). Set from the
+    # fields above; a plain attribute, as placers and the simulator ask it of every device.
+    kind: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def kind(self) -> str:
-        """Devices with the same compute characteristics share a kind.
-
-        >>> Device("d", 1, 1e12, 1e11, 2.0, (("conv", 0.5),)).kind
-        '1e+12F/1e+11B/2us/conv0.5'
-        """
-        classes = "".join(f"/{name}{factor:g}" for name, factor in self.efficiency)
-        return f"{self.flops:g}F/{self.memory_bandwidth:g}B/{self.launch_overhead_us:g}us{classes}"
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "kind", _kind(self.flops, self.memory_bandwidth, self.launch_overhead_us, self.efficiency)
+        )
 
     def flops_for(self, compute_class: str) -> float:
         """FLOP/s for an op of ``compute_class`` ("" for none): ``flops`` times its efficiency, if any.
@@ -101,6 +101,17 @@ class Device:
                 if name == compute_class:
                     return self.flops * factor
         return self.flops
+
+
+@functools.cache  # a spec has few kinds, and thousands of devices of each
+def _kind(flops: float, memory_bandwidth: float, launch_overhead_us: float, efficiency: tuple) -> str:
+    """A device's :attr:`Device.kind`: its compute characteristics as text.
+
+    >>> Device("d", 1, 1e12, 1e11, 2.0, (("conv", 0.5),)).kind
+    '1e+12F/1e+11B/2us/conv0.5'
+    """
+    classes = "".join(f"/{name}{factor:g}" for name, factor in efficiency)
+    return f"{flops:g}F/{memory_bandwidth:g}B/{launch_overhead_us:g}us{classes}"
 
 
 @dataclass(frozen=True)
@@ -143,12 +154,58 @@ class DeviceSpec:
     def homogeneous(self) -> bool:
         return len({d.kind for d in self.devices}) == 1
 
+    def classes(self, memory_bytes: Sequence[int] | None = None) -> list[int]:
+        """A class number per device: devices of one class are interchangeable for a placer.
+
+        Two devices are interchangeable when they have the same kind (so every
+        op takes as long on either), the same ``memory_bytes[d]`` (a placer's
+        budget; the devices' memory when None) and no per-pair ``links``
+        entry (so every transfer to or from either takes as long); a device a
+        link names is a class of its own. Classes are numbered in order of
+        their lowest device. A placer may then, while several devices of a
+        class hold nothing, look at the lowest of them only: the others would
+        offer the same times and lose the tie on the device index.
+        O(devices + links).
+
+        >>> parse_devices("2x16GB,2x8GB").classes()
+        [0, 0, 1, 1]
+        >>> parse_devices("4x8GB").classes([8, 8, 6, 8])
+        [0, 0, 1, 0]
+        """
+        memory = tuple(d.memory_bytes for d in self.devices) if memory_bytes is None else tuple(memory_bytes)
+        out = self._classes.get(memory)
+        if out is None:  # every list schedule asks, with one of a few budgets
+            linked = {d for pair in self.interconnect.links for d in pair}
+            number: dict[tuple, int] = {}
+            out = self._classes[memory] = []
+            for d, (device, nbytes) in enumerate(zip(self.devices, memory)):
+                key = (d,) if d in linked else (device.kind, nbytes)  # (d,) matches no other device
+                out.append(number.setdefault(key, len(number)))
+        return list(out)
+
+    @functools.cached_property
+    def _classes(self) -> dict[tuple[int, ...], list[int]]:
+        return {}
+
     def with_memory(self, memory_bytes: Sequence[int]) -> DeviceSpec:
-        """The same devices holding ``memory_bytes[i]`` each (a placer's budget); ``self`` when unchanged."""
-        if [d.memory_bytes for d in self.devices] == list(memory_bytes):
+        """The same devices holding ``memory_bytes[i]`` each (a placer's budget); ``self`` when unchanged.
+
+        Remembered per ``memory_bytes``: every candidate of a search asks for the same few. O(D).
+        """
+        key = tuple(memory_bytes)
+        if key == tuple(d.memory_bytes for d in self.devices):
             return self
-        devices = tuple(replace(d, memory_bytes=b) for d, b in zip(self.devices, memory_bytes))
-        return replace(self, devices=devices)
+        spec = self._with_memory.get(key)
+        if spec is None:
+            devices = tuple(
+                d if d.memory_bytes == b else replace(d, memory_bytes=b) for d, b in zip(self.devices, key)
+            )
+            spec = self._with_memory[key] = replace(self, devices=devices)
+        return spec
+
+    @functools.cached_property
+    def _with_memory(self) -> dict[tuple[int, ...], DeviceSpec]:
+        return {}
 
     def with_comm_mode(self, mode: str) -> DeviceSpec:
         if mode not in COMM_MODES:

@@ -219,7 +219,7 @@ class _Cluster:
     kind: str  # unit | scope | scope+ | split
     label: str  # the scope, the range of the order, the unit's first op
     units: tuple[int, ...]
-    comp: list[float]  # per device: the units' compute on that device's kind
+    comp: list[float]  # per device kind (_Search.kind_of): the units' compute on it
     # Tensors crossing the cluster's edge: (tensor, made inside?, outside units: the
     # consumers, after the producer when it is made outside).
     boundary: list[tuple[int, bool, list[int]]] | None = None
@@ -230,9 +230,15 @@ class _Where:
     """Where a cluster is: for ranking its moves (:meth:`_Search._where`)."""
 
     devices: set[int]
-    share: list[float]  # its compute on each device
+    share: dict[int, float]  # its compute on each of those devices
     main: int  # the device holding most of it
-    transfers: list[float]  # per device d: transfer µs across its edge were it all on d
+    # Transfer µs across its edge were it all on device d: ``total - there_too.get(d, 0.0)``,
+    # kept so because only the devices its outside neighbours are on differ from ``total``.
+    total: float
+    there_too: dict[int, float]
+
+    def transfers(self, d: int) -> float:
+        return self.total - self.there_too.get(d, 0.0)
 
 
 @dataclass
@@ -384,15 +390,20 @@ class _Search:
         """Per-unit compute on each device; the transfer µs between each pair of units that talk."""
         g, devices = self.graph, self.devices
         nunits = len(self.unit_ops)
-        by_kind: dict[str, list[float]] = {}
-        self.comp: list[list[float]] = []
+        kind_index: dict[str, int] = {}
+        self.kind_columns: list[list[float]] = []  # per kind, in order of first device: each unit's compute
+        self.kind_of: list[int] = []  # per device: its kind's index
+        self.comp: list[list[float]] = []  # per device: its kind's column
         for d in devices.devices:
-            if d.kind not in by_kind:
+            k = kind_index.get(d.kind)
+            if k is None:
+                k = kind_index[d.kind] = len(kind_index)
                 dur = g.durations(d.kind)
-                by_kind[d.kind] = [sum(dur[v] for v in ops) for ops in self.unit_ops]
-            self.comp.append(by_kind[d.kind])
+                self.kind_columns.append([sum(dur[v] for v in ops) for ops in self.unit_ops])
+            self.kind_of.append(k)
+            self.comp.append(self.kind_columns[k])
         # Empty devices are interchangeable when every device is alike.
-        self.homogeneous = len(by_kind) == 1 and not devices.interconnect.links
+        self.homogeneous = len(kind_index) == 1 and not devices.interconnect.links
         ic = devices.interconnect
         t = g.tensors
         unit_of = self.unit_of
@@ -438,15 +449,11 @@ class _Search:
         def add(kind: str, label: str, key: tuple[int, ...]) -> None:
             if 1 < len(key) < nunits and key not in found:
                 found[key] = None
-                sums: dict[int, float] = {}  # devices of one kind share their column
-                for c in self.comp:
-                    if id(c) not in sums:
-                        sums[id(c)] = sum(map(c.__getitem__, key))
-                comp = [sums[id(c)] for c in self.comp]
+                comp = [sum(map(c.__getitem__, key)) for c in self.kind_columns]
                 out.append(_Cluster(kind, label, key, comp))
 
         for u, ops in enumerate(self.unit_ops):
-            comp = [c[u] for c in self.comp]
+            comp = [c[u] for c in self.kind_columns]
             out.append(_Cluster("unit", g.names[ops[0]], (u,), comp))
 
         scopes: dict[str, dict[int, None]] = {}
@@ -564,15 +571,16 @@ class _Search:
         for d in dev:
             used[d] = True
         first_empty = next((d for d in range(ndev) if not used[d]), -1)
+        # When every device is alike the first empty one stands for all: the others would
+        # score the same (and thousands of idle devices cost nothing per cluster).
+        targets = sorted({*dev, first_empty} - {-1}) if self.homogeneous else range(ndev)
         least = LEVELS[level] * self.total_compute
         moves: list[_Move] = []
         for i, cl in enumerate(self.clusters):
-            if cl.comp[0] < least:
+            if cl.comp[0] < least:  # on device 0's kind, the first
                 continue
             where: _Where | None = None
-            for b in range(ndev):
-                if not used[b] and self.homogeneous and b != first_empty:
-                    continue
+            for b in targets:
                 if where is None:
                     where = self._where(cl)
                 if len(where.devices) == 1 and b in where.devices:
@@ -585,15 +593,17 @@ class _Search:
         """Where ``cl`` is now: its devices, its compute on each, its main device, its transfers."""
         dev, comp = self.dev, self.comp
         devices = {dev[u] for u in cl.units}
-        share = [0.0] * self.ndev
+        share: dict[int, float] = {}
         if len(devices) == 1:
             a = next(iter(devices))
-            share[a] = cl.comp[a]
+            share[a] = cl.comp[self.kind_of[a]]
         else:
             for u in cl.units:
-                share[dev[u]] += comp[dev[u]][u]
-            a = max(range(self.ndev), key=lambda d: (share[d], -d))
-        return _Where(devices, share, a, self._transfers(cl))
+                share[dev[u]] = share.get(dev[u], 0.0) + comp[dev[u]][u]
+            a = max(devices, key=lambda d: (share[d], -d))
+            if share[a] <= 0.0:  # no compute anywhere: every device ties at 0, the first wins
+                a = 0
+        return _Where(devices, share, a, *self._transfers(cl))
 
     def _estimate(self, cl: _Cluster, b: int, loads: list[float], where: _Where | None = None) -> float:
         """µs that moving ``cl`` to device ``b`` might save: the compute it balances between the
@@ -601,39 +611,38 @@ class _Search:
         if where is None:
             where = self._where(cl)
         share = where.share
-        after = list(loads)
-        for d in where.devices:
-            after[d] -= share[d]
-        after[b] += cl.comp[b]
+        after = {d: loads[d] - share[d] for d in where.devices}  # the loads that change
+        after[b] = after.get(b, loads[b]) + cl.comp[self.kind_of[b]]
         touched = [*where.devices, b]
         gain = max(loads[d] for d in touched) - max(after[d] for d in touched)
-        comm = where.transfers
-        return gain - COMM_WEIGHT * (comm[b] - comm[where.main])
+        return gain - COMM_WEIGHT * (where.transfers(b) - where.transfers(where.main))
 
-    def _transfers(self, cl: _Cluster) -> list[float]:
-        """Per device d: µs of transfers across the cluster's edge were it all on d.
+    def _transfers(self, cl: _Cluster) -> tuple[float, dict[int, float]]:
+        """µs of transfers across the cluster's edge were it all on device d, as (total, there_too):
+        ``total - there_too.get(d, 0.0)``.
 
         Each tensor counts once per receiving device, as the simulator sends it.
         O(the boundary's size); the boundary is computed on first use.
         """
         if cl.boundary is None:
             cl.boundary = self._boundary(cl.units)
-        dev, t_len, ndev = self.dev, self.t_len, self.ndev
+        dev, t_len = self.dev, self.t_len
         # Its tensors reach every device of their outside consumers but d, and outside
         # tensors come to d unless already there (made or read there).
         total = 0.0
-        there_too = [0.0] * ndev
+        there_too: dict[int, float] = {}
         for tid, made_inside, others in cl.boundary:
             length = t_len[tid]
             if len(others) == 1:
                 total += length
-                there_too[dev[others[0]]] += length
+                d = dev[others[0]]
+                there_too[d] = there_too.get(d, 0.0) + length
                 continue
             there = {dev[c] for c in others}
             total += length * len(there) if made_inside else length
             for d in there:
-                there_too[d] += length
-        return [total - x for x in there_too]
+                there_too[d] = there_too.get(d, 0.0) + length
+        return total, there_too
 
     def _critical(self, timing: Timing) -> list[_Move]:
         """Moves along the chain of ops and transfers that ends last (module docstring)."""
@@ -689,9 +698,15 @@ class _Search:
         waits.sort(key=lambda x: (-x[0], x[1]))
         busy = _Busy(timing)
         comp = self.comp
+        # An idle device computes 0 µs in any window, the least there is: of the idle ones only
+        # the first can win (ties go to the lower index), so the others need no look.
+        candidates = [d for d in range(ndev) if timing.order[d]]
+        idle = next((d for d in range(ndev) if not timing.order[d]), -1)
+        if idle >= 0:
+            candidates.append(idle)
         for wait, w, p in waits[:CRITICAL_WAITS]:
             lo, hi = ready[w], start[w]
-            others = [d for d in range(ndev) if d != device_of[w]]
+            others = [d for d in candidates if d != device_of[w]]
             if not others:
                 continue
             d = min(others, key=lambda d: (busy.within(d, lo, hi), d))
@@ -881,24 +896,28 @@ class _Search:
 class _Busy:
     """When each device computes in a timeline: µs within a window, the op running at an instant.
 
-    O(V) to build; each question O(log V) by bisection (a device's ops do not overlap,
-    so their starts and ends are both sorted).
+    O(V + D) to build, the lists kept for the devices that run ops only; each question
+    O(log V) by bisection (a device's ops do not overlap, so their starts and ends are
+    both sorted).
     """
 
     def __init__(self, timing: Timing) -> None:
         self.ops = timing.order
-        self.starts = [[timing.start[v] for v in ops] for ops in timing.order]
-        self.ends = [[timing.end[v] for v in ops] for ops in timing.order]
-        self.before: list[list[float]] = []  # busy µs before each op starts
-        for starts, ends in zip(self.starts, self.ends):
+        used = [d for d, ops in enumerate(timing.order) if ops]
+        self.starts = {d: [timing.start[v] for v in timing.order[d]] for d in used}
+        self.ends = {d: [timing.end[v] for v in timing.order[d]] for d in used}
+        self.before: dict[int, list[float]] = {}  # busy µs before each op starts
+        for d in used:
             acc, cum = 0.0, [0.0]
-            for s, e in zip(starts, ends):
+            for s, e in zip(self.starts[d], self.ends[d]):
                 acc += e - s
                 cum.append(acc)
-            self.before.append(cum)
+            self.before[d] = cum
 
     def within(self, d: int, lo: float, hi: float) -> float:
         """µs device ``d`` computes within [lo, hi)."""
+        if d not in self.before:
+            return 0.0
         starts, ends, cum = self.starts[d], self.ends[d], self.before[d]
         i = bisect_right(ends, lo)  # the first op ending after lo
         j = bisect_left(starts, hi)  # the first op starting at or after hi
@@ -911,5 +930,7 @@ class _Busy:
 
     def running(self, d: int, t: float) -> int:
         """The op device ``d`` runs at time ``t`` (-1: idle)."""
+        if d not in self.starts:
+            return -1
         i = bisect_right(self.starts[d], t) - 1
         return self.ops[d][i] if i >= 0 and self.ends[d][i] > t else -1

@@ -115,8 +115,8 @@ class SimResult:
 
 
 def op_durations(graph: OpGraph, devices: DeviceSpec, device_of: Sequence[int]) -> list[float]:
-    """Compute time of each op on the device it is placed on."""
-    by_device = [graph.durations(d.kind) for d in devices.devices]
+    """Compute time of each op on the device it is placed on. O(V), whatever the devices left idle."""
+    by_device = {d: graph.durations(devices.devices[d].kind) for d in set(device_of)}
     return [by_device[d][v] for v, d in enumerate(device_of)]
 
 
@@ -380,17 +380,17 @@ class ListSchedule:
         """When all of v's inputs could be on d if v were committed there now."""
         return self._inputs(v, d, False)
 
-    def data_ready_all(self, v: int) -> list[float]:
-        """``data_ready(v, d)`` for every device d at once (parallel mode: O(indegree + D))."""
+    def data_ready_on(self, v: int, targets: Sequence[int]) -> list[float]:
+        """``data_ready(v, d)`` for each device d of ``targets`` (parallel mode: O(indegree + targets))."""
         if self.sequential or self.transfer_us is None:
-            return [self._inputs(v, d, False) for d in range(self.ndev)]
+            return [self._inputs(v, d, False) for d in targets]
         # In parallel mode a copy arrives at producer end + transfer time whether
         # it was sent earlier (cached) or would be sent now: ready on d is the
         # latest of the local inputs' ends and the remote inputs' arrivals.
         g = self.graph
         edge_src, edge_tensor, length = g.edge_src, self.tensors.edge_tensor, self.transfer_us
         device_of, end, scheduled = self.device_of, self.end, self.scheduled
-        local = [0.0] * self.ndev
+        local: dict[int, float] = {}  # device -> latest end of an input made there
         best, best_dev, second = 0.0, -1, 0.0  # latest remote arrivals from two different devices
         for e in g.in_edges[v]:
             u = edge_src[e]
@@ -398,7 +398,7 @@ class ListSchedule:
                 raise ValueError(f"op {v} is scheduled before its input {u}")
             du = device_of[u]
             t = end[u]
-            if t > local[du]:
+            if t > local.get(du, 0.0):
                 local[du] = t
             a = t + length[edge_tensor[e]]
             if a > best:
@@ -407,7 +407,7 @@ class ListSchedule:
                 best, best_dev = a, du
             elif du != best_dev and a > second:
                 second = a
-        return [max(local[d], second if d == best_dev else best) for d in range(self.ndev)]
+        return [max(local.get(d, 0.0), second if d == best_dev else best) for d in targets]
 
     def commit(self, v: int, d: int) -> float:
         """Schedule v on d; returns its start time. Its predecessors must be committed."""
@@ -541,13 +541,14 @@ def _memory(
     """Per-device peak bytes, persistent bytes and memory curve (see module docstring). O((V + E) log V)."""
     ndev = devices.count
     persistent = [0] * ndev
-    deltas: list[list[tuple[float, int]]] = [[] for _ in range(ndev)]
+    # Per device that allocates anything: an idle device's curve is flat, and on thousands of
+    # devices most are idle.
+    deltas: dict[int, list[tuple[float, int]]] = {}
     temporary_bytes = graph.temporary_bytes
     for v, d in enumerate(device_of):
         persistent[d] += graph.persistent_bytes[v]
         if temporary_bytes[v]:
-            deltas[d].append((start[v], temporary_bytes[v]))
-            deltas[d].append((end[v], -temporary_bytes[v]))
+            deltas.setdefault(d, []).extend(((start[v], temporary_bytes[v]), (end[v], -temporary_bytes[v])))
     # Free time of each output on its producer's device, and of each received copy.
     local_free: dict[tuple[int, int], float] = {}
     copy_free = [t.end for t in transfers]
@@ -578,19 +579,20 @@ def _memory(
         d = device_of[u]
         for port, nbytes in enumerate(sizes):
             if nbytes:
-                deltas[d].append((start[u], nbytes))
-                deltas[d].append((local_free.get((u, port), end[u]), -nbytes))
+                deltas.setdefault(d, []).extend(
+                    ((start[u], nbytes), (local_free.get((u, port), end[u]), -nbytes))
+                )
     for x, t in enumerate(transfers):
         if t.nbytes and t.port != CONTROL_PORT:
-            deltas[t.dst_device].append((t.recv_start, t.nbytes))
-            deltas[t.dst_device].append((copy_free[x], -t.nbytes))
-    peaks, curves = [], []
-    for d in range(ndev):
-        # Frees sort before allocations at the same instant: intervals are half-open.
-        deltas[d].sort()
+            deltas.setdefault(t.dst_device, []).extend(((t.recv_start, t.nbytes), (copy_free[x], -t.nbytes)))
+    peaks = list(persistent)
+    curves = [[(0.0, level)] for level in persistent]
+    for d, changes in deltas.items():  # devices are independent: any order
         level = peak = persistent[d]
-        curve = [(0.0, level)]
-        for time, delta in deltas[d]:
+        curve = curves[d]
+        # Frees sort before allocations at the same instant: intervals are half-open.
+        changes.sort()
+        for time, delta in changes:
             level += delta
             if curve[-1][0] == time:
                 curve[-1] = (time, level)
@@ -598,8 +600,7 @@ def _memory(
                 curve.append((time, level))
             if level > peak:
                 peak = level
-        peaks.append(peak)
-        curves.append(curve)
+        peaks[d] = peak
     return peaks, persistent, curves
 
 
@@ -831,7 +832,9 @@ class StepTimer:
         end = [0.0] * n
         tracing = trace is not None
         start = [0.0] * n if tracing else end
-        ran: list[list[int]] = [[] for _ in range(ndev)]
+        # Per-device lists only when tracing: refinement times thousands of placements, and on
+        # thousands of devices building them would cost more than the run.
+        ran: list[list[int]] = [[] for _ in range(ndev)] if tracing else []
         copies: dict[int, tuple[float, float, float, float]] = {}
         busy = [False] * ndev
         chan_free = [0.0] * ndev
@@ -841,7 +844,7 @@ class StepTimer:
             _check_order(order, device_of, ndev)  # type: ignore[arg-type]
             pos = [0] * ndev
             is_ready = [False] * n
-        avail: list[list[tuple[float, int]]] = [[] for _ in range(ndev)]
+        avail: dict[int, list[tuple[float, int]]] = {}  # per device holding ops: its ready ops
         # Events are (time, code): code = rank for an op's end, n + rank for an op
         # becoming ready, so at equal times ends come first, then topological order.
         events = [(0.0, n + r) for r in self.source_ranks]
@@ -860,7 +863,10 @@ class StepTimer:
                         if fixed:
                             is_ready[u] = True
                         else:
-                            heappush(avail[d], (ready_at[u], r))
+                            queue = avail.get(d)
+                            if queue is None:
+                                avail[d] = queue = []
+                            heappush(queue, (ready_at[u], r))
                         touched.append(d)
                         continue
                     u = topo[code]
@@ -902,7 +908,7 @@ class StepTimer:
                         pos[d] = p + 1
                         r = rank[v]
                     else:
-                        queue = avail[d]
+                        queue = avail.get(d)
                         if not queue:
                             continue
                         r = heappop(queue)[1]

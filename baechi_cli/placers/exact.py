@@ -113,7 +113,7 @@ import heapq
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InfeasibleError, InputError, SolverError
@@ -266,8 +266,39 @@ def solve(
             f"the exact solver's time limit must be a positive number of seconds, got {time_limit}"
         )
     t0 = time.perf_counter()
-    problem = _Problem(graph, devices, hint, hint_sequence)
-    return problem.run(time_limit, workers, t0)
+    keep = _devices_to_model(graph, devices, hint)
+    at = {d: i for i, d in enumerate(keep)}
+    if len(keep) == devices.count or (hint is not None and not all(d in at for d in hint)):
+        # Every device, or a hint naming none of them, which _Problem reports.
+        return _Problem(graph, devices, hint, hint_sequence).run(time_limit, workers, t0)
+    ic = devices.interconnect
+    links = {(at[a], at[b]): link for (a, b), link in ic.links.items() if a in at and b in at}
+    kept = DeviceSpec(tuple(devices.devices[d] for d in keep), replace(ic, links=links), devices.source)
+    problem = _Problem(graph, kept, None if hint is None else [at[d] for d in hint], hint_sequence, devices)
+    result = problem.run(time_limit, workers, t0)
+    return replace(result, device_of=[keep[d] for d in result.device_of])
+
+
+def _devices_to_model(graph: OpGraph, devices: DeviceSpec, hint: Sequence[int] | None) -> list[int]:
+    """The devices the model needs, in index order: of each class of interchangeable devices
+    (:meth:`DeviceSpec.classes`) the first as many as the graph has colocation groups, and those
+    the hint uses.
+
+    A placement puts its groups on at most that many devices of a class, and relabelled onto
+    the first ones of each class it runs the same (the same kinds, memory and links, the
+    devices in the same order). So the optimum and the bound are those of all devices, while
+    the model, with a transfer term per edge and device pair, stays small on thousands of
+    devices. O(V + D).
+    """
+    groups = max(1, len(set(graph.group)))
+    hinted = set(hint or ())
+    seen: dict[int, int] = {}
+    keep = []
+    for d, c in enumerate(devices.classes()):
+        seen[c] = seen.get(c, 0) + 1
+        if seen[c] <= groups or d in hinted:
+            keep.append(d)
+    return keep
 
 
 @dataclass
@@ -291,10 +322,14 @@ class _Problem:
         devices: DeviceSpec,
         hint: Sequence[int] | None,
         hint_sequence: Sequence[int] | None,
+        full: DeviceSpec | None = None,
     ) -> None:
+        """The problem on ``devices``: all of ``full`` (default: ``devices``), or those of them
+        :func:`_devices_to_model` keeps; bounds and messages are ``full``'s."""
         from baechi_cli.placers.memory import ample
 
         self.graph, self.devices = graph, devices
+        self.full = full or devices
         n, ndev = graph.num_ops, devices.count
         self.n, self.ndev = n, ndev
         topo = graph.topo_order()
@@ -724,7 +759,7 @@ class _Problem:
             )
         # The first model's bound holds for every placement within memory (module docstring).
         bound_us = max(0, first.bound - self.lengthened) * self.unit / (1 + ROUNDING)
-        bound_us = max(bound_us, lower_bound(graph, devices))
+        bound_us = max(bound_us, lower_bound(graph, self.full))
         optimal = judged.value_us <= bound_us * (1 + TOLERANCE) + 2 * n * self.unit
         return ExactResult(
             device_of=answer[0],
@@ -762,4 +797,4 @@ class _Problem:
     def _infeasible(self, problem: str) -> InfeasibleError:
         from baechi_cli.placers.memory import hard_minimum
 
-        return hard_minimum(self.graph, self.devices) or InfeasibleError(f"exact: {problem}")
+        return hard_minimum(self.graph, self.full) or InfeasibleError(f"exact: {problem}")

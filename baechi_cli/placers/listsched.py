@@ -30,10 +30,23 @@ starts when the device is free) or else the top of ``waiting``. Keys only
 grow (devices and channels only get busier), so a stale key is a lower bound:
 tops are re-checked lazily and re-pushed when their time has moved.
 
-Complexity: O((V·D + E·D) log V) heap work for V ops, E edges, D devices in
-``parallel`` mode, where data-ready times never change; in ``sequential``
-mode each re-check of a top costs O(indegree) and tops are re-checked only
-when their channel got busier. No step rescans all ready ops.
+Interchangeable devices (:meth:`~baechi_cli.devices.DeviceSpec.classes`:
+same kind, same budget, no per-pair link) that hold nothing yet are in the
+same state: no op, idle channels, nothing live, the same candidates at the
+same times (their inputs all come from elsewhere). Of such a class only the
+lowest-index device is *visible*: it is the one the device-index tie-break
+would pick among them. A device leaves its class when it first gets an op
+or refuses a group on its own (the look-ahead, which packs devices in index
+order); it takes a copy of the class's heaps, and the next one becomes
+visible. A group the visible device refuses for room is refused by the whole
+class at once, as each of them would refuse it in turn.
+
+Complexity: O((V·A + E·A) log V) heap work for V ops, E edges and A visible
+devices (those used or refused, plus one per class: A <= D) in ``parallel``
+mode, where data-ready times never change; in ``sequential`` mode each
+re-check of a top costs O(indegree) and tops are re-checked only when their
+channel got busier. No step rescans all ready ops, nor the idle devices of a
+class. O(D) memory for the per-device state.
 """
 
 from __future__ import annotations
@@ -47,7 +60,8 @@ from baechi_cli.placers import Placement
 from baechi_cli.placers.liveness import LiveLedger
 from baechi_cli.sim import ListSchedule
 
-# (op, device, device_of so far) -> 0 most preferred; breaks ties between one op's devices.
+# (op, device, device_of so far) -> 0 most preferred; breaks ties between one op's devices. It must
+# give every device of one class holding no op the same answer (only one of them is asked).
 Preference = Callable[[int, int, list[int]], int]
 
 
@@ -90,11 +104,38 @@ def list_schedule(
     missing = [len(in_edges[v]) for v in range(n)]
     pending = 0  # ready, uncommitted ops
 
+    # Interchangeable devices still holding nothing: only the lowest of each class is visible
+    # and its heaps and refusals stand for all of them (module docstring).
+    device_class = devices.classes(budget)
+    class_members: list[list[int]] = []
+    for d, c in enumerate(device_class):
+        if c == len(class_members):
+            class_members.append([])
+        class_members[c].append(d)
+    fresh_from = [1] * len(class_members)  # class_members[c][fresh_from[c]:] are the class's hidden devices
+    representative = [False] * ndev  # whether d is visible and stands for its class's hidden devices
+    visible = [m[0] for m in class_members]  # grows as devices leave their class; never shrinks
+    for d in visible:
+        representative[d] = True
+
+    def leave_class(d: int) -> None:
+        """d is about to differ from the rest of its class: the next one of them becomes visible."""
+        if not representative[d]:
+            return
+        representative[d] = False
+        c = device_class[d]
+        if fresh_from[c] < len(class_members[c]):
+            x = class_members[c][fresh_from[c]]
+            fresh_from[c] += 1
+            waiting[x], available[x], dead[x] = list(waiting[d]), list(available[d]), set(dead[d])
+            representative[x] = True
+            visible.append(x)
+
     def offer(v: int) -> None:
         placed = group_device.get(group[v], -1)
         if placed < 0:
-            readies = schedule.data_ready_all(v)
-            targets = [(d, readies[d]) for d in range(ndev) if v not in dead[d]]
+            ds = [d for d in visible if v not in dead[d]]
+            targets = zip(ds, schedule.data_ready_on(v, ds))
         else:
             targets = [(placed, schedule.data_ready(v, placed))]
         for d, ready in targets:
@@ -182,9 +223,9 @@ def list_schedule(
             pending += 1
     while pending:
         choice = None
-        for d in range(ndev):
+        for d in visible:
             top = best(d)
-            if top is not None and (choice is None or top < choice[0]):
+            if top is not None and (choice is None or (top, d) < choice):
                 choice = (top, d)
         if choice is None:
             if stranded:  # only the look-ahead stood in the way: place greedily from here on
@@ -201,10 +242,9 @@ def list_schedule(
             v = min(
                 (v for v in range(n) if missing[v] == 0 and not schedule.scheduled[v]), key=rank.__getitem__
             )
-            d = min(
-                range(ndev),
-                key=lambda d: (ledger.excess(v, d), d),
-            )
+            # A hidden device would exceed by as much as its class's visible one, a higher index.
+            d = min(visible, key=lambda d: (ledger.excess(v, d), d))
+            leave_class(d)
             place_group(v, d)
             commit(v, d)
             continue
@@ -213,13 +253,16 @@ def list_schedule(
             if ledger is not None:
                 ops = groups[group[v]]
                 if not ledger.admits(v, d):
+                    # For a visible class device: every hidden one has as little room.
                     dead[d].update(ops)
                     continue
                 if look_ahead and not ledger.leaves_room(group[v], d):
+                    leave_class(d)  # the packing depends on d's index: the others may not refuse
                     dead[d].update(ops)
                     stranded.extend((x, d) for x in ops)
                     continue
+            leave_class(d)
             place_group(v, d)
-        commit(v, d)
+        commit(v, d)  # a device a placed group is bound to has left its class already
     info = {} if ledger is None else {"estimated_peak_bytes": ledger.peak_bytes()}
     return Placement(list(device_of), sequence=list(schedule.sequence), schedule=schedule, info=info)

@@ -30,6 +30,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
 from baechi_cli.placers import NoOptions, Placement
@@ -64,7 +66,7 @@ def _fill(graph: OpGraph, devices: DeviceSpec, budget: list[int] | None) -> Plac
                 current += 1
             d = current
             if ledger is not None:
-                d = _first_with_room(ledger, v, [(current + step) % ndev for step in range(ndev)])
+                d = _first_with_room(ledger, v, ((current + step) % ndev for step in range(ndev)))
                 ledger.place_group(graph.group[v], d)
             for x in ops:
                 device_of[x] = d
@@ -78,9 +80,12 @@ def _fill(graph: OpGraph, devices: DeviceSpec, budget: list[int] | None) -> Plac
     return Placement(device_of, info=info)
 
 
-def _first_with_room(ledger: LiveLedger, v: int, candidates: list[int]) -> int:
+def _first_with_room(ledger: LiveLedger, v: int, candidates: Iterable[int]) -> int:
     """The first device where ``v`` fits without stranding a big group, else the first where it
-    fits, else the one it exceeds least."""
+    fits, else the one it exceeds least.
+
+    ``candidates`` is consumed lazily: with thousands of devices the first one or two usually
+    have room, and the rest are never asked."""
     group = ledger.graph.group[v]
     fallback = -1
     excess = []

@@ -9,10 +9,14 @@ from baechi_cli.render.common import fmt_bytes, fmt_us, make_console, make_table
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from baechi_cli.devices import DeviceSpec
     from baechi_cli.pipeline import PlaceOutcome, Prepared
+    from baechi_cli.sim import SimResult
 
 # The summary lists at most this many modules of the module map (the report has all).
 MODULE_MAP_SHOWN = 12
+# Idle devices in a row the summary table lists one by one; a longer run is one row.
+IDLE_ROWS = 3
 
 
 def header(console: Console, prepared: Prepared) -> None:
@@ -101,9 +105,20 @@ def render_pipeline(console: Console, pipeline: dict, device_names: list[str]) -
     console.print(f"stages: {stages}")
     schedule = pipeline.get("schedule")
     if schedule is not None:
+        others = [
+            f"{name} {fmt_us(us) if us is not None else 'does not fit'}"
+            for name, us in schedule.get("compared_minibatch_us", {}).items()
+            if name != schedule["name"]
+        ]
+        layout = (
+            f", {len(pipeline['stages'])} stages on {schedule['devices']} devices"
+            if schedule.get("devices")
+            else ""
+        )
         console.print(
-            f"{schedule['name']}, {schedule['microbatches']} microbatches: minibatch "
+            f"{schedule['name']}{layout}, {schedule['microbatches']} microbatches: minibatch "
             f"{fmt_us(schedule['minibatch_us'])}, {schedule['speedup_vs_one_device']:.2f}x one device"
+            + (f" (faster than {', '.join(others)})" if others else "")
         )
         for line in schedule["timeline"]:
             console.print(line, markup=False, highlight=False)
@@ -149,14 +164,20 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
             ("peak memory", "left"),
         ],
     )
-    for d, dev in enumerate(spec.devices):
+    for first, last in device_rows(spec, sim):
+        dev = spec.devices[first]
+        name = (
+            dev.name
+            if first == last
+            else f"{dev.name} ... {spec.devices[last].name} ({last - first + 1:,} idle)"
+        )
         table.add_row(
-            dev.name,
-            str(len(sim.order[d])),
-            fmt_us(sim.compute_us[d]),
-            f"{sim.compute_us[d] / step:.0%}" if step > 0 else "-",
-            f"{memory_bar(sim.peak_bytes[d], dev.memory_bytes, console.is_terminal)} "
-            f"{fmt_bytes(sim.peak_bytes[d])} / {fmt_bytes(dev.memory_bytes)}",
+            name,
+            str(len(sim.order[first])),
+            fmt_us(sim.compute_us[first]),
+            f"{sim.compute_us[first] / step:.0%}" if step > 0 else "-",
+            f"{memory_bar(sim.peak_bytes[first], dev.memory_bytes, console.is_terminal)} "
+            f"{fmt_bytes(sim.peak_bytes[first])} / {fmt_bytes(dev.memory_bytes)}",
         )
     console.print(table)
     render_module_map(console, outcome)
@@ -167,6 +188,37 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
     else:
         placed = "placed.onnx" if outcome.prepared.input_format == "onnx" else "placed.pb"
         console.print(f"nothing written: add -o {placed}, --report report.json or --trace timeline.json")
+
+
+def device_rows(spec: DeviceSpec, sim: SimResult) -> list[tuple[int, int]]:
+    """The summary table's rows as (first, last) device: one per device, except that a run of
+    more than :data:`IDLE_ROWS` idle devices of the same memory is one row (their numbers are the
+    same; on 10,000 devices most are idle). O(D).
+
+    >>> from types import SimpleNamespace as N
+    >>> spec = N(devices=[N(memory_bytes=8)] * 8)
+    >>> device_rows(spec, N(order=[[1], [], [], [], [], [2], [], []], peak_bytes=[0] * 8))
+    [(0, 0), (1, 4), (5, 5), (6, 6), (7, 7)]
+    """
+    rows: list[tuple[int, int]] = []
+    d, count = 0, len(spec.devices)
+    while d < count:
+        end = d + 1
+        if not sim.order[d]:
+            memory = spec.devices[d].memory_bytes
+            while (
+                end < count
+                and not sim.order[end]
+                and spec.devices[end].memory_bytes == memory
+                and sim.peak_bytes[end] == sim.peak_bytes[d]
+            ):
+                end += 1
+        if end - d > IDLE_ROWS:
+            rows.append((d, end - 1))
+        else:
+            rows.extend((x, x) for x in range(d, end))
+        d = end
+    return rows
 
 
 def render_module_map(console: Console, outcome: PlaceOutcome) -> None:
