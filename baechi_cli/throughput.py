@@ -36,27 +36,41 @@ this cannot cost memory: moving it there removes a crossing and adds none.
 Solver (:func:`solve`), exact within the model:
 
 1. *Upper bound.* An interval DP over a few topological orders of the units
-   (each device a contiguous range of the order; O(k n^2) per order with the
-   loads grown incrementally), the best of which is ``U``.
-2. *Exact search.* A DP over ideals of the unit DAG, layer by layer (devices
-   used): from each reachable ideal ``I`` with value ``v`` (the max-load of
-   its devices so far) every ideal ``J`` above ``I`` is enumerated once
-   (branching on the available units in order, earlier siblings excluded),
-   and ``J`` is reached with ``max(v, load(J - I))``. The loads are kept
-   incrementally as a unit joins the set (O(degree)). Pruning, all exact:
-   a set whose compute or memory exceeds ``U`` or the device's memory stops
-   growing (both only grow with the set; communication does not, so it does
-   not prune); a state whose value exceeds ``U``, or whose remaining work
-   cannot fit the remaining devices at ``U`` each, is dropped; ``U``
-   tightens as complete splits are found.
-3. When the search completes it *proves* the result optimal. It is bounded
-   by ``max_sets`` enumerated sets: beyond that the best split found so far
-   (never worse than step 1's) is returned with ``proven=False`` and the
-   lower bound ``max(largest unit, total work / devices)``.
+   (each device a contiguous range of the order; the ranges priced in numpy
+   as the lattice below prices stages, O(k n^2) per order), the best of
+   which is ``U``.
+2. *Exact search over the lattice* (when the unit DAG has at most
+   ``max_sets / 2`` ideals, and few enough to fit ``_LATTICE_CELLS``;
+   every published workload but GNMT training does). The ideals are enumerated once, as rows of bits sorted by
+   compute. A stage ``J - I`` costs ``accel[J] - accel[I] + bnd[J] +`` a
+   correction for the tensors crossing ``I``'s boundary (``bnd``: the
+   transfers across ``J``'s boundary), so blocks of (I, J) pairs are priced
+   by a few numpy products. A pass decides exactly whether a split with
+   every load below a limit exists: breadth first by (accelerators, CPU
+   cores) used, each ideal kept in the first cell that reaches it, and only
+   where it and its complement can hold their compute within the devices
+   left at the limit each, CPU cores taking at most what a fractional
+   knapsack (bounded by LP duality) lets them. A pass that finds a split
+   improves ``U``; one that finds none below ``U`` proves it optimal
+   (:func:`_prove_lattice`).
+3. *Exact search over sets* otherwise, or when the lattice's passes use up
+   ``max_sets``: from each reachable ideal ``I`` with value ``v`` (the
+   max-load of its devices so far) every ideal ``J`` above ``I`` is
+   enumerated once (branching on the available units in order, earlier
+   siblings excluded), and ``J`` is reached with ``max(v, load(J - I))``.
+   The loads are kept incrementally as a unit joins the set (O(degree)).
+   Pruning, all exact: a set whose compute or memory exceeds ``U`` or the
+   device's memory stops growing; a state whose value exceeds ``U``, or
+   whose remaining work cannot fit the remaining devices at ``U`` each, is
+   dropped; ``U`` tightens as complete splits are found.
+4. A search that completes *proves* the result optimal. Beyond ``max_sets``
+   (the lattice's pairs count ``1 / _PAIRS_PER_SET`` set each) the best
+   split found so far (never worse than step 1's) is returned with
+   ``proven=False`` and the best lower bound shown.
 
 ``dp.cpp`` enumerates every pair of ideals and prices each pair from
-scratch; here only the pairs within the bound are enumerated, each priced
-in O(degree), which is why this is faster (bench/pipeline.md).
+scratch in C++; here only the pairs within the bounds are priced, in
+blocks, which is why this is faster (bench/pipeline.md).
 
 Evaluation (:func:`evaluate`) prices any assignment of ops to devices by
 the same rules, contiguous or not; it equals ``dp.exe -expert`` on the same
@@ -87,7 +101,8 @@ from baechi_cli.passes.unionfind import UnionFind
 
 # Floating-point slack when comparing loads summed in different orders.
 _EPS = 1e-9
-# Sets the exact search may enumerate (about 30,000 a second here): it stops within seconds.
+# Effort of the exact search in sets (the search over sets does about 30,000 a second here; the
+# lattice prices _PAIRS_PER_SET pairs per set): it stops within seconds.
 DEFAULT_MAX_SETS = 150_000
 
 
@@ -496,6 +511,7 @@ class _Growing:
 class _Best:
     value: float
     stages: list[tuple[list[int], bool]]  # (units, on an accelerator)
+    lower: float = 0.0  # no split has a lower max-load (shown by a completed pass)
 
 
 def solve(
@@ -572,7 +588,7 @@ def _split(
     judged = evaluate(model, device_of_op)
     loads = [judged.loads_us[d] for d in stage_device]
     value = judged.max_load_us
-    lower = value if proven else min(value, _lower_bound(u, k, model.cpus))
+    lower = value if proven else min(value, max(best.lower, _lower_bound(u, k, model.cpus)))
     return Split(
         max_load_us=value,
         stage_units=[sorted(m) for m, _ in best.stages],
@@ -649,32 +665,14 @@ def _interval_dp(
 ) -> None:
     """Best split into contiguous ranges of ``order`` (an upper bound); improves ``best`` in place.
 
-    The load of every range ``order[a:b]`` on an accelerator and on a CPU is
-    grown b by b from each a (stopping once the range's least compute passes
-    the best known max-load), then a DP per device count takes
+    The load of every range ``order[a:b]`` on an accelerator and on a CPU
+    (:func:`_range_loads`), then a DP per device count takes
     ``min over a of max(value[a], load[a, b])`` as one numpy step per
-    device. O(n^2 degree) to price, O((k + cpus) n^2) for the DP.
+    device. O(n^2 features) to price, O((k + cpus) n^2) for the DP.
     ``starts``: the only positions a range may start at (None: any).
     """
     n = u.n
-    cap = best.value
-    accel = np.full((n + 1, n + 1), np.inf)
-    cpu = np.full((n + 1, n + 1), np.inf)
-    grow = _Growing(u)
-    for a in range(n):
-        added = 0
-        for b in range(a, n):
-            grow.add(order[b])
-            added += 1
-            fits = k and not grow.bad and grow.size <= memory
-            if fits:
-                accel[a, b + 1] = grow.accel + grow.comm
-            if cpus:
-                cpu[a, b + 1] = grow.cpu
-            if min(grow.accel if fits else math.inf, grow.cpu if cpus else math.inf) > cap:
-                break
-        for b in range(a, a + added):
-            grow.remove(order[b])
+    accel, cpu = _range_loads(u, order, k, cpus, memory)
     if starts is not None:
         ends = sorted(set(starts) | {n})
         barred = np.ones(n + 1, dtype=bool)
@@ -724,14 +722,429 @@ def _interval_dp(
     best.value, best.stages = float(finish[0]), stages
 
 
+# ------------------------------------------------------------------ the lattice of ideals
+
+
+def _enumerate_ideals(u: _Units, cap: int) -> list[int] | None:
+    """Every ideal of the unit DAG as a bit mask (the empty one first), or None past ``cap`` of them.
+
+    Each ideal is generated once: from the available units in order, a unit
+    joins and the earlier siblings stay out of that branch. O(ideals · width).
+    """
+    succs = u.succs
+    missing = [len(p) for p in u.preds]
+    masks = [0]
+    stack: list[tuple[list[int], int]] = [([w for w in range(u.n) if missing[w] == 0], 0)]
+    chosen: list[int] = []
+    mask = 0
+    while stack:
+        avail, i = stack[-1]
+        if i >= len(avail):
+            stack.pop()
+            if chosen:
+                w = chosen.pop()
+                mask ^= 1 << w
+                for s in succs[w]:
+                    missing[s] += 1
+            continue
+        stack[-1] = (avail, i + 1)
+        w = avail[i]
+        chosen.append(w)
+        mask |= 1 << w
+        masks.append(mask)
+        if len(masks) > cap:
+            return None
+        opened = []
+        for s in succs[w]:
+            missing[s] -= 1
+            if missing[s] == 0:
+                opened.append(s)
+        stack.append((avail[i + 1 :] + opened, 0))
+    return masks
+
+
+class _Lattice:
+    """Ideals of the unit DAG as rows (sorted by accelerator compute, unless not ``by_compute``)
+    and what prices a stage between two of them.
+
+    A stage is ``J - I`` for ideals ``I ⊂ J``; on an accelerator its load is
+    ``accel[J] - accel[I] + bnd[J] + Σ_{t crossing I} us[t] · φ_t(J)``:
+    ``bnd[J]`` is the transfer time of the tensors crossing ``J``'s boundary
+    and ``φ`` (:meth:`_corrections`) corrects those crossing ``I``'s, a
+    sparse row per ``I`` times a dense row per ``J``. So a block of stage
+    pairs is priced by a few numpy products. O(ideals · (units + tensors)) to build.
+    """
+
+    def __init__(self, u: _Units, masks: list[int], *, by_compute: bool = True) -> None:
+        n, count = u.n, len(masks)
+        width = 8 * max(1, (n + 63) // 64)
+        raw = np.frombuffer(b"".join(m.to_bytes(width, "little") for m in masks), dtype=np.uint8)
+        member = np.unpackbits(raw.reshape(count, width), axis=1, bitorder="little")[:, :n].astype(bool)
+        accel = member @ np.array(u.accel_us)
+        # Sorted by compute, the ideals a stage from I can reach lie in a window (load >= compute).
+        order = np.argsort(accel, kind="stable") if by_compute else np.arange(count)
+        self.member = member[order]
+        self.words = raw.view("<u8").reshape(count, width // 8)[order]
+        self.accel = accel[order]
+        self.cpu = self.member @ np.array(u.cpu_us)
+        self.size = self.member @ np.array(u.size, dtype=np.float64)
+        self.bad = self.member @ np.array([not ok for ok in u.accel_ok], dtype=np.float64)
+        self.cpu_order = np.argsort(self.cpu, kind="stable")
+        self.cpu_sorted = self.cpu[self.cpu_order]
+        self.empty = int(np.flatnonzero(~self.member.any(axis=1))[0])
+        self.full = int(np.flatnonzero(self.member.all(axis=1))[0])
+        self._corrections(u)
+
+    @property
+    def count(self) -> int:
+        return len(self.accel)
+
+    def _corrections(self, u: _Units) -> None:
+        """``bnd``, and ``φ`` per (tensor, side, v) that crosses some ideal: ``p_*`` (CSR, a row per I), ``phi``.
+
+        A tensor t with m consumers crosses I with v of them in I; J ⊇ I
+        holds c of them, ``g_v(J) = [c > v]``. If its producer is in I, the
+        stage J - I pays for it iff c > v, where J alone pays iff c < m:
+        φ = g_v + g_{m-1} - 1. If it is outside I (then v >= 1), J - I pays
+        always when the producer is in J (J alone iff c < m): φ = g_{m-1};
+        else iff c > v (J alone always): φ = g_v - 1.
+        """
+        member_t = self.member.T
+        count = self.count
+        src = np.array(u.t_src, dtype=np.int64)
+        us = np.array(u.t_us)
+        m = np.array([len(d) for d in u.t_dst], dtype=np.int64)
+        held = np.zeros((len(src), count), dtype=np.int16)  # consumers of tensor t in ideal J
+        for t, dst in enumerate(u.t_dst):
+            for w in dst:
+                held[t] += member_t[w]
+        src_in = member_t[src]
+        cross = np.where(src_in, held < m[:, None], held > 0)
+        self.bnd = us @ cross
+        # Feature ids: per tensor, m for a producer in I (v = 0..m-1), then m outside (v = 1..m).
+        base = np.concatenate(([0], np.cumsum(2 * m)))[:-1].astype(np.int64)
+        t_of, i_of = np.nonzero(cross)
+        v = held[t_of, i_of]
+        fid = base[t_of] + np.where(src_in[t_of, i_of], v, m[t_of] + v - 1)
+        used, compact = np.unique(fid, return_inverse=True)
+        by_row = np.lexsort((compact, i_of))
+        self.p_ptr = np.searchsorted(i_of[by_row], np.arange(count + 1))
+        self.p_col = compact[by_row]
+        self.p_val = us[t_of[by_row]]
+        phi = np.zeros((len(used), count), dtype=np.int8)
+        owner = np.searchsorted(base, used, side="right") - 1
+        for f, (feature, t) in enumerate(zip(used.tolist(), owner.tolist())):
+            mt, c = int(m[t]), held[t]
+            last = (c > mt - 1).astype(np.int8)
+            rank = feature - int(base[t])
+            if rank < mt:
+                phi[f] = (c > rank).astype(np.int8) + last - 1
+            else:
+                phi[f] = np.where(src_in[t], last, (c > rank - mt + 1).astype(np.int8) - 1)
+        self.phi = phi
+
+    def knapsack(self, u: _Units) -> None:
+        """``gain[J, l] = Σ_{w in J} max(0, accel_w - λ_l cpu_w)`` for a few prices λ (ideals · units · prices).
+
+        By LP duality, for any λ >= 0 the accelerator compute that CPU time
+        ``cap`` can take off a set is at most ``λ cap + Σ max(0, accel_w -
+        λ cpu_w)`` over its units. The prices tried are 0 and the units'
+        ratios of compute to CPU time, 31 of them spread over the range when
+        there are more (with all of them the least is the fractional
+        knapsack's optimum; with some, a valid bound a little above it).
+        """
+        accel, cpu = np.array(u.accel_us), np.array(u.cpu_us)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = np.unique(accel[cpu > 0] / cpu[cpu > 0])
+        if len(ratios) > 31:
+            ratios = ratios[np.linspace(0, len(ratios) - 1, 31).round().astype(np.int64)]
+        self.prices = np.concatenate(([0.0], ratios))
+        weights = np.maximum(0.0, accel[:, None] - self.prices[None, :] * cpu[:, None])
+        self.gain = np.empty((self.count, len(self.prices)))
+        for lo in range(0, self.count, 4096):
+            self.gain[lo : lo + 4096] = self.member[lo : lo + 4096] @ weights
+        self.gain_total = weights.sum(axis=0)
+
+    def saved(self, outside: bool, cap: float) -> np.ndarray:
+        """Per ideal (``outside``: its complement), at least the accelerator compute that CPU cores
+        with ``cap`` time in all could take off it (:meth:`knapsack` first). O(ideals · prices)."""
+        gain = self.gain_total[None, :] - self.gain if outside else self.gain
+        return (self.prices[None, :] * cap + gain).min(axis=1)
+
+    def delta(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """``Σ_{t crossing I} us[t] · φ_t(J)`` for I in ``rows``, J in ``cols``: O(|rows| · |cols| · features)."""
+        starts, ends = self.p_ptr[rows], self.p_ptr[rows + 1]
+        lengths = ends - starts
+        flat = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+        features, where = np.unique(self.p_col[flat], return_inverse=True)
+        dense = np.zeros((len(rows), len(features)))
+        dense[np.repeat(np.arange(len(rows)), lengths), where] = self.p_val[flat]
+        return dense @ self.phi[features][:, cols].astype(np.float64)
+
+
+# Pairs of ideals the lattice search prices per set the search over sets would enumerate (the
+# same time here): the two searches share the ``max_sets`` effort.
+_PAIRS_PER_SET = 200
+# Rows of stage pairs priced at once (bounds the temporaries to a few MB).
+_BLOCK = 128
+# Ideals times (units + tensors) the lattice may hold: its columns take a few bytes per cell.
+_LATTICE_CELLS = 60_000_000
+
+
+def _range_loads(
+    u: _Units, order: list[int], k: int, cpus: int, memory: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(accel, cpu)``: the load of ``order[a:b]`` at ``[a, b]`` (a < b) on an accelerator and on a
+    CPU core; inf where it cannot run there (or no such device). The prefixes of a topological order
+    are ideals, so the ranges are priced as the lattice prices stages, in blocks of rows:
+    O(n^2 features) time, O(n^2) memory."""
+    n = u.n
+    masks, mask = [0], 0
+    for w in order:
+        mask |= 1 << w
+        masks.append(mask)
+    prefixes = _Lattice(u, masks, by_compute=False)
+    rows = np.arange(n + 1)
+    upper = rows[:, None] < rows[None, :]
+    accel = np.full((n + 1, n + 1), np.inf)
+    if k:
+        fits = upper & (prefixes.size[None, :] - prefixes.size[:, None] <= memory)
+        fits &= prefixes.bad[None, :] == prefixes.bad[:, None]
+        for lo in range(0, n + 1, 256):
+            block = rows[lo : lo + 256]
+            load = prefixes.accel[None, :] - prefixes.accel[block][:, None] + prefixes.bnd[None, :]
+            load += prefixes.delta(block, rows)
+            accel[block] = np.where(fits[block], load, np.inf)
+    cpu = (
+        np.where(upper, prefixes.cpu[None, :] - prefixes.cpu[:, None], np.inf)
+        if cpus
+        else np.full_like(accel, np.inf)
+    )
+    return accel, cpu
+
+
+def _prove_lattice(
+    u: _Units, k: int, cpus: int, memory: float, best: _Best, max_sets: int
+) -> tuple[int, bool | None]:
+    """Improve ``best`` until no better split exists, over the explicit lattice of ideals.
+
+    Returns (effort spent in sets, proven); proven is None when the unit DAG
+    has more than ``max_sets / 2`` ideals, or more than ``_LATTICE_CELLS /
+    (units + tensors)`` (the lattice is not built). Each
+    pass decides exactly whether a split with every load below a limit
+    exists (:func:`_lattice_below`), just below ``best``; a split found
+    becomes ``best``. The passes pick a split of least max-load among those
+    they reach, so one or two usually end at the optimum; after two
+    successes in a row a pass tries halfway to the lower bound instead,
+    which a failed pass raises to its limit, so the passes are
+    O(log(gap / ε)) at worst.
+    """
+    cap = min(max_sets // 2, _LATTICE_CELLS // (u.n + len(u.t_src) + 1))
+    masks = _enumerate_ideals(u, cap)
+    if masks is None:
+        return cap, None
+    lattice = _Lattice(u, masks)
+    lattice.knapsack(u)
+    best.lower = max(best.lower, _lower_bound(u, k, cpus))
+    spent = len(masks) * _PAIRS_PER_SET
+    budget = max_sets * _PAIRS_PER_SET
+    streak = 0  # passes in a row that found a better split
+    while True:
+        limit = best.value * (1 - _EPS)
+        if streak >= 2 and best.lower < limit:
+            limit = (best.lower + best.value) / 2
+        pairs, stages, completed = _lattice_below(lattice, u, k, cpus, memory, limit, budget - spent)
+        spent += pairs
+        if stages is None:
+            if not completed:
+                return spent // _PAIRS_PER_SET, False
+            streak = 0
+            best.lower = max(best.lower, limit)
+            if limit >= best.value * (1 - _EPS):
+                return spent // _PAIRS_PER_SET, True
+            continue
+        value = _max_load(u, stages)
+        if not value < best.value:  # priced below the bound but not: never claim a proof on it
+            return spent // _PAIRS_PER_SET, False
+        best.stages, best.value, streak = stages, value, streak + 1
+
+
+def _lattice_below(
+    lattice: _Lattice, u: _Units, k: int, cpus: int, memory: float, limit: float, budget: int
+) -> tuple[int, list[tuple[list[int], bool]] | None, bool]:
+    """A split with every load below ``limit``, or None: none exists (or ``budget`` pairs ran out).
+
+    Breadth first by devices used: ``value[(a, c)]`` is finite on the
+    ideals that a accelerator and c CPU stages cover, each below ``limit``,
+    and that fewer of either do not (it is the least max-load found so, to
+    return a good split). An ideal is kept only when it and its complement
+    can hold their compute within their devices at ``limit`` each, the CPU
+    cores taking what :meth:`_Lattice.saved` allows (a stage's load is at
+    least its compute). A block of states and the ideals in its compute
+    window are priced at once (:func:`_advance`). Exact: it misses no split
+    below ``limit``. O(passes' pairs · (words + features)).
+    Returns (pairs priced, stages or None, whether the search completed).
+    """
+    ok = _bounds(lattice, u, k, cpus, limit)
+    # value[cell][J]: the least max-load of the stages found to J in cell (inf: not reached)
+    value: dict[tuple[int, int], np.ndarray] = {(0, 0): np.full(lattice.count, np.inf)}
+    value[(0, 0)][lattice.empty] = 0.0
+    parent: dict[tuple[int, int], np.ndarray] = {}
+    pairs = 0
+    for used in range(k + cpus):
+        for a in range(max(0, used - cpus), min(k, used) + 1):
+            cell = (a, used - a)
+            if cell not in value:
+                continue
+            rows = np.flatnonzero(value[cell] < np.inf)
+            for on_accel in (True, False):
+                target = (a + 1, cell[1]) if on_accel else (a, cell[1] + 1)
+                if target[0] > k or target[1] > cpus:
+                    continue
+                if target not in value:
+                    value[target] = np.full(lattice.count, np.inf)
+                    parent[target] = np.full(lattice.count, -1, dtype=np.int64)
+                # Ideals reached with no more of either kind are not worth reaching again.
+                allowed = ok[target].copy()
+                for (fa, fc), seen in value.items():
+                    if fa <= target[0] and fc <= target[1] and (fa, fc) != target:
+                        allowed &= seen == np.inf
+                pairs += _advance(
+                    lattice,
+                    rows,
+                    value[cell],
+                    on_accel,
+                    limit,
+                    memory,
+                    allowed,
+                    value[target],
+                    parent[target],
+                )
+                if pairs > budget:
+                    return pairs, None, False
+        done = [c for c in value if sum(c) == used + 1 and value[c][lattice.full] < np.inf]
+        if done:
+            return (
+                pairs,
+                _unwind_lattice(lattice, parent, min(done, key=lambda c: value[c][lattice.full])),
+                True,
+            )
+    return pairs, None, True
+
+
+def _bounds(
+    lattice: _Lattice, u: _Units, k: int, cpus: int, limit: float
+) -> dict[tuple[int, int], np.ndarray]:
+    """Per (accelerators, CPU cores) used, the ideals that may be covered so and leave a coverable rest."""
+    count = lattice.count
+    if math.isinf(limit):
+        return {(a, c): np.ones(count, dtype=bool) for a in range(k + 1) for c in range(cpus + 1)}
+    total = float(np.sum(u.accel_us))
+    slack = 1e-9 * (total + limit)  # sums in other orders: prune only what is clearly out
+    inside = {c: lattice.saved(False, c * limit) if c else np.zeros(count) for c in range(cpus + 1)}
+    rest = {c: lattice.saved(True, c * limit) if c else np.zeros(count) for c in range(cpus + 1)}
+    return {
+        (a, c): (lattice.accel - inside[c] <= a * limit + slack)
+        & (total - lattice.accel - rest[cpus - c] <= (k - a) * limit + slack)
+        for a in range(k + 1)
+        for c in range(cpus + 1)
+    }
+
+
+def _advance(
+    lattice: _Lattice,
+    rows: np.ndarray,
+    before: np.ndarray,
+    on_accel: bool,
+    limit: float,
+    memory: float,
+    allowed: np.ndarray,
+    after: np.ndarray,
+    parent: np.ndarray,
+) -> int:
+    """Lower ``after[J]`` for each allowed J that one stage below ``limit`` takes some I in ``rows`` to.
+
+    ``after[J]`` becomes the least ``max(before[I], load(J - I))`` and
+    ``parent[J]`` is ``2 I + (0 accelerator, 1 CPU)`` for its I (the first
+    of equals). Blocks of ``_BLOCK`` rows against the ideals in their
+    window: by compute (an accelerator) or CPU time (a CPU core).
+    O(pairs · (words + features)); returns the pairs priced.
+    """
+    tol = 1e-9 * (abs(limit) + 1.0)
+    pairs = 0
+    for lo in range(0, len(rows), _BLOCK):
+        block = rows[lo : lo + _BLOCK]
+        if on_accel:
+            first = np.searchsorted(lattice.accel, lattice.accel[block[0]] - tol)
+            last = np.searchsorted(lattice.accel, lattice.accel[block[-1]] + limit + tol, side="right")
+            cols = first + np.flatnonzero(allowed[first:last])
+        else:
+            low, high = lattice.cpu[block].min(), lattice.cpu[block].max()
+            first = np.searchsorted(lattice.cpu_sorted, low - tol)
+            last = np.searchsorted(lattice.cpu_sorted, high + limit + tol, side="right")
+            window = np.sort(lattice.cpu_order[first:last])
+            cols = window[allowed[window]]
+        if not len(cols):
+            continue
+        pairs += len(block) * len(cols)
+        above = np.ones((len(block), len(cols)), dtype=bool)
+        mine, theirs = lattice.words[block], lattice.words[cols]
+        for w in range(mine.shape[1]):
+            above &= (theirs[None, :, w] & mine[:, None, w]) == mine[:, None, w]
+        if on_accel:
+            above &= lattice.size[cols][None, :] - lattice.size[block][:, None] <= memory
+            above &= lattice.bad[cols][None, :] == lattice.bad[block][:, None]
+            load = lattice.accel[cols][None, :] - lattice.accel[block][:, None]
+            above &= load < limit
+            # Price the transfers only where some pair can still fit (the products dominate).
+            some = np.flatnonzero(above.any(axis=0))
+            above, load, cols = above[:, some], load[:, some], cols[some]
+            load += lattice.bnd[cols][None, :] + lattice.delta(block, cols)
+        else:
+            load = lattice.cpu[cols][None, :] - lattice.cpu[block][:, None]
+        above &= load < limit
+        cost = np.where(above, np.maximum(load, before[block][:, None]), np.inf)
+        origin = cost.argmin(axis=0)
+        reached = cost[origin, np.arange(len(cols))]
+        better = reached < after[cols]
+        after[cols[better]] = reached[better]
+        parent[cols[better]] = 2 * block[origin[better]] + (not on_accel)
+    return pairs
+
+
+def _unwind_lattice(
+    lattice: _Lattice, parent: dict[tuple[int, int], np.ndarray], cell: tuple[int, int]
+) -> list[tuple[list[int], bool]]:
+    """The stages that take the empty ideal to the full one in ``cell``, first stage first."""
+    stages = []
+    j = lattice.full
+    while cell != (0, 0):
+        code = int(parent[cell][j])
+        i, on_accel = code >> 1, not code & 1
+        stages.append((np.flatnonzero(lattice.member[j] & ~lattice.member[i]).tolist(), on_accel))
+        cell = (cell[0] - 1, cell[1]) if on_accel else (cell[0], cell[1] - 1)
+        j = i
+    stages.reverse()
+    return stages
+
+
 def _prove(u: _Units, k: int, cpus: int, memory: float, best: _Best, max_sets: int) -> tuple[int, bool]:
-    """Improve ``best`` until no better split exists; (sets enumerated, proven optimal)."""
+    """Improve ``best`` until no better split exists; (effort in sets, proven optimal).
+
+    Over the lattice of ideals when it has at most ``max_sets / 2`` of them (and fits)
+    (:func:`_prove_lattice`); when it has more, or its passes run out of
+    effort, the search over sets (:func:`_search_below`) goes on from the
+    best split found, with ``max_sets`` of its own.
+    """
+    spent, proven = _prove_lattice(u, k, cpus, memory, best, max_sets)
+    if proven:
+        return spent, True
     total = 0
     while True:
         sets, done = _search_below(u, k, cpus, memory, best, max_sets - total)
         total += sets
         if done is not None:
-            return total, done
+            return spent + total, done
 
 
 def _search_below(

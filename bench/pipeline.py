@@ -4,11 +4,13 @@ For each throughput workload (testdata/workloads, and with ``--extra DIR`` a
 checkout of msr-fiddle/dnn-partitioning's ``throughput-inputs``), with the
 file's devices (maxFPGAs accelerators of maxSizePerFPGA, maxCPUs CPU cores),
 it runs :func:`baechi_cli.throughput.solve` at its default effort and
-records the max-load, whether it is proven optimal, and the time (median of
-3). The DP's figures (``DP``, below) were measured by building their public
+records the max-load, whether it is proven optimal (the search completed:
+no contiguous split has a lower max-load), and the time (median of 3). The
+DP's figures (``DP``, below) were measured by building their public
 ``throughput-dp/dp.cpp`` with ``g++ -O3`` outside this repository and
-running it on the same files on this 2-core machine (an idle re-run where
-the first was disturbed); its code is not part of baechi.
+running it on the same files on this 2-core machine, which others shared:
+the least wall time of three runs (the DP's most favourable); on the two
+Inception graphs it was stopped after 300 s. Its code is not part of baechi.
 
 Usage: python bench/pipeline.py [--extra DIR] > bench/pipeline.md
 """
@@ -22,30 +24,34 @@ import statistics
 import sys
 import time
 
+# One BLAS thread: dp.exe runs on one core, so both get one (and the machine's other core is
+# often busy: threads contending for it made baechi's times noisy).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from baechi_cli.devices import parse_devices  # noqa: E402
 from baechi_cli.io.workload_json import read_workload_json, read_workload_meta  # noqa: E402
 from baechi_cli.throughput import load_model, solve  # noqa: E402
 
-# dp.exe on the same file: (max-load ms, wall s); None: did not finish in 300 s.
+# dp.exe on the same file: (max-load ms, least wall s of 3 runs); None: did not finish in 300 s.
 DP = {
-    "LayerGraphs/bert24_inference": (17.789906, 0.010),
-    "LayerGraphs/bert24_training": (41.745812, 0.012),
-    "LayerGraphs/gnmt_inference": (32.910658, 22.4),
-    "LayerGraphs/gnmt_training": (107.004414, 31.2),
+    "LayerGraphs/bert24_inference": (17.789906, 0.00921),
+    "LayerGraphs/bert24_training": (41.745812, 0.00920),
+    "LayerGraphs/gnmt_inference": (32.910658, 12.3),
+    "LayerGraphs/gnmt_training": (107.004414, 22.6),
     "LayerGraphs/inceptionv3_inference": None,
     "LayerGraphs/inceptionv3_training": None,
-    "LayerGraphs/resnet50_inference": (33.774666, 0.193),
-    "LayerGraphs/resnet50_training": (78.631813, 0.319),
-    "OperatorGraphs/bert_L-12_training": (437.997638, 41.7),
-    "OperatorGraphs/bert_l-12_inference": (147.477984, 16.9),
-    "OperatorGraphs/bert_l-3_inference": (27.918568, 1.44),
-    "OperatorGraphs/bert_l-3_training": (65.303149, 5.94),
-    "OperatorGraphs/bert_l-6_inference": (29.579506, 3.41),
-    "OperatorGraphs/bert_l-6_training": (72.864966, 20.5),
-    "OperatorGraphs/resnet50_inference": (124.348850, 0.146),
-    "OperatorGraphs/resnet50_training": (255.194416, 0.441),
+    "LayerGraphs/resnet50_inference": (33.774666, 0.0949),
+    "LayerGraphs/resnet50_training": (78.631813, 0.137),
+    "OperatorGraphs/bert_L-12_training": (437.997638, 25.6),
+    "OperatorGraphs/bert_l-12_inference": (147.477984, 11.3),
+    "OperatorGraphs/bert_l-3_inference": (27.918568, 0.685),
+    "OperatorGraphs/bert_l-3_training": (65.303149, 4.54),
+    "OperatorGraphs/bert_l-6_inference": (29.579506, 2.49),
+    "OperatorGraphs/bert_l-6_training": (72.864966, 15.0),
+    "OperatorGraphs/resnet50_inference": (124.348850, 0.107),
+    "OperatorGraphs/resnet50_training": (255.194416, 0.249),
 }
 # dp.exe -expert on the human-experts/ splits (max-load ms).
 EXPERT = {
