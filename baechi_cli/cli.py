@@ -110,22 +110,6 @@ def _place_options(algo: str, placing: dict[str, Any]) -> PlaceOptions:
     return PlaceOptions(algo=algo, **placing)
 
 
-def _devices_from_workload(model: str, objective: str) -> tuple[str, int]:
-    """The devices a workload JSON states (maxFPGAs of maxSizePerFPGA, maxCPUs), for --objective throughput|latency."""
-    from baechi_cli.io.workload_json import read_workload_meta
-
-    meta = read_workload_meta(model)
-    if not meta.max_fpgas or not meta.max_size_per_fpga:
-        raise InputError(
-            "the workload states no maxFPGAs and maxSizePerFPGA to take the devices from: give --devices",
-            path=model,
-        )
-    spec = f"{meta.max_fpgas}x{meta.max_size_per_fpga}"
-    cpus = meta.max_cpus or 0
-    # CPU cores come last; their memory is not limited in the model (1 PB stands for that).
-    return (spec + f",{cpus}x1000000000000000" if cpus else spec), cpus
-
-
 def _check_budget(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     if value is not None and not value > 0:  # also catches nan
         raise click.BadParameter(f"{value:g} is not a positive number of seconds")
@@ -318,7 +302,9 @@ def place(
 
         cpus = 0
         if device_spec is None:
-            device_spec, cpus = _devices_from_workload(model, objective)
+            from baechi_cli.io.workload_json import stated_devices
+
+            device_spec, cpus = stated_devices(model)
         devices = parse_devices(device_spec)
         options = replace(
             _place_options(algo, placing),

@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from baechi_cli.devices import parse_devices  # noqa: E402
-from baechi_cli.io.workload_json import read_workload_json, read_workload_meta  # noqa: E402
+from baechi_cli.io.workload_json import read_workload_json, stated_devices  # noqa: E402
 from baechi_cli.latency import solve_latency  # noqa: E402
 from baechi_cli.throughput import load_model  # noqa: E402
 
@@ -62,10 +62,8 @@ def key_of(path: str) -> str:
 
 
 def run(path: str, repeat: int) -> tuple[float, bool, float, float]:
-    graph, meta = read_workload_json(path), read_workload_meta(path)
-    cpus = meta.max_cpus or 0
-    spec = f"{meta.max_fpgas}x{meta.max_size_per_fpga}" + (f",{cpus}x1000000000000000" if cpus else "")
-    model = load_model(graph, parse_devices(spec), cpus=cpus, follow_forward=False)
+    spec, cpus = stated_devices(path)
+    model = load_model(read_workload_json(path), parse_devices(spec), cpus=cpus, follow_forward=False)
     times, split = [], None
     for _ in range(repeat):
         t0 = time.perf_counter()

@@ -173,11 +173,12 @@ def test_published_workload_agrees_with_their_evaluator():
 
 def test_solver_on_the_published_file_with_its_own_devices():
     from baechi_cli.devices import parse_devices
-    from baechi_cli.io.workload_json import read_workload_json
+    from baechi_cli.io.workload_json import read_workload_json, stated_devices
     from baechi_cli.throughput import load_model
 
-    graph = read_workload_json(BERT3)
-    model = load_model(graph, parse_devices("4x629145600,8x1000000000000000"), cpus=8, follow_forward=False)
+    spec, cpus = stated_devices(BERT3)
+    assert (spec, cpus) == ("4x629145600,8x1000000000000000", 8)
+    model = load_model(read_workload_json(BERT3), parse_devices(spec), cpus=cpus, follow_forward=False)
     split = solve_latency(model)
     # Their model (persistent bytes only): 408.4744 ms; greedy.exe -computeLatency prices this split
     # at 408.474 ms (bench/latency.md).

@@ -238,6 +238,23 @@ def _read_graph(path: str) -> OpGraph:
     return graph
 
 
+def stated_devices(path: str) -> tuple[str, int]:
+    """The devices the file states, as a ``--devices`` spec and its number of CPU cores (the last).
+
+    maxFPGAs accelerators of maxSizePerFPGA bytes, then maxCPUs CPU cores, whose memory the
+    model does not limit (1 PB stands for that). InputError when the file states no accelerators.
+    """
+    meta = read_workload_meta(path)
+    if not meta.max_fpgas or not meta.max_size_per_fpga:
+        raise InputError(
+            "the workload states no maxFPGAs and maxSizePerFPGA to take the devices from: give --devices",
+            path=path,
+        )
+    cpus = meta.max_cpus or 0
+    spec = f"{meta.max_fpgas}x{meta.max_size_per_fpga}"
+    return (spec + f",{cpus}x1000000000000000" if cpus else spec), cpus
+
+
 def read_workload_meta(path: str) -> WorkloadMeta:
     """The file's ``maxSizePerFPGA``, ``maxFPGAs`` and ``maxCPUs`` (no graph is built)."""
     doc = _load_document(path)
