@@ -12,7 +12,11 @@ Model:
   at a time in the fixed order :func:`op_order` gives. ``F(s, m)`` is the
   forward of microbatch ``m`` on stage ``s``, ``B(s, m)`` its backward,
   ``O(s)`` the stage's optimizer step (once per minibatch, after its last
-  backward, when ``optimizer_us[s] > 0``).
+  backward, when ``optimizer_us[s] > 0``). ``S(s)`` is an all-reduce of a
+  weight that several stages hold a copy of (``gradient_syncs``: tied
+  embeddings split across stages): it starts once every device holding a
+  copy has run its last forward or backward, holds them all for its time,
+  and precedes their optimizer steps. Copies on one device need none.
 * Schedules (``S`` stages, ``M`` microbatches):
 
   - ``gpipe``: every stage runs ``F(s, 0..M-1)``, then ``B(s, 0..M-1)``:
@@ -39,7 +43,7 @@ Model:
   link sends one microbatch at a time, in the order the sender produced them:
   a send starts at ``max(producer's end, the link's previous send's end)``
   and the data arrives ``send_forward_us[s]`` (``send_backward_us[s]``) later.
-* Minibatch time: the end of the last op (optimizer steps included).
+* Minibatch time: the end of the last op (all-reduces and optimizer steps included).
   Throughput is ``M / minibatch`` per µs, reported per second.
 * In flight on stage ``s``: microbatches whose forward has started on ``s``
   and whose backward on ``s`` has not ended (a backward ending at the instant
@@ -84,7 +88,7 @@ SCHEDULES = ("gpipe", "1f1b")  # one stage per device
 INTERLEAVED = "interleaved"
 ALL_SCHEDULES = (*SCHEDULES, INTERLEAVED)
 
-OpKind = Literal["F", "B", "O"]
+OpKind = Literal["F", "B", "O", "S"]
 
 
 def _as_tuple(name: str, values: Sequence[float] | None, length: int, *, integral: bool) -> tuple:
@@ -118,6 +122,9 @@ class StageCosts:
     persistent_bytes: Sequence[int] | None = None  # weights, optimizer state: always resident
     activation_bytes: Sequence[int] | None = None  # one microbatch's, while in flight
     optimizer_us: Sequence[float] | None = None  # once per minibatch, after the last backward
+    # (stages, µs): an all-reduce of a weight those stages each hold a copy of, once per
+    # minibatch, after their devices' last forward or backward and before their optimizer steps.
+    gradient_syncs: Sequence[tuple[Sequence[int], float]] = ()
 
     def __post_init__(self) -> None:
         if (
@@ -140,6 +147,23 @@ class StageCosts:
             "activation_bytes": _as_tuple("activation_bytes", self.activation_bytes, stages, integral=True),
             "optimizer_us": _as_tuple("optimizer_us", self.optimizer_us, stages, integral=False),
         }
+        syncs = []
+        for i, sync in enumerate(self.gradient_syncs):
+            members, us = sync
+            if (
+                isinstance(us, bool)
+                or not isinstance(us, numbers.Real)
+                or us < 0
+                or not math.isfinite(us)
+                or not members
+                or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in members)
+                or not all(0 <= s < stages for s in members)
+            ):
+                raise InputError(
+                    f"gradient_syncs[{i}] must be (stages in 0..{stages - 1}, µs >= 0), got {sync!r}"
+                )
+            syncs.append((tuple(sorted({int(s) for s in members})), float(us)))
+        normalized["gradient_syncs"] = tuple(syncs)
         for name, value in normalized.items():
             object.__setattr__(self, name, value)  # frozen: the checked tuples replace the inputs
         if not self.training and any(self.optimizer_us):
@@ -156,7 +180,8 @@ class StageCosts:
 
 
 class PipelineEvent(NamedTuple):
-    """One op on one stage; ``microbatch`` is None for an optimizer step ('O')."""
+    """One op on one stage; ``microbatch`` is None for an optimizer step ('O') and a gradient
+    all-reduce ('S')."""
 
     stage: int
     kind: OpKind
@@ -400,6 +425,15 @@ def simulate_pipeline(
                 to_visit.append(device_of[stage - 1])
     assert next_op == [len(order) for order in orders], "a schedule's fixed order deadlocked"
 
+    for members, us in costs.gradient_syncs:
+        # Copies on one device are one tensor: only copies on several devices all-reduce.
+        by_device = {device_of[s]: s for s in reversed(members)}
+        if len(by_device) < 2:
+            continue
+        start = max(device_free[d] for d in by_device)
+        for device, stage in sorted(by_device.items()):
+            device_free[device] = start + us
+            stage_events[stage].append(PipelineEvent(stage, "S", None, start, start + us))
     for stage in range(stages):
         if costs.optimizer_us[stage] > 0:
             device = device_of[stage]
@@ -489,8 +523,8 @@ def render_timeline(timing: PipelineTiming, width: int = 72) -> str:
     several), ``width`` columns spanning the minibatch.
 
     Each column shows what its stage runs at the column's midpoint: ``F``
-    (forward), ``B`` (backward), ``O`` (optimizer step) or ``.`` (idle, a
-    bubble). Ops shorter than a column may not show. O(S·M + S·width).
+    (forward), ``B`` (backward), ``O`` (optimizer step), ``S`` (a tied weight's
+    gradient all-reduce) or ``.`` (idle, a bubble). Ops shorter than a column may not show. O(S·M + S·width).
 
     >>> timing = simulate_pipeline(StageCosts([1, 1, 1], [0, 0, 0]), 3, "gpipe")
     >>> print(render_timeline(timing, width=10))

@@ -97,6 +97,7 @@ import numpy as np
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InfeasibleError, InputError
 from baechi_cli.graph import OpGraph
+from baechi_cli.passes.training import STEP_OP
 from baechi_cli.passes.unionfind import UnionFind
 
 # Floating-point slack when comparing loads summed in different orders.
@@ -129,6 +130,9 @@ class LoadModel:
     memory: float  # bytes per accelerator (inf: unlimited)
     cpus: int = 0
     names: list[str] = field(default_factory=list)
+    # Weights several ops read, each copied to every stage that reads it (load_model's
+    # replicate_tied); empty: every reader shares the owner's unit.
+    tied: tuple[TiedWeight, ...] = ()
 
     @property
     def num_ops(self) -> int:
@@ -157,6 +161,35 @@ class LoadModel:
             memory=math.inf,
             names=[str(i) for i in range(n)],
         )
+
+
+@dataclass(frozen=True)
+class TiedWeight:
+    """A weight several ops read (tied embeddings), as torch's ``pipeline()`` splits it.
+
+    ``owner`` holds the weight (its bytes are in the owner's size); every
+    other stage with a reader in ``readers`` holds a copy of
+    ``replica_bytes`` (the weight and its optimizer state), and once per
+    minibatch the stages holding it all-reduce its gradient of ``nbytes``
+    before the optimizer step, as PyTorch's ``REPLICATE`` multi-use
+    parameters and Megatron-LM's tied embeddings need.
+    """
+
+    owner: int
+    readers: tuple[int, ...]
+    nbytes: int
+    replica_bytes: int
+    latency_us: float  # the link's, per message
+    send_us: float  # nbytes over the link's bandwidth
+
+    def stages(self, stage_of: Sequence[int]) -> list[int]:
+        """The stages holding the weight under ``stage_of`` (per op), ascending."""
+        return sorted({stage_of[self.owner], *(stage_of[r] for r in self.readers)})
+
+    def allreduce_us(self, holders: int) -> float:
+        """A ring all-reduce of the gradient among ``holders`` devices (NCCL's): ``2 (k - 1)``
+        steps, each a message of ``1 / k`` of it; 0 for one holder."""
+        return 2 * (holders - 1) * (self.latency_us + self.send_us / holders)
 
 
 @dataclass(frozen=True)
@@ -1327,6 +1360,7 @@ def load_model(
     *,
     cpus: int = 0,
     follow_forward: bool = True,
+    replicate_tied: bool = False,
 ) -> LoadModel:
     """The max-load model of ``graph`` on ``devices``, the last ``cpus`` of which are CPU cores.
 
@@ -1338,6 +1372,11 @@ def load_model(
     and true. A tensor's transfer time is its measured time, else the
     interconnect's for its bytes. ``follow_forward``: also tie each backward
     op to its ``forward_op`` (Tarnawski's files tie them by colorClass only).
+    ``replicate_tied``: a weight several ops read (the ONNX reader's
+    ``_shared_parameter_bytes`` / ``_accumulated_parameter_bytes``) does not
+    keep its readers on one device; they are listed in ``tied`` instead, and
+    the gradient a reader sends its owner costs no transfer (a copy's
+    gradient stays on its stage until the minibatch's all-reduce).
     """
     accelerators = devices.devices[: devices.count - cpus]
     if not accelerators:
@@ -1349,21 +1388,33 @@ def load_model(
     accel = [max(times) for times in zip(*(graph.durations(kind) for kind in kinds))]
     cpu = [graph.attrs[v].get("cpu_us", accel[v]) for v in range(n)]
     ok = [bool(graph.attrs[v].get("accelerator", True)) for v in range(n)]
+    ic = devices.interconnect
+    tied = _tied_weights(graph, ic.latency_us, ic.bandwidth_bytes_per_us) if replicate_tied else ()
+    copies = {r for weight in tied for r in weight.readers}
     uf = UnionFind(range(n))
     for v in range(n):
-        uf.union(v, graph.group[v])
-        if follow_forward and graph.is_backward[v] and graph.forward_op[v] >= 0:
-            uf.union(v, graph.forward_op[v])
+        forward = graph.forward_op[v] if graph.is_backward[v] and graph.forward_op[v] >= 0 else v
+        if forward not in copies:  # a copy's reader, its backward and update go with it alone
+            uf.union(v, graph.group[v])
+        if follow_forward and forward != v:
+            uf.union(v, forward)
     tensors = graph.tensors
     dst: list[set[int]] = [set() for _ in tensors.src]
     for e in range(graph.num_edges):
         dst[tensors.edge_tensor[e]].add(graph.edge_dst[e])
-    ic = devices.interconnect
     cost = [
         # The model has one cost per tensor: the default link's (per-link overrides are not modelled).
         m if m is not None else ic.latency_us + b / ic.bandwidth_bytes_per_us
         for m, b in zip(tensors.measured_us, tensors.nbytes)
     ]
+    for t, src in enumerate(tensors.src):
+        # A copy's gradient contribution (passes.training) stays put: the all-reduce moves it.
+        if (
+            graph.is_backward[src]
+            and graph.forward_op[src] in copies
+            and all(graph.op_types[w] == STEP_OP for w in dst[t])
+        ):
+            cost[t] = 0.0
     return LoadModel(
         accel_us=list(accel),
         cpu_us=cpu,
@@ -1379,4 +1430,46 @@ def load_model(
         memory=min(d.memory_bytes for d in accelerators),
         cpus=cpus,
         names=list(graph.names),
+        tied=tied,
     )
+
+
+def _tied_weights(graph: OpGraph, latency_us: float, bytes_per_us: float) -> tuple[TiedWeight, ...]:
+    """The weights several ops of an ONNX graph read, by colocation group (:func:`load_model`).
+
+    The reader marks the first reader of a shared float initializer (the
+    owner) with ``_accumulated_parameter_bytes`` and every other with
+    ``_shared_parameter_bytes``; they share a colocation group. A copy also
+    holds the optimizer state the owner's update keeps per parameter byte.
+    O(V).
+    """
+    owners: dict[int, int] = {}
+    readers: dict[int, list[int]] = {}
+    for v in range(graph.num_ops):
+        attrs = graph.attrs[v]
+        if attrs.get("_accumulated_parameter_bytes"):
+            owners.setdefault(graph.group[v], v)
+        if attrs.get("_shared_parameter_bytes"):
+            readers.setdefault(graph.group[v], []).append(v)
+    state: dict[int, int] = {}  # owner -> its update's optimizer-state bytes
+    for v in range(graph.num_ops):
+        owner = graph.forward_op[v]
+        if graph.is_backward[v] and owner >= 0 and owner in owners.values() and graph.persistent_bytes[v]:
+            state[owner] = state.get(owner, 0) + graph.persistent_bytes[v]
+    tied = []
+    for group, owner in sorted(owners.items()):
+        if group not in readers:
+            continue
+        nbytes = graph.attrs[owner]["_accumulated_parameter_bytes"]
+        per_byte = state.get(owner, 0) / max(1, graph.persistent_bytes[owner])
+        tied.append(
+            TiedWeight(
+                owner,
+                tuple(readers[group]),
+                nbytes,
+                nbytes + math.ceil(nbytes * per_byte),
+                latency_us,
+                nbytes / bytes_per_us,
+            )
+        )
+    return tuple(tied)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from baechi_cli.cli import main
+from baechi_cli.devices import parse_devices
 from baechi_cli.errors import InputError
 from baechi_cli.io.onnx import onnx_node_ops, read_onnx
 from baechi_cli.io.torch_pipeline import (
@@ -616,6 +617,41 @@ def test_interleaved_plan_builds_two_stages_per_device_in_torch(exported, tmp_pa
     points = doc["module_map"]["pipeline"]["split_points"]
     pipe = _pipe(torch, model, x, points)
     assert pipe.num_stages == schedule["chunks_per_device"] * schedule["devices"] == len(points) + 1
+    with torch.no_grad():
+        got, _ = _run_stages(torch, pipe, x)
+        torch.testing.assert_close(got, model(x))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")
+def test_torch_copies_a_tied_weight_to_each_stage_that_reads_it(tmp_path):
+    """GPT-2's tie (the head's weight is the embedding's): the export reads one initializer from the
+    embedding and the head, which baechi lists as a weight to copy (``replicate_tied``); cut between
+    them, torch's pipeline() gives both stages the weight, equal, and the stages compute the model."""
+    torch = pytest.importorskip("torch")
+    from baechi_cli.throughput import load_model
+
+    model, x = _transformer(torch)
+    model.head.weight = model.embed.weight
+    model = _randomized(torch, model)
+    path = str(tmp_path / "tied.onnx")
+    _export(torch, model, x, path)
+    graph = read_onnx(path)
+    (weight,) = load_model(graph, parse_devices("2x16GB"), replicate_tied=True).tied
+    assert graph.attrs[weight.owner]["_module"] == "embed"
+    assert [graph.attrs[r]["_module"] for r in weight.readers] == ["head"]
+    assert weight.nbytes == model.embed.weight.numel() * 4
+
+    boundaries = graph_boundaries(graph)
+    stage = _stages_at(graph, _even_cuts(graph, boundaries, 2))
+    assert stage[weight.owner] == 0 and stage[weight.readers[0]] == 1
+    pipe = _pipe(torch, model, x, graph_split_points(graph, None, stage))
+    assert pipe.num_stages == 2
+    for s in range(2):  # each stage holds it (stage 0 under both names)
+        state = pipe.get_stage_module(s).state_dict()
+        copies = [t for t in state.values() if t.shape == model.embed.weight.shape]
+        assert copies and "head.weight" in state, f"stage {s}"
+        for t in copies:
+            torch.testing.assert_close(t, model.embed.weight)
     with torch.no_grad():
         got, _ = _run_stages(torch, pipe, x)
         torch.testing.assert_close(got, model(x))

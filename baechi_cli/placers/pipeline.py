@@ -17,6 +17,15 @@ the placement with the split in ``info["pipeline"]``:
   by the schedule) is kept: more stages spread the work but add bubbles
   ``(S - 1) / (M + S - 1)`` and hold more microbatches' activations.
 
+A weight several ops read (an ONNX export's tied embedding and head) keeps
+its readers in one unit in Tarnawski et al.'s model; with microbatches the
+split is also solved with each reader free to sit in another stage
+(:func:`baechi_cli.throughput.load_model`'s ``replicate_tied``), as torch's
+``pipeline()`` copies such a parameter to every stage using it: the copies
+count in their devices' memory and the schedule all-reduces their gradient
+once per minibatch (``info["tied_weights"]``). Both are simulated; the
+fastest within memory is kept.
+
 An ONNX export with PyTorch module paths is split only where
 ``torch.distributed.pipelining`` can cut (:mod:`baechi_cli.io.torch_pipeline`):
 the units are ordered by the program and the stages are ranges of that
@@ -44,7 +53,7 @@ from baechi_cli.errors import InfeasibleError, InputError
 from baechi_cli.graph import CONTROL_PORT, OpGraph
 from baechi_cli.placers import PipelineOptions, Placement
 from baechi_cli.schedule import INTERLEAVED, StageCosts, render_timeline, simulate_pipeline
-from baechi_cli.throughput import LoadModel, Split, evaluate, load_model, solve
+from baechi_cli.throughput import LoadModel, Split, TiedWeight, evaluate, load_model, solve
 
 # Stages per device under the interleaved schedule (Megatron-LM's and torch's usual choice).
 INTERLEAVED_CHUNKS = 2
@@ -68,8 +77,16 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
         best = None
         first_error = None
         minibatch_us: dict[str, float | None] = {}
+        # A weight several ops read (tied embeddings) holds its readers on one device in
+        # Tarnawski's model; torch's pipeline() copies it to each stage that reads it instead,
+        # at the price of an all-reduce per minibatch: both are tried.
+        models = [model]
+        if not from_workload:
+            untied = load_model(graph, devices, cpus=options.cpus, replicate_tied=True)
+            if untied.tied:
+                models.append(untied)
         for schedule in schedules:
-            found = _best_for_schedule(graph, model, program, cuts, replace(options, schedule=schedule))
+            found = _best_for_schedule(graph, models, program, cuts, replace(options, schedule=schedule))
             if isinstance(found, InfeasibleError):
                 first_error = first_error or found
                 minibatch_us[schedule] = None
@@ -122,8 +139,7 @@ def _split_points(graph: OpGraph, split: Split) -> dict[str, str] | None:
     from baechi_cli.io.onnx import onnx_node_ops
     from baechi_cli.io.torch_pipeline import graph_split_points
 
-    rank = {d: i for i, d in enumerate(split.stage_device)}
-    stage = [rank[split.device_of_op[v]] for v in range(graph.num_ops)]
+    stage = _stage_of(split)
     ops = onnx_node_ops(graph, graph.num_ops)
     # Stages numbered in program order (a stage with no forward op is left as it is).
     seen: dict[int, int] = {}
@@ -138,12 +154,13 @@ def _split_points(graph: OpGraph, split: Split) -> dict[str, str] | None:
 
 def _best_for_schedule(
     graph: OpGraph,
-    model: LoadModel,
+    models: list[LoadModel],
     program: list[int] | None,
     cuts: dict[int, str] | None,
     options: PipelineOptions,
 ) -> tuple[Split, dict[str, Any]] | InfeasibleError:
-    """The split of highest scheduled throughput within memory, over every stage count.
+    """The split of highest scheduled throughput within memory, over every stage count and model
+    (tied weights kept whole, then copied: :func:`baechi_cli.throughput.load_model`).
 
     Returns (not raises) the InfeasibleError when none fits, so that another
     schedule can be tried.
@@ -158,26 +175,32 @@ def _best_for_schedule(
     best: tuple[float, Split, dict[str, Any]] | None = None
     problems: list[str] = []
     chunks = INTERLEAVED_CHUNKS if options.schedule == INTERLEAVED else 1
+    model = models[0]
     for devices in range(1, model.accelerators + 1):
-        narrowed = LoadModel(
-            **{
-                **model.__dict__,
-                "accelerators": devices * chunks,
-                "memory": model.memory / chunks,
-                "cpus": model.cpus if chunks == 1 else 0,
-            }
-        )
-        try:
-            split = solve(narrowed, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts)
-            info = _info(model, split, saved, options, devices if chunks > 1 else None)
-        except (InfeasibleError, InputError) as err:  # no split, or microbatches the schedule refuses
-            problems.append(str(err))
-            continue
-        schedule = info["schedule"]
-        if not schedule["within_memory"]:
-            continue
-        if best is None or schedule["minibatches_per_s"] > best[0] * (1 + 1e-9):
-            best = (schedule["minibatches_per_s"], split, info)
+        for candidate in models:
+            if candidate.tied and devices * chunks == 1:
+                continue  # one stage: nothing to copy
+            narrowed = LoadModel(
+                **{
+                    **candidate.__dict__,
+                    "accelerators": devices * chunks,
+                    "memory": model.memory / chunks,
+                    "cpus": model.cpus if chunks == 1 else 0,
+                }
+            )
+            try:
+                split = solve(
+                    narrowed, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts
+                )
+                info = _info(candidate, split, saved, options, devices if chunks > 1 else None)
+            except (InfeasibleError, InputError) as err:  # no split, or microbatches the schedule refuses
+                problems.append(str(err))
+                continue
+            schedule = info["schedule"]
+            if not schedule["within_memory"]:
+                continue
+            if best is None or schedule["minibatches_per_s"] > best[0] * (1 + 1e-9):
+                best = (schedule["minibatches_per_s"], split, info)
     if best is None:
         return InfeasibleError(
             f"no pipeline split over 1 to {model.accelerators} device(s) fits memory with "
@@ -219,7 +242,17 @@ def _info(
     if saved is None or options.microbatches is None:
         return info
     m = options.microbatches
-    costs = _stage_costs(model, split, saved, m)
+    costs = _stage_costs(model, split, saved, m, devices)
+    if costs.gradient_syncs:
+        info["tied_weights"] = [
+            {
+                "weight": model.names[weight.owner],
+                "stages": list(stages),
+                "bytes": weight.nbytes,
+                "allreduce_us": round(us, 6),
+            }
+            for weight, (stages, us) in zip(_split_ties(model, split), costs.gradient_syncs)
+        ]
     timing = simulate_pipeline(costs, m, options.schedule, devices=devices)
     memory = model.memory
     if devices is None:
@@ -248,11 +281,26 @@ def _info(
     return info
 
 
-def _stage_costs(model: LoadModel, split: Split, saved: list[int], microbatches: int) -> StageCosts:
-    """Per stage and microbatch: forward and backward compute, boundary transfers, bytes."""
-    stages = len(split.stage_device)
+def _stage_of(split: Split) -> list[int]:
+    """Each op's stage, in pipeline order."""
     rank = {d: i for i, d in enumerate(split.stage_device)}
-    stage_of = [rank[d] for d in split.device_of_op]
+    return [rank[d] for d in split.device_of_op]
+
+
+def _split_ties(model: LoadModel, split: Split) -> list[TiedWeight]:
+    """The tied weights ``split`` puts in several stages (their copies are all-reduced)."""
+    stage_of = _stage_of(split)
+    return [weight for weight in model.tied if len(weight.stages(stage_of)) > 1]
+
+
+def _stage_costs(
+    model: LoadModel, split: Split, saved: list[int], microbatches: int, devices: int | None = None
+) -> StageCosts:
+    """Per stage and microbatch: forward and backward compute, boundary transfers, bytes; per
+    minibatch, the all-reduce of each tied weight split across devices (stage ``s`` on device ``s
+    % devices``; None: one stage per device), whose copies on other devices count in memory."""
+    stages = len(split.stage_device)
+    stage_of = _stage_of(split)
     k = model.accelerators
     forward = [0.0] * stages
     backward = [0.0] * stages
@@ -277,6 +325,16 @@ def _stage_costs(model: LoadModel, split: Split, saved: list[int], microbatches:
             elif a > b:  # a gradient going back
                 for s in range(b, a):
                     send_backward[s] += model.tensor_us[t] / microbatches
+    syncs = []
+    for weight in _split_ties(model, split):
+        held = weight.stages(stage_of)
+        device_of = {s: s % devices if devices else s for s in held}
+        # The owner's device holds the weight already; one copy per other device.
+        first_on_device = {device_of[s]: s for s in reversed(held)}
+        first_on_device.pop(device_of[stage_of[weight.owner]], None)
+        for s in first_on_device.values():
+            persistent[s] += weight.replica_bytes
+        syncs.append((held, weight.allreduce_us(len(set(device_of.values())))))
     return StageCosts(
         forward_us=forward,
         backward_us=backward,
@@ -284,4 +342,5 @@ def _stage_costs(model: LoadModel, split: Split, saved: list[int], microbatches:
         send_backward_us=send_backward,
         persistent_bytes=persistent,
         activation_bytes=activation,
+        gradient_syncs=syncs,
     )

@@ -1,0 +1,172 @@
+"""Tied weights in a pipeline: one weight read by the first and the last op (GPT-2's embedding and
+language-model head), copied to each stage that reads it, as torch's ``pipeline()`` does, with its
+gradient all-reduced once per minibatch.
+
+The models are real ONNX files built with onnx.helper; the all-reduce and the copies are checked
+against their closed forms, and the schedule's sync against a hand-computed minibatch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from baechi_cli.cli import main
+from baechi_cli.devices import parse_devices
+from baechi_cli.errors import InputError
+from baechi_cli.pipeline import PassOptions, PlaceOptions, prepare
+from baechi_cli.placers.pipeline import _stage_costs
+from baechi_cli.schedule import StageCosts, simulate_pipeline
+from baechi_cli.throughput import LoadModel, Split, TiedWeight, load_model
+
+VOCAB, WIDTH, LAYERS = 4096, 512, 8
+
+
+def _tied_lm(path: str, batch: int = 64, seq: int = 256) -> None:
+    """ids -> Gather(wte) -> LAYERS x (MatMul, Relu) -> MatMul(Transpose(wte)): the head reads the
+    embedding's weight, as a tied Linear exports."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((VOCAB, WIDTH), dtype=np.float32), "wte")]
+    nodes = [helper.make_node("Gather", ["wte", "ids"], ["h0"], name="/embed/Gather")]
+    for i in range(LAYERS):
+        inits.append(numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH), dtype=np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"m{i}"], name=f"/layer{i}/MatMul"))
+        nodes.append(helper.make_node("Relu", [f"m{i}"], [f"h{i + 1}"], name=f"/layer{i}/Relu"))
+    nodes.append(helper.make_node("Transpose", ["wte"], ["wt"], name="/head/Transpose", perm=[1, 0]))
+    nodes.append(helper.make_node("MatMul", [f"h{LAYERS}", "wt"], ["logits"], name="/head/MatMul"))
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [batch, seq])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, seq, VOCAB])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.fixture(scope="module")
+def tied_lm(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("tied") / "lm.onnx")
+    _tied_lm(path)
+    return path
+
+
+def _op_graph(path: str, optimizer: str):
+    prepared = prepare(
+        path, parse_devices("4x16GB"), PlaceOptions(training=True, optimizer=optimizer), lambda s: None
+    )
+    # What the pipeline splitter sees: no co-placement or fusion.
+    return prepared.variant_for(PassOptions(False, None, False)).placement_graph, prepared.devices
+
+
+@pytest.mark.parametrize("optimizer, state", [("sgd", 0), ("adam", 2)])
+def test_a_tied_weight_is_listed_and_its_readers_part(tied_lm, optimizer, state):
+    """Kept whole, the embedding and the head share a unit; copied, they part, the copy holds the
+    weight and the optimizer's state of it, and the head's gradient contribution moves nothing."""
+    graph, devices = _op_graph(tied_lm, optimizer)
+    names = {n: v for v, n in enumerate(graph.names)}
+    embed, head = names["/embed/Gather"], names["/head/Transpose"]
+    whole = load_model(graph, devices)
+    copied = load_model(graph, devices, replicate_tied=True)
+    assert whole.tied == () and whole.unit_of_op[embed] == whole.unit_of_op[head]
+    assert copied.unit_of_op[embed] != copied.unit_of_op[head]
+    nbytes = VOCAB * WIDTH * 4
+    ic = devices.interconnect
+    (weight,) = copied.tied
+    assert (weight.owner, weight.readers, weight.nbytes) == (embed, (head,), nbytes)
+    assert weight.replica_bytes == nbytes * (1 + state)
+    assert weight.send_us == pytest.approx(nbytes / ic.bandwidth_bytes_per_us)
+    contributions = [
+        t
+        for t, src in enumerate(copied.tensor_src)
+        if graph.is_backward[src] and graph.forward_op[src] == head and whole.tensor_us[t] > 1000
+    ]
+    assert contributions and all(copied.tensor_us[t] == 0 for t in contributions)
+
+
+def test_ring_allreduce_closed_form():
+    weight = TiedWeight(0, (1,), 1000, 1000, latency_us=10.0, send_us=100.0)
+    assert weight.allreduce_us(1) == 0
+    assert weight.allreduce_us(2) == pytest.approx(2 * (10 + 50))
+    assert weight.allreduce_us(4) == pytest.approx(6 * (10 + 25))
+
+
+def test_the_split_that_copies_the_weight_pays_its_allreduce(tied_lm, tmp_path):
+    """1F1B on four devices: the split copies the embedding to the last stage, which holds the copy,
+    and the minibatch ends with the all-reduce on the two devices holding it."""
+    report = tmp_path / "r.json"
+    args = ["place", tied_lm, "--training", "--objective", "throughput", "--microbatches", "8"]
+    args += ["--schedule", "1f1b", "--devices", "4x16GB", "--report", str(report), "-q"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    pipeline = json.loads(report.read_text())["pipeline"]
+    stages = len(pipeline["stages"])
+    (tied,) = pipeline["tied_weights"]
+    assert tied["weight"] == "/embed/Gather" and tied["stages"] == [0, stages - 1] and stages > 1
+    ic = parse_devices("4x16GB").interconnect
+    send = tied["bytes"] / ic.bandwidth_bytes_per_us
+    assert tied["allreduce_us"] == pytest.approx(2 * (ic.latency_us + send / 2), rel=1e-6)
+    timeline = pipeline["schedule"]["timeline"]
+    assert "S" in timeline[0] and "S" in timeline[-1] and all("S" not in row for row in timeline[1:-1])
+    assert pipeline["schedule"]["peak_bytes"][-1] > tied["bytes"]
+    assert pipeline["schedule"]["speedup_vs_one_device"] > 1
+
+
+def _chain_with_tie(devices: int | None, reader: int = 3):
+    """Four one-op stages, op 0 owning a weight ``reader`` reads; stage ``s`` on ``s % devices``."""
+    model = LoadModel.chain([10.0] * 4, send_us=[1.0] * 3, accelerators=4)
+    model = LoadModel(**{**model.__dict__, "tied": (TiedWeight(0, (reader,), 500, 700, 2.0, 40.0),)})
+    split = Split(
+        10.0, [[v] for v in range(4)], [0, 1, 2, 3], [10.0] * 4, [0, 1, 2, 3], True, "", 0.0, 0.0, 0, 4
+    )
+    return _stage_costs(model, split, [0] * 4, 2, devices)
+
+
+def test_copies_count_once_per_device_and_sync_only_across_devices():
+    """One stage per device: the last stage holds a copy and the two all-reduce; two stages per
+    device (0 and 2 on device 0, 1 and 3 on device 1): still two devices. A reader on the owner's
+    device (stage 2 with stage 0) reads the owner's tensor: no copy, no all-reduce."""
+    costs = _chain_with_tie(None)
+    assert costs.persistent_bytes == (0, 0, 0, 700)
+    assert costs.gradient_syncs == (((0, 3), pytest.approx(2 * (2.0 + 20.0))),)
+    interleaved = _chain_with_tie(2)
+    assert interleaved.persistent_bytes == (0, 0, 0, 700)
+    assert interleaved.gradient_syncs == costs.gradient_syncs
+    same_device = _chain_with_tie(2, reader=2)
+    assert same_device.persistent_bytes == (0, 0, 0, 0)
+    assert same_device.gradient_syncs == (((0, 2), 0.0),)
+    assert _chain_with_tie(None, reader=2).persistent_bytes == (0, 0, 700, 0)
+
+
+def test_gradient_syncs_hold_the_devices_that_hold_a_copy():
+    """Two stages, f = 1, b = 2, two microbatches under 1F1B end at 9; the all-reduce of 5 on both
+    stages runs from there, before the optimizer steps; on one device it is skipped."""
+    plain = simulate_pipeline(StageCosts([1, 1], [2, 2]), 2, "1f1b")
+    assert plain.minibatch_us == 9
+    synced = simulate_pipeline(
+        StageCosts([1, 1], [2, 2], optimizer_us=[1, 0], gradient_syncs=[((0, 1), 5)]), 2
+    )
+    assert synced.minibatch_us == 9 + 5 + 1
+    syncs = [(e.stage, e.start_us, e.end_us) for e in synced.events if e.kind == "S"]
+    assert syncs == [(0, 9, 14), (1, 9, 14)]
+    (step,) = [e for e in synced.events if e.kind == "O"]
+    assert step.start_us == 14
+    one_device = simulate_pipeline(
+        StageCosts([1, 1], [2, 2], gradient_syncs=[((0, 1), 5)]), 2, "interleaved", devices=1
+    )
+    assert not [e for e in one_device.events if e.kind == "S"]
+    assert one_device.minibatch_us == 2 * (3 + 3)
+
+
+@pytest.mark.parametrize(
+    "syncs",
+    [[((0, 2), 1.0)], [((0, 1), -1.0)], [((), 1.0)], [((0, 1), float("nan"))], [((True, 1), 1.0)]],
+)
+def test_bad_gradient_syncs_are_input_errors(syncs):
+    with pytest.raises(InputError, match="gradient_syncs"):
+        StageCosts([1, 1], [1, 1], gradient_syncs=syncs)
