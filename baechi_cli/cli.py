@@ -264,10 +264,12 @@ def _common_options(fn: Callable) -> Callable:
 )
 @click.option(
     "--schedule",
-    type=click.Choice(["1f1b", "gpipe", "interleaved"]),
+    type=click.Choice(["1f1b", "gpipe", "interleaved", "zbv"]),  # schedule.ALL_SCHEDULES
     default=None,
-    help="With --microbatches: the pipeline schedule (default: the faster of 1f1b and interleaved). "
-    "interleaved: torch's ScheduleInterleaved1F1B, two stages per device, a smaller bubble.",
+    help="With --microbatches: the pipeline schedule (default: the fastest of 1f1b, interleaved "
+    "and zbv). interleaved: torch's ScheduleInterleaved1F1B, two stages per device, a smaller "
+    "bubble. zbv: torch's ScheduleZBVZeroBubble, two stages per device in a V, weight gradients "
+    "filling the bubbles.",
 )
 @_common_options
 def place(

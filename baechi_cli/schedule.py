@@ -30,23 +30,32 @@ Model:
     ``w`` cool-down backwards. torch's ``Schedule1F1B`` counts the first
     steady forward as warm-up (``min(S - s, M)`` forwards) and issues the
     same per-stage order.
+  - ``interleaved`` and ``zbv`` run several stages per device
+    (:func:`device_orders`, :func:`stage_devices`): torch's
+    ``ScheduleInterleaved1F1B`` and ``ScheduleZBVZeroBubble``. Under ``zbv``
+    a backward is two ops: ``I(s, m)``, the input gradient (``backward_us -
+    weight_us``), which the stage below waits for, and ``W(s, m)``, the
+    weight gradient (``weight_us``), which nothing waits for, so the order
+    slips it into what would be bubbles.
 
   With ``backward_us`` all 0 the costs describe inference: both schedules
   run only ``F(s, 0..M-1)``, and an optimizer step is refused.
 * ``F(s, m)`` starts when stage ``s`` is free and the activation of ``m`` has
   arrived from ``s - 1``; ``B(s, m)`` when the stage is free and the gradient
   of ``m`` has arrived from ``s + 1`` (the last stage's backward only needs
-  its own forward of ``m``, which its order puts earlier). Every op starts as
+  its own forward of ``m``, which its order puts earlier); ``I`` likewise,
+  ``W`` when its device is free. Every op starts as
   early as that allows: ``start = max(end of the stage's previous op, input
   arrival)``.
 * Transfers overlap compute: each stage pair has one link per direction. A
   link sends one microbatch at a time, in the order the sender produced them:
   a send starts at ``max(producer's end, the link's previous send's end)``
   and the data arrives ``send_forward_us[s]`` (``send_backward_us[s]``) later.
+  Between two stages on one device nothing moves: the data is there at once.
 * Minibatch time: the end of the last op (all-reduces and optimizer steps included).
   Throughput is ``M / minibatch`` per µs, reported per second.
 * In flight on stage ``s``: microbatches whose forward has started on ``s``
-  and whose backward on ``s`` has not ended (a backward ending at the instant
+  and whose backward (under ``zbv`` its ``W``) on ``s`` has not ended (a backward ending at the instant
   a forward starts frees first); in inference, a microbatch only while its
   forward runs. ``peak_bytes[s] = persistent_bytes[s] + peak_in_flight[s] *
   activation_bytes[s]``.
@@ -86,9 +95,12 @@ from baechi_cli.errors import InputError
 SCHEDULES = ("gpipe", "1f1b")  # one stage per device
 # torch's ScheduleInterleaved1F1B (Megatron-LM's interleaved schedule): several stages per device.
 INTERLEAVED = "interleaved"
-ALL_SCHEDULES = (*SCHEDULES, INTERLEAVED)
+# torch's ScheduleZBVZeroBubble: two stages per device in a V, the backward split into its
+# input gradient (I) and its weight gradient (W), which fills the bubbles.
+ZBV = "zbv"
+ALL_SCHEDULES = (*SCHEDULES, INTERLEAVED, ZBV)
 
-OpKind = Literal["F", "B", "O", "S"]
+OpKind = Literal["F", "B", "I", "W", "O", "S"]
 
 
 def _as_tuple(name: str, values: Sequence[float] | None, length: int, *, integral: bool) -> tuple:
@@ -122,6 +134,8 @@ class StageCosts:
     persistent_bytes: Sequence[int] | None = None  # weights, optimizer state: always resident
     activation_bytes: Sequence[int] | None = None  # one microbatch's, while in flight
     optimizer_us: Sequence[float] | None = None  # once per minibatch, after the last backward
+    # The part of backward_us that computes the weight gradient (zbv runs it apart, as W).
+    weight_us: Sequence[float] | None = None
     # (stages, µs): an all-reduce of a weight those stages each hold a copy of, once per
     # minibatch, after their devices' last forward or backward and before their optimizer steps.
     gradient_syncs: Sequence[tuple[Sequence[int], float]] = ()
@@ -146,7 +160,11 @@ class StageCosts:
             "persistent_bytes": _as_tuple("persistent_bytes", self.persistent_bytes, stages, integral=True),
             "activation_bytes": _as_tuple("activation_bytes", self.activation_bytes, stages, integral=True),
             "optimizer_us": _as_tuple("optimizer_us", self.optimizer_us, stages, integral=False),
+            "weight_us": _as_tuple("weight_us", self.weight_us, stages, integral=False),
         }
+        for i, (w, b) in enumerate(zip(normalized["weight_us"], normalized["backward_us"])):
+            if w > b:
+                raise InputError(f"weight_us[{i}] must be at most backward_us[{i}] ({b!r}), got {w!r}")
         syncs = []
         for i, sync in enumerate(self.gradient_syncs):
             members, us = sync
@@ -252,8 +270,8 @@ def op_order(
     >>> op_order("gpipe", 2, 2)[1], op_order("1f1b", 2, 2, training=False)[1]
     ([('F', 0), ('F', 1), ('B', 0), ('B', 1)], [('F', 0), ('F', 1)])
     """
-    if schedule == INTERLEAVED:
-        raise InputError("the interleaved schedule runs several stages per device: see device_orders")
+    if schedule in (INTERLEAVED, ZBV):
+        raise InputError(f"the {schedule} schedule runs several stages per device: see device_orders")
     if schedule not in SCHEDULES:
         raise InputError(f"unknown schedule {schedule!r}: expected one of {', '.join(ALL_SCHEDULES)}")
     _check_microbatches(num_microbatches)
@@ -274,12 +292,25 @@ def op_order(
     return orders
 
 
+def stage_devices(schedule: str, num_stages: int, num_devices: int) -> list[int]:
+    """The device of each stage: ``s % num_devices``, except under ``zbv``, whose stages go down
+    the devices and back up (a V: stages ``d`` and ``2 D - 1 - d`` on device ``d``), as torch's
+    ``generate_stage_to_rank_mapping(style="v")``. O(S).
+
+    >>> stage_devices("interleaved", 6, 3), stage_devices("zbv", 6, 3)
+    ([0, 1, 2, 0, 1, 2], [0, 1, 2, 2, 1, 0])
+    """
+    if schedule == ZBV:
+        return [s if s < num_devices else 2 * num_devices - 1 - s for s in range(num_stages)]
+    return [s % num_devices for s in range(num_stages)]
+
+
 def device_orders(
     schedule: str, num_stages: int, num_devices: int, num_microbatches: int, *, training: bool = True
 ) -> list[list[tuple[OpKind, int, int]]]:
     """Each device's ops, as (kind, stage, microbatch), in the order ``schedule`` runs them.
 
-    Stage ``s`` runs on device ``s % num_devices``. GPipe and 1F1B need one
+    Stage ``s`` runs on device ``stage_devices(...)[s]``. GPipe and 1F1B need one
     stage per device (their :func:`op_order`). ``interleaved`` is torch's
     ``ScheduleInterleaved1F1B`` with ``v = num_stages / num_devices`` stages
     per device: ``r = max(1, M // D)`` rounds of ``M / r`` microbatches (M
@@ -288,12 +319,27 @@ def device_orders(
     backward, then the remaining backwards, forward step ``i`` on its local
     stage ``(i // (M/r)) % v`` and backward step ``i`` (counted from the end
     of the warm-up) on ``v - 1 - (i // (M/r)) % v``, each stage's
-    microbatches in order. O(S·M).
+    microbatches in order. ``zbv`` is torch's ``ScheduleZBVZeroBubble``
+    (training only, two stages per device in a V): each backward is an ``I``
+    (input gradient, sent on) and a ``W`` (weight gradient, free to wait);
+    device ``d`` of ``D`` runs ``2 (D - d) - 1`` forwards of its first stage,
+    ``d`` pairs of forwards of both, ``D - d`` rounds of F, I, W on its second
+    stage, then F, I, W of the first stage and of the second in turn, and
+    drains with the Is of both stages, then the Ws (:func:`_zbv_order`).
+    O(S·M).
 
     >>> [f"{k}{s}.{m}" for k, s, m in device_orders("interleaved", 4, 2, 2)[1]]
     ['F1.0', 'F1.1', 'F3.0', 'B3.0', 'F3.1', 'B3.1', 'B1.0', 'B1.1']
     """
     _check_microbatches(num_microbatches)
+    if schedule == ZBV:
+        if num_stages != 2 * num_devices:
+            raise InputError(
+                f"the zbv schedule runs two stages per device: {num_stages} stages on {num_devices}"
+            )
+        if not training:
+            raise InputError("the zbv schedule splits backwards: it needs a training step")
+        return [_zbv_order(d, num_devices, num_microbatches) for d in range(num_devices)]
     if schedule != INTERLEAVED:
         if num_devices != num_stages:
             raise InputError(
@@ -346,6 +392,49 @@ def _interleaved_order(
     return order
 
 
+def _zbv_order(device: int, devices: int, microbatches: int) -> list[tuple[OpKind, int, int]]:
+    """One device's ops under ``zbv`` (:func:`device_orders`), as torch's ``ScheduleZBVZeroBubble``
+    lists them: the order is laid out for at least ``2 D - 1`` microbatches, and the ops of
+    microbatches past the last are left out."""
+    first, second = device, 2 * devices - 1 - device  # the V's two stages on this device
+    laid_out = max(2 * devices - 1, microbatches)
+    order: list[tuple[OpKind, int, int]] = []
+    count = {(kind, stage): 0 for kind in "FIW" for stage in (first, second)}
+
+    def run(kind: OpKind, stage: int) -> None:
+        order.append((kind, stage, count[kind, stage]))
+        count[kind, stage] += 1
+
+    for _ in range(2 * (devices - device) - 1):
+        run("F", first)
+    for _ in range(device):
+        run("F", second)
+        run("F", first)
+    for _ in range(devices - device):
+        run("F", second)
+        run("I", second)
+        run("W", second)
+    while count["F", second] < count["F", first] or count["F", first] < laid_out:
+        if count["F", first] < laid_out:
+            run("F", first)
+        run("I", first)
+        run("W", first)
+        run("F", second)
+        run("I", second)
+        run("W", second)
+    for _ in range(device):
+        run("I", first)
+        run("I", second)
+    for _ in range(devices - device):
+        run("I", first)
+        run("W", first)
+    while count["W", second] < count["I", second]:
+        run("W", second)
+    while count["W", first] < count["I", first]:
+        run("W", first)
+    return [op for op in order if op[2] < microbatches]
+
+
 def simulate_pipeline(
     costs: StageCosts,
     num_microbatches: int,
@@ -377,7 +466,14 @@ def simulate_pipeline(
     stages, training = costs.num_stages, costs.training
     num_devices = stages if devices is None else devices
     orders = device_orders(schedule, stages, num_devices, num_microbatches, training=training)
-    device_of = [s % num_devices for s in range(stages)]
+    device_of = stage_devices(schedule, stages, num_devices)
+    weight = costs.weight_us
+    duration = {
+        "F": costs.forward_us,
+        "B": costs.backward_us,
+        "I": tuple(b - w for b, w in zip(costs.backward_us, weight)),
+        "W": weight,
+    }
 
     # Arrival times of each stage's inputs, None until the producer is resolved. Stage 0's
     # inputs are there from the start; the last stage's "gradient" is its own forward's end.
@@ -391,11 +487,13 @@ def simulate_pipeline(
     device_free = [0.0] * num_devices
     next_op = [0] * num_devices
 
-    def send(src: int, dst: int, ready: float, duration: float) -> tuple[float, float]:
+    def send(src: int, dst: int, ready: float, us: float) -> tuple[float, float]:
         link = (device_of[src], device_of[dst])
+        if link[0] == link[1]:
+            return ready, ready  # two stages of one device: nothing moves
         start = max(ready, link_free.get(link, 0.0))
-        link_free[link] = start + duration
-        return start, start + duration
+        link_free[link] = start + us
+        return start, start + us
 
     to_visit = list(range(num_devices))
     while to_visit:
@@ -403,11 +501,14 @@ def simulate_pipeline(
         order = orders[device]
         while next_op[device] < len(order):
             kind, stage, mb = order[next_op[device]]
-            arrival = activation_at[stage][mb] if kind == "F" else gradient_at[stage][mb]
+            # A W follows its I on the same device, which the order puts earlier.
+            arrival = (
+                activation_at[stage][mb] if kind == "F" else 0.0 if kind == "W" else gradient_at[stage][mb]
+            )
             if arrival is None:
                 break  # revisited when the input arrives
             start = max(device_free[device], arrival)
-            end = start + (costs.forward_us[stage] if kind == "F" else costs.backward_us[stage])
+            end = start + duration[kind][stage]
             stage_events[stage].append(PipelineEvent(stage, kind, mb, start, end))
             device_free[device] = end
             next_op[device] += 1
@@ -418,6 +519,8 @@ def simulate_pipeline(
                 to_visit.append(device_of[stage + 1])
             elif kind == "F":
                 gradient_at[stage][mb] = end
+            elif kind == "W":
+                pass
             elif stage > 0:
                 began, arrived = send(stage, stage - 1, end, costs.send_backward_us[stage - 1])
                 gradient_at[stage - 1][mb] = arrived
@@ -497,7 +600,7 @@ def _peak_activation_bytes(
         if kind == "F":
             live += activation[stage]
             peak = max(peak, live)
-        if kind == "B" or not training:
+        if kind in ("B", "W") or not training:  # a zbv microbatch's activations live until its W
             live -= activation[stage]
     return peak
 
@@ -513,7 +616,7 @@ def _peak_in_flight(order: list[tuple[OpKind, int]], training: bool) -> int:
         if kind == "F":
             in_flight += 1
             peak = max(peak, in_flight)
-        if kind == "B" or not training:
+        if kind in ("B", "W") or not training:
             in_flight -= 1
     return peak
 

@@ -108,7 +108,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in names:
         path = export(name, args.cache)
-        for schedule in ("1f1b", "gpipe", "interleaved"):
+        for schedule in ("1f1b", "gpipe", "interleaved", "zbv"):
             print(row(name, path, args.devices, args.microbatches, schedule), flush=True)
 
 

@@ -20,7 +20,7 @@ from baechi_cli.cli import main
 from baechi_cli.devices import parse_devices
 from baechi_cli.errors import InputError
 from baechi_cli.pipeline import PassOptions, PlaceOptions, prepare
-from baechi_cli.placers.pipeline import _stage_costs
+from baechi_cli.placers.pipeline import _PerOp, _stage_costs
 from baechi_cli.schedule import StageCosts, simulate_pipeline
 from baechi_cli.throughput import LoadModel, Split, TiedWeight, load_model
 
@@ -124,7 +124,8 @@ def _chain_with_tie(devices: int | None, reader: int = 3):
     split = Split(
         10.0, [[v] for v in range(4)], [0, 1, 2, 3], [10.0] * 4, [0, 1, 2, 3], True, "", 0.0, 0.0, 0, 4
     )
-    return _stage_costs(model, split, [0] * 4, 2, devices)
+    device_of_stage = None if devices is None else [s % devices for s in range(4)]
+    return _stage_costs(model, split, _PerOp([0] * 4, [0.0] * 4), 2, device_of_stage)
 
 
 def test_copies_count_once_per_device_and_sync_only_across_devices():

@@ -455,3 +455,119 @@ def test_interleaved_refuses_what_torch_refuses():
         simulate_pipeline(uniform(4, 1, 1), 7, "interleaved", devices=2)  # 3 rounds of 7
     with pytest.raises(InputError, match="one stage per device"):
         simulate_pipeline(uniform(4, 1, 1), 4, "1f1b", devices=2)
+
+
+# --------------------------------------------------------------------------- zbv
+
+
+@pytest.mark.parametrize(
+    "devices, microbatches", [(1, 4), (2, 2), (2, 4), (3, 1), (3, 6), (4, 3), (4, 8), (4, 10)]
+)
+def test_zbv_order_and_stage_devices_are_torchs(devices, microbatches):
+    """Per device, the ops torch's ScheduleZBVZeroBubble lists (fewer microbatches than 2D - 1
+    included: torch lays the order out for 2D - 1 and drops the rest), and its V of stages."""
+    pytest.importorskip("torch")
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
+
+    from baechi_cli.schedule import device_orders, stage_devices
+
+    stages_count = 2 * devices
+
+    class Stage:  # what the schedule reads of a stage to compute its order
+        def __init__(self, index: int, rank: int) -> None:
+            self.group_size, self.group_rank, self.stage_index = devices, rank, index
+            self.num_stages = stages_count
+            self.is_first, self.is_last = index == 0, index == stages_count - 1
+            self.submod = None
+
+    ours = device_orders("zbv", stages_count, devices, microbatches)
+    for rank in range(devices):
+        schedule = ScheduleZBVZeroBubble(
+            [Stage(rank, rank), Stage(stages_count - 1 - rank, rank)], microbatches
+        )
+        theirs = schedule.pipeline_order[rank]
+        assert [f"{s}{k}{m}" for k, s, m in ours[rank]] == [str(a) for a in theirs if a is not None]
+        mapping = schedule.stage_index_to_group_rank
+        assert [mapping[s] for s in range(stages_count)] == stage_devices("zbv", stages_count, devices)
+
+
+def test_zbv_fills_the_bubbles_with_weight_gradients():
+    """Equal F = I = W = 1 on 4 devices, 8 microbatches: 1F1B's (M + S - 1)(f + b) = 66 against
+    interleaved's 57 and zbv's 51 (the ideal, every device busy, is 48); a W never holds up the
+    stage below, so moving the backward's time into W shortens the minibatch."""
+    four = uniform(4, 2, 4)
+    assert simulate_pipeline(four, 8, "1f1b").minibatch_us == 66
+    eight = uniform(8, 1, 2, weight_us=[1] * 8)
+    assert simulate_pipeline(eight, 8, "interleaved", devices=4).minibatch_us == 57
+    timing = simulate_pipeline(eight, 8, "zbv", devices=4)
+    assert timing.minibatch_us == 51
+    assert timing.stage_device == (0, 1, 2, 3, 3, 2, 1, 0)
+    no_split = simulate_pipeline(uniform(8, 1, 2), 8, "zbv", devices=4)
+    assert no_split.minibatch_us > timing.minibatch_us
+    assert {e.kind for e in timing.events} == {"F", "I", "W"}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_zbv_timelines_keep_every_dependency(seed):
+    """Random costs: an F after its activation arrives, an I after its gradient (the last stage's
+    after its own F), a W after its I; transfers between the two stages of one device (the V's
+    turn) take no time; a device runs one op at a time; its peak counts a microbatch from F to W."""
+    rng = random.Random(seed)
+    devices = rng.randint(1, 4)
+    stages = 2 * devices
+    microbatches = rng.randint(1, 9)
+    backward = [rng.randint(1, 4) / 2 for _ in range(stages)]
+    costs = StageCosts(
+        [rng.randint(1, 4) / 2 for _ in range(stages)],
+        backward,
+        send_forward_us=[rng.randint(0, 3) / 2 for _ in range(stages - 1)],
+        send_backward_us=[rng.randint(0, 3) / 2 for _ in range(stages - 1)],
+        activation_bytes=[rng.randint(1, 5) for _ in range(stages)],
+        weight_us=[b * rng.choice([0, 0.25, 0.5, 1]) for b in backward],
+    )
+    timing = simulate_pipeline(costs, microbatches, "zbv", devices=devices)
+    ops = {(e.kind, e.stage, e.microbatch): e for e in timing.events}
+    assert len(ops) == len(timing.events) == 3 * stages * microbatches
+    sends = {(t.src_stage, t.dst_stage, t.microbatch): t for t in timing.transfers}
+    device_of = timing.stage_device
+    for (kind, s, m), e in ops.items():
+        length = {"F": costs.forward_us[s], "I": backward[s] - costs.weight_us[s], "W": costs.weight_us[s]}[
+            kind
+        ]
+        assert e.end_us - e.start_us == pytest.approx(length)
+        if kind == "F" and s > 0:
+            t = sends[(s - 1, s, m)]
+            assert t.start_us >= ops[("F", s - 1, m)].end_us and e.start_us >= t.end_us
+            assert (t.end_us - t.start_us == 0) == (
+                device_of[s - 1] == device_of[s] or costs.send_forward_us[s - 1] == 0
+            )
+        if kind == "I" and s < stages - 1:
+            t = sends[(s + 1, s, m)]
+            assert t.start_us >= ops[("I", s + 1, m)].end_us and e.start_us >= t.end_us
+        if kind == "I" and s == stages - 1:
+            assert e.start_us >= ops[("F", s, m)].end_us
+        if kind == "W":
+            assert e.start_us >= ops[("I", s, m)].end_us
+    for d in range(devices):
+        mine = sorted(
+            (e for e in timing.events if device_of[e.stage] == d), key=lambda e: (e.start_us, e.end_us)
+        )
+        assert all(a.end_us <= b.start_us + 1e-9 for a, b in zip(mine, mine[1:]))
+        # Activations live from a microbatch's F to its W on each stage.
+        live = peak = 0
+        for e in sorted(mine, key=lambda e: (e.start_us, e.kind != "W")):
+            if e.kind == "F":
+                live += costs.activation_bytes[e.stage]
+                peak = max(peak, live)
+            elif e.kind == "W":
+                live -= costs.activation_bytes[e.stage]
+        assert timing.device_peak_bytes[d] == peak
+
+
+def test_zbv_refuses_what_torch_refuses():
+    with pytest.raises(InputError, match="two stages per device"):
+        simulate_pipeline(uniform(6, 1, 1), 4, "zbv", devices=2)
+    with pytest.raises(InputError, match="needs a training step"):
+        simulate_pipeline(uniform(4, 1, 0), 4, "zbv", devices=2)
+    with pytest.raises(InputError, match="weight_us"):
+        StageCosts([1, 1], [1, 1], weight_us=[1, 2])

@@ -598,25 +598,40 @@ def test_a_module_called_twice_in_a_row_is_told_by_its_call_suffix(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")
-def test_interleaved_plan_builds_two_stages_per_device_in_torch(exported, tmp_path):
-    """`place --objective throughput --microbatches 4 --schedule interleaved`: the report's split points
-    make torch build the same number of stages on every device used (up to two; stage s runs on
-    device s % devices, as ScheduleInterleaved1F1B assigns them), and the stages in turn compute the
-    model's output."""
+@pytest.mark.parametrize("name", ["interleaved", "zbv"])
+def test_two_stages_per_device_plans_build_in_torch(exported, tmp_path, name):
+    """`place --objective throughput --microbatches 4 --schedule interleaved|zbv`: the report's split
+    points make torch build the same number of stages on every device used (interleaved: up to
+    two, stage s on device s % devices as ScheduleInterleaved1F1B assigns them; zbv: two, in the V
+    ScheduleZBVZeroBubble assigns), the placement puts each stage's ops on that device, and the
+    stages in turn compute the model's output."""
+    from baechi_cli.schedule import stage_devices
+
     torch, model, x, graph = exported
     onnx_path = str(tmp_path / "model.onnx")
     _export(torch, model, x, onnx_path)
     report = tmp_path / "r.json"
     args = ["place", onnx_path, "--training", "--objective", "throughput", "--microbatches", "4"]
-    args += ["--schedule", "interleaved", "--devices", "2x16GB", "--report", str(report), "-q"]
+    # Slow devices on a fast link: the tiny models split (zbv needs every stage it lays out).
+    devices = tmp_path / "devices.yaml"
+    devices.write_text(
+        "devices: {count: 2, memory: 16GiB, flops: 1G, memory_bandwidth: 1GB/s}\n"
+        "interconnect: {mode: parallel, latency: 0.1us, bandwidth: 1000GB/s}\n"
+    )
+    args += ["--schedule", name, "--devices", str(devices), "--report", str(report), "-q"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     doc = json.loads(report.read_text())
     schedule = doc["pipeline"]["schedule"]
-    assert schedule["name"] == "interleaved" and schedule["chunks_per_device"] in (1, 2)
+    assert schedule["name"] == name and schedule["chunks_per_device"] in (
+        (1, 2) if name == "interleaved" else (2,)
+    )
+    stages = schedule["chunks_per_device"] * schedule["devices"]
+    device_of_stage = stage_devices(name, stages, schedule["devices"])
+    assert [s["device"] for s in doc["pipeline"]["stages"]] == device_of_stage
     points = doc["module_map"]["pipeline"]["split_points"]
     pipe = _pipe(torch, model, x, points)
-    assert pipe.num_stages == schedule["chunks_per_device"] * schedule["devices"] == len(points) + 1
+    assert pipe.num_stages == stages == len(points) + 1
     with torch.no_grad():
         got, _ = _run_stages(torch, pipe, x)
         torch.testing.assert_close(got, model(x))

@@ -45,18 +45,29 @@ with microbatches, plus O(S M) per schedule simulation.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InfeasibleError, InputError
 from baechi_cli.graph import CONTROL_PORT, OpGraph
 from baechi_cli.placers import PipelineOptions, Placement
-from baechi_cli.schedule import INTERLEAVED, StageCosts, render_timeline, simulate_pipeline
+from baechi_cli.schedule import (
+    INTERLEAVED,
+    ZBV,
+    StageCosts,
+    render_timeline,
+    simulate_pipeline,
+    stage_devices,
+)
 from baechi_cli.throughput import LoadModel, Split, TiedWeight, evaluate, load_model, solve
 
-# Stages per device under the interleaved schedule (Megatron-LM's and torch's usual choice).
+# Stages per device under the interleaved schedule (Megatron-LM's and torch's usual choice);
+# zbv runs exactly two.
 INTERLEAVED_CHUNKS = 2
+CHUNKS = {INTERLEAVED: INTERLEAVED_CHUNKS, ZBV: 2}
+# What the default (--schedule left out) simulates, the simplest first: it wins ties.
+AUTO_SCHEDULES = ("1f1b", INTERLEAVED, ZBV)
 
 
 def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Placement:
@@ -73,7 +84,7 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
         split = solve(model, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts)
         info = _info(model, split, None, options)
     else:
-        schedules = ("1f1b", INTERLEAVED) if options.schedule == "auto" else (options.schedule,)
+        schedules = AUTO_SCHEDULES if options.schedule == "auto" else (options.schedule,)
         best = None
         first_error = None
         minibatch_us: dict[str, float | None] = {}
@@ -95,7 +106,7 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
             if best is None or found[1]["schedule"]["minibatches_per_s"] > best[1]["schedule"][
                 "minibatches_per_s"
             ] * (1 + 1e-9):
-                best = found  # on a tie the first: 1F1B, one stage per device, is simpler to run
+                best = found  # on a tie the first: the simpler schedule
         if best is None:
             assert first_error is not None
             raise first_error
@@ -107,8 +118,9 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
     devices_used = info.get("schedule", {}).get("devices")
     if devices_used is None:
         return Placement(split.device_of_op, info={"pipeline": info})
-    # Interleaved: stage s (a virtual device of the split) runs on device s % devices.
-    return Placement([d % devices_used for d in split.device_of_op], info={"pipeline": info})
+    # Several stages per device: stage s runs on the device the schedule gives it.
+    device_of_stage = stage_devices(info["schedule"]["name"], len(split.stage_device), devices_used)
+    return Placement([device_of_stage[s] for s in _stage_of(split)], info={"pipeline": info})
 
 
 def _place_for_latency(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Placement:
@@ -165,16 +177,17 @@ def _best_for_schedule(
     Returns (not raises) the InfeasibleError when none fits, so that another
     schedule can be tried.
 
-    Interleaved (``INTERLEAVED_CHUNKS`` stages per device): on ``D`` devices
-    the graph is split into ``D * chunks`` stages by the max-load model with
-    that many virtual devices of ``1 / chunks`` of the memory each (so a
-    device's weights fit), stage ``s`` on device ``s % D``.
+    Interleaved and zbv (``CHUNKS`` stages per device): on ``D`` devices the
+    graph is split into ``D * chunks`` stages by the max-load model with that
+    many virtual devices of ``1 / chunks`` of the memory each (so a device's
+    weights fit), stage ``s`` on the device
+    :func:`~baechi_cli.schedule.stage_devices` gives it.
     """
     assert options.microbatches is not None
-    saved = _saved_activation_bytes(graph)
+    per_op = _PerOp(_saved_activation_bytes(graph), _weight_gradient_us(graph, models[0]))
     best: tuple[float, Split, dict[str, Any]] | None = None
     problems: list[str] = []
-    chunks = INTERLEAVED_CHUNKS if options.schedule == INTERLEAVED else 1
+    chunks = CHUNKS.get(options.schedule, 1)
     model = models[0]
     for devices in range(1, model.accelerators + 1):
         for candidate in models:
@@ -192,7 +205,7 @@ def _best_for_schedule(
                 split = solve(
                     narrowed, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts
                 )
-                info = _info(candidate, split, saved, options, devices if chunks > 1 else None)
+                info = _info(candidate, split, per_op, options, devices if chunks > 1 else None)
             except (InfeasibleError, InputError) as err:  # no split, or microbatches the schedule refuses
                 problems.append(str(err))
                 continue
@@ -208,6 +221,31 @@ def _best_for_schedule(
             + (f" ({problems[-1]})" if problems else "")
         )
     return best[1], best[2]
+
+
+@dataclass(frozen=True)
+class _PerOp:
+    """What the schedule needs of each op beyond the max-load model."""
+
+    saved_bytes: list[int]  # outputs a backward op reads, kept from forward to backward
+    weight_us: list[float]  # of a backward op's time, the weight gradient's
+
+
+def _weight_gradient_us(graph: OpGraph, model: LoadModel) -> list[float]:
+    """Per op, the part of its time that computes a weight gradient (what zbv runs as ``W``).
+
+    A synthesized backward op (:mod:`baechi_cli.passes.training`) of an op owning
+    parameters produces one gradient per output port, the parameters' among
+    them; each is taken to cost an equal share (a Gemm's dX and dW are one
+    forward's FLOPs each; a first layer has only dW). Other ops have none.
+    O(V).
+    """
+    weight = [0.0] * graph.num_ops
+    for b in range(graph.num_ops):
+        v = graph.forward_op[b]
+        if graph.is_backward[b] and v >= 0 and not graph.is_backward[v] and graph.persistent_bytes[v] > 0:
+            weight[b] = model.accel_us[b] / max(1, len(graph.output_bytes[b]))
+    return weight
 
 
 def _saved_activation_bytes(graph: OpGraph) -> list[int]:
@@ -227,22 +265,25 @@ def _saved_activation_bytes(graph: OpGraph) -> list[int]:
 def _info(
     model: LoadModel,
     split: Split,
-    saved: list[int] | None,
+    per_op: _PerOp | None,
     options: PipelineOptions,
     devices: int | None = None,
 ) -> dict[str, Any]:
-    """The report's ``pipeline`` section; ``devices``: the interleaved schedule's devices (None: one per stage)."""
+    """The report's ``pipeline`` section; ``devices``: the devices of a schedule with several
+    stages on each (None: one per stage)."""
     info: dict[str, Any] = {"objective": "throughput", **split.to_json()}
+    device_of_stage = None
     if devices is not None:
         # The stages' loads are per stage; max-load is per device, each running several.
-        judged = evaluate(model, [d % devices for d in split.device_of_op])
+        device_of_stage = stage_devices(options.schedule, len(split.stage_device), devices)
+        judged = evaluate(model, [device_of_stage[s] for s in _stage_of(split)])
         info["max_load_us"] = round(judged.max_load_us, 6)
         info["throughput_per_s"] = round(1e6 / judged.max_load_us, 6) if judged.max_load_us > 0 else None
-        info["stages"] = [{**stage, "device": stage["device"] % devices} for stage in info["stages"]]
-    if saved is None or options.microbatches is None:
+        info["stages"] = [{**stage, "device": d} for stage, d in zip(info["stages"], device_of_stage)]
+    if per_op is None or options.microbatches is None:
         return info
     m = options.microbatches
-    costs = _stage_costs(model, split, saved, m, devices)
+    costs = _stage_costs(model, split, per_op, m, device_of_stage)
     if costs.gradient_syncs:
         info["tied_weights"] = [
             {
@@ -294,26 +335,36 @@ def _split_ties(model: LoadModel, split: Split) -> list[TiedWeight]:
 
 
 def _stage_costs(
-    model: LoadModel, split: Split, saved: list[int], microbatches: int, devices: int | None = None
+    model: LoadModel,
+    split: Split,
+    per_op: _PerOp,
+    microbatches: int,
+    device_of_stage: list[int] | None = None,
 ) -> StageCosts:
-    """Per stage and microbatch: forward and backward compute, boundary transfers, bytes; per
-    minibatch, the all-reduce of each tied weight split across devices (stage ``s`` on device ``s
-    % devices``; None: one stage per device), whose copies on other devices count in memory."""
+    """Per stage and microbatch: forward and backward compute (and the weight gradients' part),
+    boundary transfers, bytes; per minibatch, the all-reduce of each tied weight split across
+    devices (``device_of_stage``; None: one stage per device), whose copies on other devices
+    count in memory."""
     stages = len(split.stage_device)
     stage_of = _stage_of(split)
     k = model.accelerators
     forward = [0.0] * stages
     backward = [0.0] * stages
+    weight_us = [0.0] * stages
     persistent = [0] * stages
     activation = [0] * stages
     for v, s in enumerate(stage_of):
-        us = model.accel_us[v] if split.stage_device[s] < k else model.cpu_us[v]
+        on_accelerator = split.stage_device[s] < k
+        us = model.accel_us[v] if on_accelerator else model.cpu_us[v]
         if model.is_backward[v]:
             backward[s] += us / microbatches
+            # The weight gradient's share of the op, at the speed the op runs.
+            share = per_op.weight_us[v] / model.accel_us[v] if model.accel_us[v] > 0 else 0.0
+            weight_us[s] += share * us / microbatches
         else:
             forward[s] += us / microbatches
         persistent[s] += model.size[v]
-        activation[s] += math.ceil(saved[v] / microbatches)
+        activation[s] += math.ceil(per_op.saved_bytes[v] / microbatches)
     send_forward = [0.0] * max(0, stages - 1)
     send_backward = [0.0] * max(0, stages - 1)
     for t, src in enumerate(model.tensor_src):
@@ -328,7 +379,7 @@ def _stage_costs(
     syncs = []
     for weight in _split_ties(model, split):
         held = weight.stages(stage_of)
-        device_of = {s: s % devices if devices else s for s in held}
+        device_of = {s: device_of_stage[s] if device_of_stage else s for s in held}
         # The owner's device holds the weight already; one copy per other device.
         first_on_device = {device_of[s]: s for s in reversed(held)}
         first_on_device.pop(device_of[stage_of[weight.owner]], None)
@@ -342,5 +393,6 @@ def _stage_costs(
         send_backward_us=send_backward,
         persistent_bytes=persistent,
         activation_bytes=activation,
+        weight_us=[min(w, b) for w, b in zip(weight_us, backward)],  # float sums may overshoot
         gradient_syncs=syncs,
     )
