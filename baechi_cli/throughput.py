@@ -594,6 +594,40 @@ def solve(
     return _split(model, u, best, proven, scope, sets, time.perf_counter() - t0)
 
 
+class ProgramOrder:
+    """Splits into ranges of a program order, as :func:`solve` makes with ``cuts``, named by where
+    their stages start: for a search that judges splits by something else than max-load (a
+    pipeline schedule's simulated time).
+
+    ``starts`` are the positions (in the order of units) a stage other than the first may start
+    at, ascending; a split is the increasing list of indices into them where its stages 2, 3, ...
+    start. Building the units costs what :func:`solve` does; each :meth:`split` O(V + E).
+    """
+
+    def __init__(self, model: LoadModel, program: Sequence[int], cuts: Collection[int]) -> None:
+        self.model = model
+        self._units = _build_units(model)
+        self._order = _unit_order(self._units, program)
+        position = {w: i for i, w in enumerate(self._order)}
+        self.starts = sorted({position[self._units.of_op[v]] for v in cuts} - {0})
+        self._index = {p: i for i, p in enumerate(self.starts)}
+
+    def boundaries(self, split: Split) -> list[int] | None:
+        """``split``'s stage starts (indices into :attr:`starts`); None when it is no such split."""
+        position = {w: i for i, w in enumerate(self._order)}
+        firsts = sorted(min(position[w] for w in units) for units in split.stage_units)
+        if not firsts or firsts[0] != 0 or any(p not in self._index for p in firsts[1:]):
+            return None
+        return [self._index[p] for p in firsts[1:]]
+
+    def split(self, boundaries: Sequence[int]) -> Split:
+        """The split whose stages start at ``starts[b]`` for ``b`` in ``boundaries`` (and at 0), one
+        accelerator each (the model needs as many), judged by the max-load model (not proven)."""
+        at = [0, *(self.starts[b] for b in boundaries), self._units.n]
+        stages = [(self._order[a:b], True) for a, b in zip(at, at[1:])]
+        return _split(self.model, self._units, _Best(math.inf, stages), False, "program order", 0, 0.0)
+
+
 def _lower_bound(u: _Units, k: int, cpus: int) -> float:
     cheapest = [
         min(a if ok and k else math.inf, c if cpus else math.inf)

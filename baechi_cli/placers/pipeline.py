@@ -15,7 +15,11 @@ the placement with the split in ``info["pipeline"]``:
   devices is simulated, and the one with the highest throughput whose
   stages fit their memory (persistent bytes plus the activations in flight,
   by the schedule) is kept: more stages spread the work but add bubbles
-  ``(S - 1) / (M + S - 1)`` and hold more microbatches' activations.
+  ``(S - 1) / (M + S - 1)`` and hold more microbatches' activations. On a
+  PyTorch export each stage count's best split is then tuned for the
+  schedule (:func:`_tune`: its boundaries moved between torch's cut points
+  while the simulated minibatch gets faster within memory) before they
+  compete.
 
 A weight several ops read (an ONNX export's tied embedding and head) keeps
 its readers in one unit in Tarnawski et al.'s model; with microbatches the
@@ -60,12 +64,24 @@ from baechi_cli.schedule import (
     simulate_pipeline,
     stage_devices,
 )
-from baechi_cli.throughput import LoadModel, Split, TiedWeight, evaluate, load_model, solve
+from baechi_cli.throughput import (
+    LoadModel,
+    ProgramOrder,
+    Split,
+    TiedWeight,
+    evaluate,
+    load_model,
+    solve,
+)
 
 # Stages per device under the interleaved schedule (Megatron-LM's and torch's usual choice);
 # zbv runs exactly two.
 INTERLEAVED_CHUNKS = 2
 CHUNKS = {INTERLEAVED: INTERLEAVED_CHUNKS, ZBV: 2}
+# The boundary search after the max-load split (_tune): simulated splits, and move lengths in
+# cut points, longest first.
+TUNE_EVALUATIONS = 200
+TUNE_STEPS = (8, 4, 2, 1)
 # What the default (--schedule left out) simulates, the simplest first: it wins ties.
 AUTO_SCHEDULES = ("1f1b", INTERLEAVED, ZBV)
 
@@ -181,15 +197,19 @@ def _best_for_schedule(
     graph is split into ``D * chunks`` stages by the max-load model with that
     many virtual devices of ``1 / chunks`` of the memory each (so a device's
     weights fit), stage ``s`` on the device
-    :func:`~baechi_cli.schedule.stage_devices` gives it.
+    :func:`~baechi_cli.schedule.stage_devices` gives it. On a PyTorch export
+    a max-load split with fewer stages (more would not lower its max-load)
+    gets the rest by halving its longest stages (:func:`_every_stage`), and
+    the best split per device count is tuned (:func:`_tune`).
     """
     assert options.microbatches is not None
     per_op = _PerOp(_saved_activation_bytes(graph), _weight_gradient_us(graph, models[0]))
-    best: tuple[float, Split, dict[str, Any]] | None = None
+    best: _Found | None = None
     problems: list[str] = []
     chunks = CHUNKS.get(options.schedule, 1)
     model = models[0]
     for devices in range(1, model.accelerators + 1):
+        best_here: _Found | None = None  # the best on this many devices, tuned before it competes
         for candidate in models:
             if candidate.tied and devices * chunks == 1:
                 continue  # one stage: nothing to copy
@@ -201,26 +221,110 @@ def _best_for_schedule(
                     "cpus": model.cpus if chunks == 1 else 0,
                 }
             )
+            space = ProgramOrder(narrowed, program, cuts) if cuts is not None and program else None
             try:
                 split = solve(
                     narrowed, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts
                 )
-                info = _info(candidate, split, per_op, options, devices if chunks > 1 else None)
+                if space is not None and chunks > 1:
+                    split = _every_stage(space, split, devices * chunks)
+                found = _Found(candidate, devices if chunks > 1 else None, space, split, per_op, options)
             except (InfeasibleError, InputError) as err:  # no split, or microbatches the schedule refuses
                 problems.append(str(err))
                 continue
-            schedule = info["schedule"]
-            if not schedule["within_memory"]:
-                continue
-            if best is None or schedule["minibatches_per_s"] > best[0] * (1 + 1e-9):
-                best = (schedule["minibatches_per_s"], split, info)
+            if found.within_memory and (best_here is None or found.rate > best_here.rate * (1 + 1e-9)):
+                best_here = found
+        if best_here is None:
+            continue
+        if best_here.space is not None:
+            best_here = _tune(best_here)
+        if best is None or best_here.rate > best.rate * (1 + 1e-9):
+            best = best_here
     if best is None:
         return InfeasibleError(
             f"no pipeline split over 1 to {model.accelerators} device(s) fits memory with "
             f"{options.microbatches} microbatch(es) in flight under {options.schedule}"
             + (f" ({problems[-1]})" if problems else "")
         )
-    return best[1], best[2]
+    return best.split, best.info
+
+
+class _Found:
+    """A split judged by the schedule: the report's section and the rate it competes on."""
+
+    def __init__(
+        self,
+        model: LoadModel,
+        devices: int | None,
+        space: ProgramOrder | None,
+        split: Split,
+        per_op: _PerOp,
+        options: PipelineOptions,
+    ) -> None:
+        self.model, self.devices, self.space, self.split = model, devices, space, split
+        self.per_op, self.options = per_op, options
+        self.info = _info(model, split, per_op, options, devices)
+        self.rate: float = self.info["schedule"]["minibatches_per_s"]
+        self.within_memory: bool = self.info["schedule"]["within_memory"]
+
+    def moved(self, split: Split) -> _Found:
+        """Another split of the same model on as many devices."""
+        return _Found(self.model, self.devices, self.space, split, self.per_op, self.options)
+
+
+def _every_stage(space: ProgramOrder, split: Split, stages: int) -> Split:
+    """``split`` with ``stages`` stages: while it has fewer, its stage spanning the most cut points
+    is halved at its middle one (a schedule with several stages per device needs them all)."""
+    bounds = space.boundaries(split)
+    if bounds is None:
+        return split
+    while len(bounds) + 1 < stages:
+        edges = [-1, *bounds, len(space.starts)]
+        widest = max(range(len(edges) - 1), key=lambda i: (edges[i + 1] - edges[i], -i))
+        if edges[widest + 1] - edges[widest] < 2:
+            return split  # too few cut points: the schedule refuses it
+        bounds.insert(widest, (edges[widest] + edges[widest + 1]) // 2)
+    return space.split(bounds)
+
+
+def _tune(start: _Found) -> _Found:
+    """Move the stage boundaries of a program-order split to where the schedule runs fastest.
+
+    The max-load split balances each stage's compute and transfers; the
+    schedule also pays for bubbles, for the stages one device runs together
+    (interleaved, zbv) and for activations in flight. A hill climb over the
+    boundaries, judged by the simulated throughput within memory: each
+    boundary moves to the cut point ``step`` places earlier or later (steps
+    of ``TUNE_STEPS``), the first improvement taken, until no move improves
+    or ``TUNE_EVALUATIONS`` splits were simulated. Deterministic.
+    """
+    space = start.space
+    assert space is not None
+    bounds = space.boundaries(start.split)
+    if not bounds:
+        return start
+    best, evaluations = start, 0
+    for step in TUNE_STEPS:
+        improved = True
+        while improved and evaluations < TUNE_EVALUATIONS:
+            improved = False
+            for i, delta in ((i, d) for i in range(len(bounds)) for d in (-step, step)):
+                moved = bounds[i] + delta
+                low = bounds[i - 1] + 1 if i else 0
+                high = bounds[i + 1] - 1 if i + 1 < len(bounds) else len(space.starts) - 1
+                if not low <= moved <= high or evaluations >= TUNE_EVALUATIONS:
+                    continue
+                evaluations += 1
+                trial = [*bounds[:i], moved, *bounds[i + 1 :]]
+                found = best.moved(space.split(trial))
+                if found.within_memory and found.rate > best.rate * (1 + 1e-9):
+                    best, bounds, improved = found, trial, True
+                    break
+    best.info["tuned"] = {
+        "evaluations": evaluations,
+        "max_load_split_minibatch_us": start.info["schedule"]["minibatch_us"],
+    }
+    return best
 
 
 @dataclass(frozen=True)

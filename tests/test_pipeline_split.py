@@ -1,9 +1,14 @@
-"""Tied weights in a pipeline: one weight read by the first and the last op (GPT-2's embedding and
-language-model head), copied to each stage that reads it, as torch's ``pipeline()`` does, with its
-gradient all-reduced once per minibatch.
+"""How the pipeline splitter chooses a split for a schedule, beyond Tarnawski et al.'s max-load.
 
-The models are real ONNX files built with onnx.helper; the all-reduce and the copies are checked
-against their closed forms, and the schedule's sync against a hand-computed minibatch.
+* Tied weights: one weight read by the first and the last op (GPT-2's embedding and language-model
+  head), copied to each stage that reads it, as torch's ``pipeline()`` does, with its gradient
+  all-reduced once per minibatch. The all-reduce and the copies are checked against their closed
+  forms, and the schedule's sync against a hand-computed minibatch.
+* Tuning: the max-load split's stage boundaries moved to where the simulated schedule runs
+  fastest (``placers.pipeline._tune``), over :class:`baechi_cli.throughput.ProgramOrder`'s splits.
+
+The model is a real ONNX file built with onnx.helper, with legacy-exporter node names, so that it
+has module paths and torch's cut points.
 """
 
 from __future__ import annotations
@@ -20,21 +25,21 @@ from baechi_cli.cli import main
 from baechi_cli.devices import parse_devices
 from baechi_cli.errors import InputError
 from baechi_cli.pipeline import PassOptions, PlaceOptions, prepare
-from baechi_cli.placers.pipeline import _PerOp, _stage_costs
+from baechi_cli.placers.pipeline import TUNE_EVALUATIONS, _PerOp, _program_cuts, _stage_costs
 from baechi_cli.schedule import StageCosts, simulate_pipeline
-from baechi_cli.throughput import LoadModel, Split, TiedWeight, load_model
+from baechi_cli.throughput import LoadModel, ProgramOrder, Split, TiedWeight, load_model, solve
 
 VOCAB, WIDTH, LAYERS = 4096, 512, 8
 
 
-def _tied_lm(path: str, batch: int = 64, seq: int = 256) -> None:
+def _tied_lm(path: str, batch: int = 64, seq: int = 256, width: int = WIDTH) -> None:
     """ids -> Gather(wte) -> LAYERS x (MatMul, Relu) -> MatMul(Transpose(wte)): the head reads the
     embedding's weight, as a tied Linear exports."""
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((VOCAB, WIDTH), dtype=np.float32), "wte")]
+    inits = [numpy_helper.from_array(rng.standard_normal((VOCAB, width), dtype=np.float32), "wte")]
     nodes = [helper.make_node("Gather", ["wte", "ids"], ["h0"], name="/embed/Gather")]
     for i in range(LAYERS):
-        inits.append(numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH), dtype=np.float32), f"w{i}"))
+        inits.append(numpy_helper.from_array(rng.standard_normal((width, width), dtype=np.float32), f"w{i}"))
         nodes.append(helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"m{i}"], name=f"/layer{i}/MatMul"))
         nodes.append(helper.make_node("Relu", [f"m{i}"], [f"h{i + 1}"], name=f"/layer{i}/Relu"))
     nodes.append(helper.make_node("Transpose", ["wte"], ["wt"], name="/head/Transpose", perm=[1, 0]))
@@ -56,9 +61,9 @@ def tied_lm(tmp_path_factory) -> str:
     return path
 
 
-def _op_graph(path: str, optimizer: str):
+def _op_graph(path: str, optimizer: str, devices: str = "4x16GB"):
     prepared = prepare(
-        path, parse_devices("4x16GB"), PlaceOptions(training=True, optimizer=optimizer), lambda s: None
+        path, parse_devices(devices), PlaceOptions(training=True, optimizer=optimizer), lambda s: None
     )
     # What the pipeline splitter sees: no co-placement or fusion.
     return prepared.variant_for(PassOptions(False, None, False)).placement_graph, prepared.devices
@@ -171,3 +176,39 @@ def test_gradient_syncs_hold_the_devices_that_hold_a_copy():
 def test_bad_gradient_syncs_are_input_errors(syncs):
     with pytest.raises(InputError, match="gradient_syncs"):
         StageCosts([1, 1], [1, 1], gradient_syncs=syncs)
+
+
+def test_program_order_splits_round_trip(tied_lm):
+    """The max-load split over torch's cut points, named by its boundaries and rebuilt from them,
+    is the same split; moving a boundary moves ops between neighbouring stages only."""
+    graph, devices = _op_graph(tied_lm, "sgd", "v100x4")
+    program, cuts = _program_cuts(graph)
+    assert cuts
+    model = LoadModel(**{**load_model(graph, devices).__dict__, "accelerators": 3})
+    split = solve(model, orders=[program], cuts=cuts)
+    space = ProgramOrder(model, program, cuts)
+    bounds = space.boundaries(split)
+    assert bounds is not None and len(bounds) == len(split.stage_device) - 1 >= 1
+    again = space.split(bounds)
+    assert again.device_of_op == split.device_of_op
+    assert again.max_load_us == pytest.approx(split.max_load_us)
+    assert bounds[0] > 0
+    moved = space.split([bounds[0] - 1, *bounds[1:]])
+    changed = {v for v in range(graph.num_ops) if moved.device_of_op[v] != split.device_of_op[v]}
+    assert changed and all(split.device_of_op[v] == 0 and moved.device_of_op[v] == 1 for v in changed)
+
+
+def test_tuning_moves_boundaries_to_a_faster_schedule(tmp_path):
+    """zbv on v100x4 (a wider model): the split tuned for the schedule runs its minibatch faster
+    than the max-load split, within memory and the evaluation budget."""
+    path = str(tmp_path / "wide.onnx")
+    _tied_lm(path, batch=32, width=1024)
+    report = tmp_path / "r.json"
+    args = ["place", path, "--training", "--objective", "throughput", "--microbatches", "8"]
+    args += ["--schedule", "zbv", "--devices", "v100x4", "--report", str(report), "-q"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    pipeline = json.loads(report.read_text())["pipeline"]
+    schedule, tuned = pipeline["schedule"], pipeline["tuned"]
+    assert schedule["within_memory"] and 0 < tuned["evaluations"] <= TUNE_EVALUATIONS
+    assert schedule["minibatch_us"] < tuned["max_load_split_minibatch_us"]
