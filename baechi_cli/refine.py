@@ -57,17 +57,19 @@ evaluation: the µs its moves saved plus its next estimate — discounted by how
 much of its past estimates came true — over its moves tried plus one. So on
 a recurrent network the budget goes to scope moves, on a CNN to critical
 moves, and splits that keep failing fade. The first improvement is taken
-(after its memory is checked: by an upper bound, else exactly with
-:meth:`~baechi_cli.sim.StepTimer.peak_bytes`) and the pass ranks again from
-there. When every level was swept in full without improving, a seeded kick
-takes one of the four least-bad moves and the climb goes on; the best
-placement seen wins. On alike devices without per-link overrides, empty
+(after its memory is checked: by an upper bound, else exactly by the
+evaluator, whose judgement of the last placement checked is the result's when
+it is the best) and the pass ranks again from there. When every level was
+swept in full without improving, a seeded kick takes one of the four
+least-bad moves and the climb goes on; the best placement seen wins. On alike devices without per-link overrides, empty
 devices are interchangeable: a move targets only the first empty one.
 
 Complexity: O(V + E) per scope depth to build the clusters; each evaluation
 O((V + E) log V) (:func:`evaluation_cost` predicts its seconds, search
 overhead included); ranking a pass is linear in the size of the candidate
-clusters and their boundaries (computed once, on first use).
+clusters and their boundaries (computed once, on first use: a big cluster's
+by O(P) numpy steps over the graph's P tensor-consumer pairs; the sums of a
+big cluster in numpy too, :data:`VECTOR_MIN`, the same to the last bit).
 
 Example: two independent chains on one device; the search splits them.
 
@@ -93,6 +95,8 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.evaluate import Evaluation, device_order, evaluate
@@ -136,8 +140,17 @@ FAMILIES = {
 # A family's estimates are trusted as far as they came true, starting from this share
 # of the step time saved for free (so one failure does not condemn a family).
 TRUST_PRIOR = 0.002
-# What a memory check (StepTimer.peak_bytes) is charged, in evaluations.
+# What a memory check (a full evaluation) is charged, in evaluations.
 MEMORY_CHECK_COST = 3
+# A cluster's boundary is found in numpy when its units' tensors (made and used) number more
+# than this: a Python loop takes about 0.4 µs per tensor, the numpy steps 0.3 ms in all on the
+# 26,786-op GNMT graph.
+VECTOR_BOUNDARY = 1000
+# Where a cluster is (:meth:`_Search._where`) is found in numpy when it has more units than
+# this, its transfers when its boundary has more tensors (0.15-0.3 µs each in Python, some
+# 50 µs in all in numpy). Both ways add the same floats in the same order, so they give the
+# same estimates to the last bit.
+VECTOR_MIN = 250
 # Random kicks at a local optimum are drawn among this many least-bad moves.
 KICK_CHOICES = 4
 
@@ -157,8 +170,8 @@ class Refined:
     moves_accepted: int  # improving moves taken (a kick is not one)
     seconds: float
     kicks: int = 0  # non-improving moves taken at local optima
-    full_evaluations: int = 0  # full evaluator runs: the start's (unless given) and the result's
-    memory_checks: int = 0  # improvements whose memory was counted (StepTimer.peak_bytes)
+    full_evaluations: int = 0  # full evaluator runs: the start's (unless given), memory checks, the result's
+    memory_checks: int = 0  # improvements whose memory was counted (a full evaluation)
     kept_sequence: bool = False  # whether the start's order was kept
     history: list[tuple[int, float, str]] = field(default_factory=list)  # (evaluations, value, move kind)
 
@@ -223,6 +236,10 @@ class _Cluster:
     # Tensors crossing the cluster's edge: (tensor, made inside?, outside units: the
     # consumers, after the producer when it is made outside).
     boundary: list[tuple[int, bool, list[int]]] | None = None
+    # For big clusters, in numpy (made on first use): the units, and the boundary flat (per
+    # outside unit: its tensor's index in the boundary) with each tensor's µs and made-inside flag.
+    units_array: np.ndarray | None = None
+    flat: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -322,6 +339,8 @@ class _Search:
         self.history: list[tuple[int, float, str]] = []
         self.memory_free = ample(graph, devices)
         self.limits = [d.memory_bytes for d in devices.devices]
+        # The last memory check: the order it ran under and the evaluator's judgement.
+        self.checked: tuple[list[int] | None, Evaluation] | None = None
 
         self.start_placement = start
         if start_evaluation is None:
@@ -367,11 +386,12 @@ class _Search:
         if self.memory_free or self._bound_fits(device_of):
             return True
         self.memory_checks += 1
-        # A timing run plus the simulator's memory accounting: 2.4-2.7 step times measured.
+        # The evaluator's run, timeline and memory: 2.2-2.7 step times measured.
         self.evaluations += MEMORY_CHECK_COST
-        order = None if sequence is None else device_order(sequence, device_of, self.ndev)
-        peaks = self.timer.peak_bytes(device_of, order)
-        return all(p <= m for p, m in zip(peaks, self.limits))
+        self.full_evaluations += 1
+        evaluation = evaluate(self.graph, self.devices, Placement(list(device_of), sequence))
+        self.checked = (sequence, evaluation)
+        return evaluation.feasible
 
     def _bound_fits(self, device_of: list[int]) -> bool:
         """Within memory by the ledger's count, which bounds the simulator's peak whatever the schedule."""
@@ -399,7 +419,7 @@ class _Search:
             if k is None:
                 k = kind_index[d.kind] = len(kind_index)
                 dur = g.durations(d.kind)
-                self.kind_columns.append([sum(dur[v] for v in ops) for ops in self.unit_ops])
+                self.kind_columns.append([sum(map(dur.__getitem__, ops)) for ops in self.unit_ops])
             self.kind_of.append(k)
             self.comp.append(self.kind_columns[k])
         # Empty devices are interchangeable when every device is alike.
@@ -408,8 +428,8 @@ class _Search:
         t = g.tensors
         unit_of = self.unit_of
         consumers: list[dict[int, None]] = [{} for _ in range(len(t.src))]
-        for e in range(g.num_edges):
-            consumers[t.edge_tensor[e]][unit_of[g.edge_dst[e]]] = None
+        for tid, w in zip(t.edge_tensor, g.edge_dst):
+            consumers[tid][unit_of[w]] = None
         # Per tensor: producer unit, the other units consuming it, its transfer µs.
         self.t_prod: list[int] = []
         self.t_cons: list[list[int]] = []
@@ -419,21 +439,29 @@ class _Search:
         # For closing clusters: a tensor counts once per consuming unit, what it costs if that
         # unit is elsewhere (it overcounts a tensor that several units there share).
         adj: list[dict[int, float]] = [{} for _ in range(nunits)]
-        for tid, src in enumerate(t.src):
+        made, used, latency, bandwidth = self.made, self.used, ic.latency_us, ic.bandwidth_bytes_per_us
+        for tid, (src, m, nbytes, reading) in enumerate(zip(t.src, t.measured_us, t.nbytes, consumers)):
             p = unit_of[src]
-            m = t.measured_us[tid]
-            length = m if m is not None else ic.latency_us + t.nbytes[tid] / ic.bandwidth_bytes_per_us
-            cons = [c for c in consumers[tid] if c != p]
+            length = m if m is not None else latency + nbytes / bandwidth
+            cons = [c for c in reading if c != p]
             self.t_prod.append(p)
             self.t_cons.append(cons)
             self.t_len.append(length)
             if cons:
-                self.made[p].append(tid)
-            for c in cons:
-                self.used[c].append(tid)
-                adj[p][c] = adj[p].get(c, 0.0) + length
-                adj[c][p] = adj[c].get(p, 0.0) + length
+                made[p].append(tid)
+                out = adj[p]
+                for c in cons:
+                    used[c].append(tid)
+                    out[c] = out.get(c, 0.0) + length
+                    adj[c][p] = adj[c].get(p, 0.0) + length
         self.adj = adj
+        self.degree = [len(m) + len(u) for m, u in zip(self.made, self.used)]
+        # For big clusters in numpy: each kind's column, each device's kind, the placement.
+        self.kind_array = np.array(self.kind_columns, dtype=np.float64)
+        self.kind_of_array = np.array(self.kind_of, dtype=np.int64)
+        self.dev_array = np.zeros(0, dtype=np.int64)
+        self.dev_array_of: list[int] | None = None
+        self.pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # for _boundary_vectorized
         self.total_compute = sum(self.comp[0])
         self.adj_total = [sum(a.values()) for a in adj]
 
@@ -456,17 +484,24 @@ class _Search:
             comp = [c[u] for c in self.kind_columns]
             out.append(_Cluster("unit", g.names[ops[0]], (u,), comp))
 
-        scopes: dict[str, dict[int, None]] = {}
-        cache: dict[str, list[str]] = {}
-        for v in range(g.num_ops):
-            u = self.unit_of[v]
-            name = g.names[v]
+        # The units under each scope head (a name less its last part), heads in order of first op:
+        # the ops of one head share their scopes, so each head's keys are computed once.
+        heads: dict[str, tuple[str, dict[int, None]]] = {}  # head -> (its first op's name, units)
+        for name, u in zip(g.names, self.unit_of):
             head = name.rpartition("/")[0]
-            keys = cache.get(head)
-            if keys is None:
-                keys = cache[head] = scope_keys(name)
-            for key in keys:
-                scopes.setdefault(key, {})[u] = None
+            under = heads.get(head)
+            if under is None:
+                heads[head] = (name, {u: None})
+            else:
+                under[1][u] = None
+        scopes: dict[str, dict[int, None]] = {}  # in order of first op, as the keys of each first appear
+        for name, units in heads.values():
+            for key in scope_keys(name):
+                into = scopes.get(key)
+                if into is None:
+                    scopes[key] = dict(units)
+                else:
+                    into.update(units)
         distinct: dict[tuple[int, ...], str] = {}  # many scopes hold the same units: the first names them
         for key, units in scopes.items():
             distinct.setdefault(tuple(sorted(units)), key)
@@ -546,6 +581,8 @@ class _Search:
             return [(tid, True, t_cons[tid]) for tid in self.made[u]] + [
                 (tid, False, [t_prod[tid], *(c for c in t_cons[tid] if c != u)]) for tid in self.used[u]
             ]
+        if sum(map(self.degree.__getitem__, units)) > VECTOR_BOUNDARY:
+            return self._boundary_vectorized(units)
         inside = set(units)
         out: list[tuple[int, bool, list[int]]] = []
         seen: set[int] = set()
@@ -560,6 +597,51 @@ class _Search:
                     seen.add(tid)
                     out.append((tid, False, [p, *(c for c in t_cons[tid] if c not in inside)]))
         return out
+
+    def _boundary_vectorized(self, units: Sequence[int]) -> list[tuple[int, bool, list[int]]]:
+        """:meth:`_boundary` of a big cluster, the same list: O(P) numpy steps over the P
+        (tensor, consuming unit) pairs of the graph, then O(the boundary) to build it.
+
+        The loop visits the units in order, each one's tensors made (by id) before its
+        tensors used: so a tensor made inside sorts by (its producer, 0, id), one made
+        outside by (its first consumer inside, 1, id).
+        """
+        if self.pairs is None:
+            t_cons = self.t_cons
+            tensor = np.fromiter((t for t, cons in enumerate(t_cons) for _ in cons), dtype=np.int64)
+            consumer = np.fromiter((c for cons in t_cons for c in cons), dtype=np.int64)
+            self.pairs = tensor, consumer, np.array(self.t_prod, dtype=np.int64)[tensor]
+        tensor, consumer, producer = self.pairs
+        inside = np.zeros(len(self.unit_ops), dtype=bool)
+        inside[np.fromiter(units, dtype=np.int64, count=len(units))] = True
+        made_in, used_in = inside[producer], inside[consumer]
+        made = made_in & ~used_in  # a tensor made inside, read outside
+        used = used_in & ~made_in  # one made outside, read inside
+        unit = np.concatenate((producer[made], consumer[used]))
+        flag = np.concatenate(
+            (np.zeros(np.count_nonzero(made), np.int8), np.ones(np.count_nonzero(used), np.int8))
+        )
+        tid = np.concatenate((tensor[made], tensor[used]))
+        ranked = np.lexsort((tid, flag, unit))
+        # Each tensor once, at its first (least) key; then back in key order.
+        _, first = np.unique(tid[ranked], return_index=True)
+        ranked = ranked[np.sort(first)]
+        # The units outside reading each boundary tensor, in consumer order.
+        crossing = np.zeros(len(self.t_cons), dtype=bool)
+        crossing[tid] = True
+        outside = ~used_in & crossing[tensor]
+        others: dict[int, list[int]] = {}
+        for t, c in zip(tensor[outside].tolist(), consumer[outside].tolist()):
+            found = others.get(t)
+            if found is None:
+                others[t] = [c]
+            else:
+                found.append(c)
+        t_prod = self.t_prod
+        return [
+            (t, True, others[t]) if not f else (t, False, [t_prod[t], *others.get(t, ())])
+            for t, f in zip(tid[ranked].tolist(), flag[ranked].tolist())
+        ]
 
     # ------------------------------------------------------------------ candidates
 
@@ -598,8 +680,18 @@ class _Search:
             a = next(iter(devices))
             share[a] = cl.comp[self.kind_of[a]]
         else:
-            for u in cl.units:
-                share[dev[u]] = share.get(dev[u], 0.0) + comp[dev[u]][u]
+            if len(cl.units) > VECTOR_MIN:
+                # The same sums: bincount adds each device's shares in the units' order.
+                if cl.units_array is None:
+                    cl.units_array = np.array(cl.units, dtype=np.int64)
+                on = self._dev_array()[cl.units_array]
+                sums = np.bincount(
+                    on, weights=self.kind_array[self.kind_of_array[on], cl.units_array]
+                ).tolist()
+                share = {d: sums[d] for d in devices}
+            else:
+                for u in cl.units:
+                    share[dev[u]] = share.get(dev[u], 0.0) + comp[dev[u]][u]
             a = max(devices, key=lambda d: (share[d], -d))
             if share[a] <= 0.0:  # no compute anywhere: every device ties at 0, the first wins
                 a = 0
@@ -626,6 +718,8 @@ class _Search:
         """
         if cl.boundary is None:
             cl.boundary = self._boundary(cl.units)
+        if len(cl.boundary) > VECTOR_MIN:
+            return self._transfers_vectorized(cl)
         dev, t_len = self.dev, self.t_len
         # Its tensors reach every device of their outside consumers but d, and outside
         # tensors come to d unless already there (made or read there).
@@ -643,6 +737,36 @@ class _Search:
             for d in there:
                 there_too[d] = there_too.get(d, 0.0) + length
         return total, there_too
+
+    def _transfers_vectorized(self, cl: _Cluster) -> tuple[float, dict[int, float]]:
+        """:meth:`_transfers` of a big boundary, in numpy: the same sums in the same order (the
+        total by a running sum over the tensors, each device's by bincount in tensor order)."""
+        assert cl.boundary is not None
+        if cl.flat is None:
+            sizes = [len(others) for _, _, others in cl.boundary]
+            index = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+            outside = np.fromiter(
+                (c for _, _, others in cl.boundary for c in others), dtype=np.int64, count=len(index)
+            )
+            length = np.array([self.t_len[tid] for tid, _, _ in cl.boundary], dtype=np.float64)
+            made = np.array([made for _, made, _ in cl.boundary], dtype=bool)
+            cl.flat = index, outside, length, made
+        index, outside, length, made = cl.flat
+        ndev = self.ndev
+        # Each (tensor, device it reaches) once, in tensor order.
+        pairs = np.unique(index * ndev + self._dev_array()[outside])
+        tensor, device = np.divmod(pairs, ndev)
+        reached = np.bincount(tensor, minlength=len(length))
+        total = float(np.cumsum(np.where(made, length * reached, length))[-1])
+        there = np.bincount(device, weights=length[tensor]).tolist()
+        return total, {d: there[d] for d in np.unique(device).tolist()}
+
+    def _dev_array(self) -> np.ndarray:
+        """``self.dev`` in numpy, remade when the placement changed (it is replaced, never edited)."""
+        if self.dev_array_of is not self.dev:
+            self.dev_array = np.array(self.dev, dtype=np.int64)
+            self.dev_array_of = self.dev
+        return self.dev_array
 
     def _critical(self, timing: Timing) -> list[_Move]:
         """Moves along the chain of ops and transfers that ends last (module docstring)."""
@@ -886,8 +1010,12 @@ class _Search:
             for v in ops:
                 device_of[v] = self.best_dev[u]
         placement = Placement(device_of, self.sequence)
-        evaluation = evaluate(self.graph, self.devices, placement)
-        self.full_evaluations += 1
+        checked = self.checked
+        if checked is not None and checked[0] is self.sequence and checked[1].timeline.device_of == device_of:
+            evaluation = checked[1]  # the best placement was the last one whose memory was checked
+        else:
+            evaluation = evaluate(self.graph, self.devices, placement)
+            self.full_evaluations += 1
         if evaluation.value_us > self.best_value or not evaluation.feasible:  # StepTimer is exact
             raise AssertionError("the fast evaluator disagrees with the evaluator")
         return placement, evaluation

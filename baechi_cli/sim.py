@@ -241,8 +241,13 @@ def simulate(
                 touched.append(src)
                 remote = None
                 for e in out_edges[u]:
-                    if device_of[edge_dst[e]] == src:
-                        release(e, now)
+                    w = edge_dst[e]
+                    if device_of[w] == src:  # release(e, now), inlined: the hottest loop
+                        if now > ready_at[w]:
+                            ready_at[w] = now
+                        remaining[w] -= 1
+                        if remaining[w] == 0:
+                            heapq.heappush(events, (ready_at[w], _READY, rank[w], w))
                     elif remote is None:
                         remote = [e]
                     else:
@@ -308,7 +313,7 @@ def check_placement(graph: OpGraph, devices: DeviceSpec, device_of: Sequence[int
     """ValueError unless ``device_of`` gives every op of ``graph`` a device of ``devices``."""
     if len(device_of) != graph.num_ops:
         raise ValueError(f"placement covers {len(device_of)} ops, graph has {graph.num_ops}")
-    if any(not 0 <= d < devices.count for d in device_of):
+    if device_of and not (0 <= min(device_of) and max(device_of) < devices.count):
         raise ValueError("placement names a device index out of range")
 
 
@@ -331,7 +336,9 @@ class ListSchedule:
 
     :meth:`data_ready` asks "when could v's inputs be on d?" without changing
     anything: the question m-ETF and m-SCT ask of every candidate device. Both
-    methods cost O(indegree of v).
+    methods cost O(indegree of v); data_ready remembers its answers (in
+    ``sequential`` mode, or with per-link overrides) until a commit sends a
+    copy, so a placer may ask again and again for free.
 
     This is a planning API, not a judge. In ``parallel`` mode the evaluator
     (:func:`simulate` with the same per-device order) reproduces the planned
@@ -364,6 +371,8 @@ class ListSchedule:
         self.transfers: list[Transfer] = []
         self.edge_transfer = [-1] * graph.num_edges
         self._sent: dict[int, int] = {}  # tensor * ndev + device (or -1 - edge) -> transfer index
+        # v * ndev + d -> (transfers sent then, data_ready(v, d)): valid while no copy is sent
+        self._asked: dict[int, tuple[int, float]] = {}
         # Without per-link overrides a tensor's transfer time is the same between any two
         # devices: µs per tensor id, else None.
         t = self.tensors
@@ -378,12 +387,36 @@ class ListSchedule:
 
     def data_ready(self, v: int, d: int) -> float:
         """When all of v's inputs could be on d if v were committed there now."""
-        return self._inputs(v, d, False)
+        length = self.transfer_us
+        if self.sequential or length is None:
+            # The answer changes only when a commit sends a copy (busier channels, a copy
+            # already on its way): until then it is remembered.
+            key = v * self.ndev + d
+            known = self._asked.get(key)
+            if known is not None and known[0] == len(self.transfers):
+                return known[1]
+            ready = self._inputs(v, d, False)
+            self._asked[key] = (len(self.transfers), ready)
+            return ready
+        # In parallel mode a copy arrives at producer end + transfer time, whether it was
+        # sent earlier (cached) or would be sent now (as data_ready_on reasons).
+        g = self.graph
+        edge_src, edge_tensor = g.edge_src, self.tensors.edge_tensor
+        device_of, end, scheduled = self.device_of, self.end, self.scheduled
+        ready = 0.0
+        for e in g.in_edges[v]:
+            u = edge_src[e]
+            if not scheduled[u]:
+                raise ValueError(f"op {v} is scheduled before its input {u}")
+            t = end[u] if device_of[u] == d else end[u] + length[edge_tensor[e]]
+            if t > ready:
+                ready = t
+        return ready
 
     def data_ready_on(self, v: int, targets: Sequence[int]) -> list[float]:
         """``data_ready(v, d)`` for each device d of ``targets`` (parallel mode: O(indegree + targets))."""
         if self.sequential or self.transfer_us is None:
-            return [self._inputs(v, d, False) for d in targets]
+            return [self.data_ready(v, d) for d in targets]
         # In parallel mode a copy arrives at producer end + transfer time whether
         # it was sent earlier (cached) or would be sent now: ready on d is the
         # latest of the local inputs' ends and the remote inputs' arrivals.
@@ -427,8 +460,9 @@ class ListSchedule:
         edge_src, edge_tensor = g.edge_src, self.tensors.edge_tensor
         device_of, end, scheduled = self.device_of, self.end, self.scheduled
         ndev, sent, transfers = self.ndev, self._sent, self.transfers
+        lengths, cache, sequential = self.transfer_us, self.cache, self.sequential
         chan = self.chan_free if commit else None
-        tentative: dict[int, float] = {}  # uncommitted: tensor key -> arrival
+        tentative: dict[int, float] | None = None  # uncommitted: tensor key -> arrival
         ready = 0.0
         for e in g.in_edges[v]:
             u = edge_src[e]
@@ -439,27 +473,28 @@ class ListSchedule:
                 arrival = end[u]
             else:
                 tid = edge_tensor[e]
-                key = tid * ndev + d if self.cache else -1 - e
+                key = tid * ndev + d if cache else -1 - e
                 x = sent.get(key)
                 if x is not None:
                     arrival = transfers[x].end
                     if commit:
                         self.edge_transfer[e] = x
-                elif not commit and key in tentative:
+                elif tentative is not None and key in tentative:
                     arrival = tentative[key]
                 else:
                     length = (
-                        self.transfer_us[tid]
-                        if self.transfer_us is not None
+                        lengths[tid]
+                        if lengths is not None
                         else transfer_length(self.tensors, self.ic, tid, du, d)
                     )
                     send = recv = end[u]
-                    if self.sequential:
+                    if sequential:
                         if chan is None:  # a question, not a commitment: work on a copy
                             chan = list(self.chan_free)
-                        send = max(send, chan[du])
+                        if chan[du] > send:
+                            send = chan[du]
                         chan[du] = send + length
-                        recv = max(send, chan[d])
+                        recv = chan[d] if chan[d] > send else send
                         chan[d] = recv + length
                     arrival = recv + length
                     if commit:
@@ -478,6 +513,8 @@ class ListSchedule:
                                 length,
                             )
                         )
+                    elif tentative is None:
+                        tentative = {key: arrival}
                     else:
                         tentative[key] = arrival
             if arrival > ready:
@@ -544,33 +581,34 @@ def _memory(
     # Per device that allocates anything: an idle device's curve is flat, and on thousands of
     # devices most are idle.
     deltas: dict[int, list[tuple[float, int]]] = {}
-    temporary_bytes = graph.temporary_bytes
-    for v, d in enumerate(device_of):
-        persistent[d] += graph.persistent_bytes[v]
-        if temporary_bytes[v]:
-            deltas.setdefault(d, []).extend(((start[v], temporary_bytes[v]), (end[v], -temporary_bytes[v])))
+    for d, nbytes in zip(device_of, graph.persistent_bytes):
+        persistent[d] += nbytes
+    for v, nbytes in enumerate(graph.temporary_bytes):
+        if nbytes:
+            deltas.setdefault(device_of[v], []).extend(((start[v], nbytes), (end[v], -nbytes)))
     # Free time of each output on its producer's device, and of each received copy.
     local_free: dict[tuple[int, int], float] = {}
     copy_free = [t.end for t in transfers]
     send_end = [t.send_end for t in transfers]
     edge_src, edge_dst, output_bytes = graph.edge_src, graph.edge_dst, graph.output_bytes
     view_of = graph.view_of
-    for e, port in enumerate(graph.edge_port):
+    for port, u, w, x in zip(graph.edge_port, edge_src, edge_dst, edge_transfer):
         if port == CONTROL_PORT:
             continue
-        u = edge_src[e]
-        x = edge_transfer[e]
         if x < 0:
-            free = end[edge_dst[e]]
+            free = end[w]
         else:
-            if end[edge_dst[e]] > copy_free[x]:
-                copy_free[x] = end[edge_dst[e]]
+            if end[w] > copy_free[x]:
+                copy_free[x] = end[w]
             free = send_end[x]
         if not view_of and (port >= len(output_bytes[u]) or not output_bytes[u][port]):
             continue  # an output of 0 bytes allocates nothing: its free time is never read
         key = (u, port)
-        held = local_free.get(key, end[u])
-        local_free[key] = free if free > held else held
+        held = local_free.get(key)
+        if held is None:
+            local_free[key] = free if free > end[u] else end[u]
+        elif free > held:
+            local_free[key] = free
     if view_of:
         _keep_view_sources(graph, device_of, end, edge_transfer, local_free, copy_free)
     for u, sizes in enumerate(graph.output_bytes):
@@ -590,14 +628,16 @@ def _memory(
     for d, changes in deltas.items():  # devices are independent: any order
         level = peak = persistent[d]
         curve = curves[d]
+        at = 0.0  # the instant of the curve's last point
         # Frees sort before allocations at the same instant: intervals are half-open.
         changes.sort()
         for time, delta in changes:
             level += delta
-            if curve[-1][0] == time:
+            if time == at:
                 curve[-1] = (time, level)
             else:
                 curve.append((time, level))
+                at = time
             if level > peak:
                 peak = level
         peaks[d] = peak
@@ -719,17 +759,17 @@ class StepTimer:
     computed once (topological ranks, each op's tensors and their consumers in
     port order, transfer times); events are (time, int) pairs; an op's
     consumers are visited once when it ends (the local ones released, the
-    remote ones kept for the transfers); and only the devices something
-    happened to are dispatched. :meth:`timing` also records start, end and
-    readiness of every op and every copy sent (for critical-path analysis);
-    :meth:`peak_bytes` hands that timeline to the simulator's own memory
-    accounting, so it gives ``simulate(...).peak_bytes`` exactly (tested too).
-    The refinement search (:mod:`baechi_cli.refine`) times its candidates with
-    :meth:`step_time` and counts memory only for improvements.
+    remote ones kept for the transfers, and one ready now goes straight to its
+    device's queue, with no event: nothing reads the queues before the
+    instant's dispatch); and only the devices something happened to are
+    dispatched. :meth:`timing` also records start, end and readiness of every
+    op and every copy sent (for critical-path analysis). The refinement search
+    (:mod:`baechi_cli.refine`) times its candidates with :meth:`step_time` and
+    counts memory (with the evaluator) only for improvements.
 
     Complexity: O((V + E) log V) per call, like :func:`simulate`, at about a
-    third of its time (3-4x faster on the real training graphs in testdata/;
-    :meth:`peak_bytes` about three quarters of simulate's); O(V + E) to build.
+    third of its time (3-4x faster on the real training graphs in testdata/);
+    O(V + E) to build.
     """
 
     def __init__(self, graph: OpGraph, devices: DeviceSpec) -> None:
@@ -779,43 +819,6 @@ class StepTimer:
         trace = Timing(0.0, [], [], [], [], {})
         trace.step_time_us = self._run(device_of, order, trace)
         return trace
-
-    def peak_bytes(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None) -> list[int]:
-        """Each device's memory peak, exactly :func:`simulate`'s ``peak_bytes``.
-
-        The timeline of :meth:`timing` handed to the simulator's own memory
-        accounting: about twice :meth:`step_time`'s cost, still well under
-        :func:`simulate`'s.
-        """
-        trace = self.timing(device_of, order)
-        ndev, tensors = self.ndev, self.tensors
-        index: dict[int, int] = {}
-        transfers: list[Transfer] = []
-        for key, (send, recv, end, length) in trace.copies.items():
-            tid, dst = divmod(key, ndev)
-            src = device_of[tensors.src[tid]]
-            index[key] = len(transfers)
-            transfers.append(
-                Transfer(
-                    tensors.src[tid],
-                    tensors.port[tid],
-                    src,
-                    dst,
-                    tensors.nbytes[tid],
-                    send,
-                    recv,
-                    end,
-                    length,
-                )
-            )
-        g = self.graph
-        edge_transfer = [-1] * g.num_edges
-        edge_tensor, edge_src, edge_dst = tensors.edge_tensor, g.edge_src, g.edge_dst
-        for e in range(g.num_edges):
-            d = device_of[edge_dst[e]]
-            if d != device_of[edge_src[e]]:
-                edge_transfer[e] = index[edge_tensor[e] * ndev + d]
-        return _memory(g, self.devices, device_of, trace.start, trace.end, transfers, edge_transfer)[0]
 
     def _run(
         self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None, trace: Timing | None
@@ -882,8 +885,17 @@ class StepTimer:
                                 if now > ready_at[w]:
                                     ready_at[w] = now
                                 remaining[w] -= 1
-                                if not remaining[w]:
+                                if remaining[w]:
+                                    continue
+                                if ready_at[w] > now:  # an input is still on its way
                                     heappush(events, (ready_at[w], n + rank[w]))
+                                elif fixed:  # ready now, on src (touched): no event needed
+                                    is_ready[w] = True
+                                else:
+                                    queue = avail.get(src)
+                                    if queue is None:
+                                        avail[src] = queue = []
+                                    heappush(queue, (now, rank[w]))
                             elif far is None:
                                 far = [w]
                             else:
