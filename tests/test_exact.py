@@ -18,12 +18,17 @@ nodes  identical, 2 / 3 / 4 dev  2 kinds, 2 / 3 / 4 dev
 10     3/3 3/3 3/3  (0.01 s)    3/3 3/3 3/3  (0.06 s)
 20     3/3 3/3 3/3  (0.08 s)    3/3 3/3 3/3  (0.35 s)
 30     3/3 3/3 3/3  (9.4 s)     3/3 3/3 3/3  (25 s)
-40     0/3 3/3 3/3  (4.4 s)     1/3 2/3 3/3  (10 s)
+40     3/3 3/3 3/3  (3.7 s)     3/3 3/3 3/3  (4.7 s)
 =====  =======================  =========================
 
-(proven optimal / tried; the unproven 40-node cases stop at the limit,
-18-26 s wall, 0.03-9% above their bound.) Two devices are the hard
-case: the bound there must prove idle time. The GNMT training workload
+(proven optimal / tried; the 40-node row measured with the searches
+without the LP and the stop once the answer meets the bound (exact's
+module docstring, "Search"), 2.2 s of CPU at most; it read 0/3 3/3 3/3
+and 1/3 2/3 3/3 when first measured, and just before that change the 2-
+and 3-device cases were all proven, in up to 4.9 s of CPU. The other
+rows predate it.) bench/search.py's 40-node layered DAGs (width 8, costlier
+transfers, no hint) are harder on 4 devices, where a schedule balanced
+to within the tolerance must be found: 0.4-7.5 counted seconds. The GNMT training workload
 (testdata/workloads, 192 ops) on 4 devices is proven optimal in 16-19 s
 wall (deterministic time 3); on 2 and 3 devices a 30 s wall-clock limit
 stopped it 0.05% and 2.4% above the bound. Deterministic time runs at
@@ -177,9 +182,10 @@ def test_optimal_on_tiny_graphs_equals_brute_force(seed, ndev):
     devices = spec(ndev)
     r = solve(g, devices, time_limit=10.0)
     best = check_result(g, devices, r)
-    assert r.status == "optimal" and r.cp_status == "OPTIMAL"
+    # CP-SAT stops once the answer meets the bound (exact._Watch): its own status may say FEASIBLE.
+    assert r.status == "optimal" and r.cp_status in ("OPTIMAL", "FEASIBLE")
     assert close(r.evaluated_us, best) and close(r.lower_bound_us, best)
-    assert r.nodes == 6 and r.seconds >= 0 and close(r.objective_us, r.evaluated_us)
+    assert r.nodes == 6 and r.seconds >= 0 and r.objective_us >= r.lower_bound_us * (1 - 1e-6)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -301,7 +307,7 @@ def test_deterministic():
     # Stopped by its deterministic time limit, before any proof: still the same answer.
     g = random_dag(40, 2)
     devices = spec(2)
-    first, again = (solve(g, devices, time_limit=0.3) for _ in range(2))
+    first, again = (solve(g, devices, time_limit=0.05) for _ in range(2))
     assert first.reproducible and first.status != "optimal"
     assert (first.device_of, first.sequence, first.status, first.lower_bound_us) == (
         again.device_of,
@@ -363,3 +369,65 @@ def test_proves_forty_nodes_on_several_devices(n, ndev):
     etf = placers.get("etf").place(g, devices)
     r = solve(g, devices, time_limit=10.0, hint=etf.device_of, hint_sequence=etf.sequence)
     assert r.status == "optimal"
+
+
+def test_load_bound_is_below_the_optimum_of_independent_nodes():
+    # No edges: the optimum is the best partition of the durations, and the model's load bound
+    # (every node at its fastest kind, spread evenly) may not exceed it.
+    for seed in range(4):
+        rng = random.Random(seed)
+        b = GraphBuilder()
+        for i in range(6):
+            b.add_op(f"v{i}", "X", [0], compute_us=float(rng.randint(1, 100)))
+        g = b.build()
+        for ndev in (2, 3):
+            devices = spec(ndev)
+            best = min(
+                max(sum(c for c, d in zip(g.compute_us, choice) if d == k) for k in range(ndev))
+                for choice in itertools.product(range(ndev), repeat=g.num_ops)
+            )
+            problem = exact_mod._Problem(g, devices, None, None)
+            assert sum(problem.pmin) / ndev <= problem.load_bound() <= best / problem.unit * (1 + 1e-9)
+            r = solve(g, devices, time_limit=10.0)
+            assert r.status == "optimal" and close(r.evaluated_us, best)
+            assert r.lower_bound_us <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_second_phase_keeps_the_bound_valid(seed, monkeypatch):
+    # A search without the LP too short to finish hands over to the one with it: with nothing
+    # found (share 0) or with a solution, posted as the hint, and its bound as a constraint
+    # (share 1e-5: seed 2 stops FEASIBLE); with a probe before it, retraced only if it improved
+    # on the hint. The bound stays below brute force, the answer optimal, and the same input
+    # gives the same answer.
+    devices = spec(2 + seed % 2, fast=(1,) if seed >= 2 else ())
+    g = with_kinds(random_dag(7, 50 + seed, group_pairs=1), devices)
+    etf = placers.get("etf").place(g, devices)
+    best = brute_force(g, devices)
+    for probe, no_lp in ((0.0, 0.0), (1e-5, 1e-5), (1e-5, 2e-5)):
+        monkeypatch.setattr(exact_mod, "PROBE_SHARE", probe)
+        monkeypatch.setattr(exact_mod, "NO_LP_SHARE", no_lp)
+        runs = [
+            solve(g, devices, time_limit=10.0, hint=etf.device_of, hint_sequence=etf.sequence)
+            for _ in range(2)
+        ]
+        for r in runs:
+            assert r.lower_bound_us <= best * (1 + 1e-9) and r.evaluated_us >= best * (1 - 1e-9)
+            assert r.status == "optimal" and close(r.evaluated_us, best)
+        assert (runs[0].device_of, runs[0].sequence, runs[0].lower_bound_us) == (
+            runs[1].device_of,
+            runs[1].sequence,
+            runs[1].lower_bound_us,
+        )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_communication_bound_graphs_against_brute_force(seed):
+    # Transfers far dearer than compute, where the load bound is far from the optimum.
+    devices = DeviceSpec(
+        tuple(Device(f"/device:GPU:{i}", 10**12) for i in range(3)), Interconnect("parallel", 500.0, 1.0, {})
+    )
+    g = random_dag(7, 60 + seed)
+    r = solve(g, devices, time_limit=10.0)
+    best = check_result(g, devices, r)
+    assert r.status == "optimal" and close(r.evaluated_us, best)

@@ -23,7 +23,9 @@ The model, over the nodes the placers see (after fusion; colocation groups in
 * minimise the makespan ``M``, at least every node's end (a transfer ends
   before its consumer starts, so the last node's end is the step time).
 
-Redundant constraints help the search: ``M`` covers each device's load; a
+Redundant constraints help the search: ``M`` covers each device's load, and
+``D M`` the sum of every node at its fastest kind (:meth:`_Problem.load_bound`:
+each device runs its nodes one at a time within ``[0, M]``); a
 cumulative of capacity ``D`` over every node at its fastest kind; each start
 lies between its *head* and the horizon less its *tail*, bounds valid for
 every placement that count communication (:meth:`_Problem._heads`: a node's
@@ -78,20 +80,50 @@ step time is at most ``lower_bound_us (1 + 1e-6) + 2n unit``: then no
 placement and order is faster by more than that. CP-SAT stops as soon as its
 own gap is below half that tolerance, so a proven model gives ``optimal`` in
 ``parallel`` mode; in ``sequential`` mode it does when the channels do not
-delay the critical transfers. Else ``feasible``.
+delay the critical transfers. It also stops as soon as the evaluator's step
+time of its best solution passes that very test against its bound so far
+(:class:`_Watch`): the answer is then ``optimal`` by the same definition,
+without proving the rounded model's optimum to the unit. Else ``feasible``.
+Each phase of the search after the first (below) adds ``M >= B``, ``B``
+the bound the phases before it proved: every solution of the model meets
+it, so the model's optimum, and every bound proven of it, are unchanged,
+and the largest of the phases' bounds is ``B``.
+
+Search. With one worker the search runs in phases on the same model, each
+under a deterministic limit. First a search without the LP relaxation, for
+``NO_LP_SHARE`` (0.3) of the limit: on interchangeable devices the optimum
+of a load-bound graph is the load bound within the tolerance, the LP proves
+nothing more, and its solves and cuts take most of the time, so the balanced
+schedule that meets the bound is found far sooner without it
+(bench/search.py's 40-node layered DAGs on 2-4 devices: 9 of 9 proven, at
+0.02-7.5 counted seconds; 4 of 9 in 10 with the LP). If it neither proves
+nor meets the bound, the rest of the limit goes to CP-SAT's deterministic
+interleaving (``interleave_search``) of two searches, without the LP and
+with it, sharing solutions and bounds, started from the best solution so
+far (as the hint) and above the bound proven so far: where communication
+makes the LP's bound the one that matters it is proven there. With a hint,
+the search without the LP first runs as a probe, for ``PROBE_SHARE`` (0.1)
+of the limit, and runs again for its whole share (the same search, so it
+retraces the probe and goes on) only if the probe improved on the hint:
+testdata/mlp.pb's raw graph on 4 devices, whose hint (all on one device) is
+optimal, is proven after the probe's 2 counted seconds in 3.4 (7.7 with the
+LP alone).
 
 Determinism. CP-SAT's parallel portfolio returns whatever its threads had
 found when the clock stops, and even a proven optimum may differ run to run.
-Its deterministic parallel mode (``interleave_search``) runs tasks in
-batches, each full search for a deterministic second, and waits for the
-slowest of a batch: measured 10-100x slower to a proof than one worker on
-graphs of 20-25 nodes. So by default (``workers=1``) one worker searches,
-with a fixed seed, under a *deterministic* time limit
+Its deterministic mode (``interleave_search``) runs tasks in batches, each
+full search for a deterministic second, and waits for the slowest of a
+batch: with its whole portfolio measured 10-100x slower to a proof than one
+worker on graphs of 20-25 nodes, hence only two searches in it, and only
+after the phases without the LP. So by default (``workers=1``) the search is
+deterministic, with a fixed seed, under a *deterministic* time limit
 (``max_deterministic_time``: CP-SAT's count of its work, nominally seconds
 of one core), and the same input gives the same answer on any machine (with
 the same OR-Tools). The count drifts from the clock (measured 0.15-1 counted
-seconds per wall second on a shared 2-core machine), so on a loaded machine
-a search takes longer, never differently. ``workers > 1`` runs CP-SAT's
+seconds per wall second on a shared 2-core machine; without the LP
+0.1-0.35), so on a loaded machine a search takes longer, never differently. The
+stop when the answer meets the bound is decided in CP-SAT's own thread, on
+its solutions and bounds alone, so it is as deterministic. ``workers > 1`` runs CP-SAT's
 parallel portfolio under a wall-clock limit: faster with that many free
 cores, not reproducible, and ``ExactResult.reproducible`` says so. The
 search takes no values from the LP relaxation
@@ -101,8 +133,9 @@ start, and the search then crawls down one time unit per solution.
 Size. Graphs of more than ``max_nodes`` nodes are refused (InputError) before
 anything is built: the model has ``V·D`` intervals and up to ``E·D``
 conditional precedences. How far proofs reach depends on the graph more
-than its size: a load-bound graph on two devices (where the bound must prove
-idle time) resists at 30-40 nodes, while the committed GNMT training graph
+than its size: a load-bound graph on four devices, where a schedule
+balanced to within the tolerance must be found, takes the longest of
+bench/search.py's 40-node cases, while the committed GNMT training graph
 (192 ops, 96 after the passes) is proven optimal on four devices
 (tests/test_exact.py's docstring has the measurements).
 """
@@ -129,6 +162,10 @@ ROUNDING = 1e-9
 TOLERANCE = 1e-6
 DEFAULT_MAX_NODES = 200  # ExactOptions.max_nodes (kept equal by a test)
 SEED = 0
+# The search's phases (module docstring, "Search"): shares of the deterministic time limit.
+NO_LP_SHARE = 0.3  # the search without the LP
+PROBE_SHARE = 0.1  # with a hint, first this much of it, to see whether it improves on the hint
+UNLIMITED = 10.0  # what the shares are of when there is no limit
 
 
 @dataclass(frozen=True)
@@ -313,6 +350,63 @@ class _Solved:
     clock: bool = False  # several workers raced: another run may answer differently
 
 
+class _Watch:
+    """Stops CP-SAT once the evaluator's step time of its best solution meets the bound.
+
+    The test is :meth:`_Problem.meets`, the one that makes an answer ``optimal``, against the
+    first model's proven bound as CP-SAT raises it (or, for the second model, the first's
+    final bound). Without it CP-SAT would go on until its own gap is below the relative
+    tolerance alone, i.e. prove its rounded model's optimum to the unit, while the 2n units
+    the answer may lie above the bound (module docstring) are already met. With one worker
+    the callbacks run in CP-SAT's thread at points its deterministic search decides, so the
+    stop, like everything else, depends on the input alone. O(V + E) per solution found.
+    """
+
+    def __init__(self, problem: _Problem, solver, x, start, bound_units: int | None) -> None:
+        from ortools.sat.python import cp_model
+
+        class Callback(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(cb) -> None:  # noqa: N805 (the callback object)
+                self.on_solution(cb)
+
+        self.problem, self.solver, self.x, self.start = problem, solver, x, start
+        self.fixed_bound = bound_units
+        self.value_us: float | None = None  # the evaluator's step time of the last solution, if it fits
+        self.stopped = False  # whether it stopped the search
+        self.callback = Callback()
+
+    def on_solution(self, cb) -> None:
+        from baechi_cli.evaluate import evaluate
+
+        pr = self.problem
+        device_of = [
+            next(d for d in range(pr.ndev) if cb.BooleanValue(self.x[pr.group_of[v]][d])) for v in range(pr.n)
+        ]
+        starts = [cb.Value(s) for s in self.start]
+        sequence = sorted(range(pr.n), key=lambda v: (starts[v], pr.rank[v]))
+        judged = evaluate(pr.graph, pr.devices, Placement(device_of, sequence))
+        self.value_us = judged.value_us if judged.feasible else None
+        if self.done(cb.BestObjectiveBound()):
+            self.stopped = True
+            cb.StopSearch()
+
+    def on_bound(self, bound: float) -> None:
+        if self.done(bound):
+            self.stopped = True
+            self.solver.StopSearch()
+
+    def done(self, bound: float) -> bool:
+        if self.value_us is None:
+            return False
+        if self.fixed_bound is not None:
+            units = self.fixed_bound
+        elif math.isfinite(bound):
+            units = math.ceil(bound - 1e-6)
+        else:
+            return False
+        return self.problem.meets(self.value_us, self.problem.bound_us(units))
+
+
 class _Problem:
     """What both models share, and the run of one or two of them."""
 
@@ -421,6 +515,7 @@ class _Problem:
         self.copies = [
             (tensors.nbytes[t], self.group_of[tensors.src[t]], sorted(readers[t])) for t in sorted(readers)
         ]
+        self.floor_us: float | None = None  # the simulator's lower bound, when first asked
         self.hint = self._check_hint(hint)
         self.hint_sequence = list(hint_sequence) if hint is not None and hint_sequence is not None else None
 
@@ -478,6 +573,14 @@ class _Problem:
                 best = min(best, max(rest, t))
             bound[v] = int(best)
         return bound
+
+    def load_bound(self) -> int:
+        """A lower bound on the makespan in units: every node at its fastest kind, spread evenly.
+
+        Each device runs its nodes one at a time within ``[0, M]``, each for at least its
+        fastest duration, so ``D M`` is at least their sum. O(V).
+        """
+        return -(-sum(self.pmin) // self.ndev)
 
     def _check_hint(self, hint: Sequence[int] | None) -> list[int] | None:
         """The hint's device per group, relabelled to meet the symmetry breaking; ValueError if malformed."""
@@ -565,7 +668,11 @@ class _Problem:
 
     # ------------------------------------------------------------------ the model
 
-    def _solve(self, safe_memory: bool, time_limit: float | None, workers: int) -> _Solved:
+    def _solve(
+        self, safe_memory: bool, time_limit: float | None, workers: int, bound_units: int | None = None
+    ) -> _Solved:
+        """Solve the first model (``safe_memory`` False) or the second; ``bound_units``: the first's
+        proven bound, which the second's answer is judged against (module docstring)."""
         from ortools.sat.python import cp_model
 
         g, n, ndev, p, gof = self.graph, self.n, self.ndev, self.p, self.group_of
@@ -594,6 +701,7 @@ class _Problem:
                     m.Add(e == start[v] + p[v][d]).OnlyEnforceIf(x[gof[v]][d])
                 end.append(e)
         lowest = max((self.head[v] + self.pmin[v] + self.tail[v] for v in range(n)), default=0)
+        lowest = max(lowest, self.load_bound())
         makespan_var = m.NewIntVar(lowest, max(lowest, upper), "")
         for d in range(ndev):
             m.AddNoOverlap(
@@ -652,31 +760,107 @@ class _Problem:
                 m.AddHint(makespan_var, upper)
         m.Minimize(makespan_var)
 
-        solver = cp_model.CpSolver()
-        prm = solver.parameters
-        prm.random_seed = SEED
-        prm.relative_gap_limit = TOLERANCE / 2
-        prm.num_workers = max(1, workers)
-        # Integer values from the LP leave nodes later than they could start, and the search then
-        # improves the makespan one unit per solution: measured 2-10x slower to a proof.
-        prm.exploit_integer_lp_solution = False
-        prm.exploit_all_lp_solution = False
-        if time_limit is not None:
-            if workers <= 1:
-                prm.max_deterministic_time = time_limit
+        def params(solver) -> None:
+            prm = solver.parameters
+            prm.random_seed = SEED
+            prm.relative_gap_limit = TOLERANCE / 2
+            prm.num_workers = max(1, workers)
+            # Integer values from the LP leave nodes later than they could start, and the search
+            # then improves the makespan one unit per solution: measured 2-10x slower to a proof.
+            prm.exploit_integer_lp_solution = False
+            prm.exploit_all_lp_solution = False
+
+        def run(solver, limit: float | None, bound: int | None):
+            prm = solver.parameters
+            if limit is not None:
+                if workers <= 1:
+                    prm.max_deterministic_time = limit
+                else:
+                    prm.max_time_in_seconds = limit
+            watch = _Watch(self, solver, x, start, bound)
+            solver.best_bound_callback = watch.on_bound
+            status = solver.Solve(m, watch.callback)
+            if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                device_of = [
+                    next(d for d in range(ndev) if solver.BooleanValue(x[gof[v]][d])) for v in range(n)
+                ]
+                found = (round(solver.ObjectiveValue()), device_of, [solver.Value(s) for s in start])
             else:
-                prm.max_time_in_seconds = time_limit
-        status = solver.Solve(m)
+                found = None
+            best = solver.BestObjectiveBound()
+            proven = math.ceil(best - 1e-6) if math.isfinite(best) else 0
+            return status, found, proven, watch.stopped
+
+        def post(found, proven: int) -> None:
+            """Start the next phase from the best solution so far, above the bound proven so far."""
+            m.Add(makespan_var >= proven)  # proven: every solution of the model meets it
+            if found is None:
+                return
+            m.ClearHints()
+            objective, device_of, starts = found
+            per_group = [0] * self.ngroups
+            for v in range(n):
+                per_group[gof[v]] = device_of[v]
+            for gi in range(self.ngroups):
+                for d in range(ndev):
+                    m.AddHint(x[gi][d], per_group[gi] == d)
+            for (g1, g2), lit in same_of.items():
+                m.AddHint(lit, per_group[g1] == per_group[g2])
+            for v in range(n):
+                m.AddHint(start[v], starts[v])
+                if not uniform:
+                    m.AddHint(end[v], starts[v] + p[v][device_of[v]])
+            m.AddHint(makespan_var, objective)
+
+        solver = cp_model.CpSolver()
+        params(solver)
+        if workers > 1:  # CP-SAT's portfolio, its LNS and searches with and without the LP
+            status, found, proven, _ = run(solver, time_limit, bound_units)
+        else:
+            # Without the LP, then both in turn (module docstring, "Search").
+            whole = time_limit if time_limit is not None else UNLIMITED
+            phases: list[tuple[float | None, bool]] = [(NO_LP_SHARE * whole, False), (None, True)]
+            if hint_start is not None and PROBE_SHARE < NO_LP_SHARE:
+                phases.insert(0, (PROBE_SHARE * whole, False))
+            found, proven, status = None, 0, cp_model.UNKNOWN
+            spent = 0.0
+            for i, (limit, lp) in enumerate(phases):
+                if limit is None and time_limit is not None:
+                    limit = time_limit - spent
+                if limit is not None and limit <= 0:
+                    continue
+                retrace = i == 1 and len(phases) == 3
+                if retrace and (found is None or found[0] >= upper):
+                    continue  # the probe did not improve on the hint: on to the LP
+                if not retrace and (found is not None or proven):
+                    post(found, proven)
+                solver = cp_model.CpSolver()
+                params(solver)
+                prm = solver.parameters
+                if lp:
+                    prm.interleave_search = True
+                    prm.subsolvers.extend(["no_lp", "default_lp"])
+                    prm.use_lns = False
+                else:
+                    prm.linearization_level = 0
+                now, got, bound, stopped = run(solver, limit, bound_units)
+                spent += solver.response_proto.deterministic_time
+                proven = max(proven, bound)
+                if got is not None and (found is None or got[0] <= found[0]):
+                    found = got
+                if now == cp_model.INFEASIBLE:
+                    status = now if found is None else cp_model.OPTIMAL
+                    break
+                status = cp_model.FEASIBLE if found is not None else now
+                if now == cp_model.OPTIMAL or stopped or (found is not None and proven >= found[0]):
+                    status = cp_model.OPTIMAL if found is not None and proven >= found[0] else status
+                    break
         name = solver.StatusName(status)
         clock = workers > 1  # the portfolio's threads race, even to a proof
-        bound = solver.BestObjectiveBound()
-        bound_units = math.ceil(bound - 1e-6) if math.isfinite(bound) else 0
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            device_of = [next(d for d in range(ndev) if solver.BooleanValue(x[gof[v]][d])) for v in range(n)]
-            objective = round(solver.ObjectiveValue())
-            starts = [solver.Value(s) for s in start]
-            return _Solved(name, device_of, starts, objective, min(bound_units, objective), clock)
-        return _Solved(name, None, None, None, 0 if status == cp_model.INFEASIBLE else bound_units, clock)
+        if found is not None:
+            objective, device_of, starts = found
+            return _Solved(name, device_of, starts, objective, min(proven, objective), clock)
+        return _Solved(name, None, None, None, 0 if status == cp_model.INFEASIBLE else proven, clock)
 
     def _memory_rows(self, m, x, safe: bool) -> None:
         """Per device, the first model's persistent bytes or the second's safe count, within memory."""
@@ -742,7 +926,7 @@ class _Problem:
             )
         chosen, answer = first, self._answer(first)
         if answer is not None and not evaluate(graph, devices, Placement(*answer)).feasible:
-            chosen = self._solve(True, time_limit, workers)
+            chosen = self._solve(True, time_limit, workers, first.bound)
             answer = self._answer(chosen)
             if chosen.cp_status == "INFEASIBLE" and self.hint is None:
                 raise self._infeasible(
@@ -758,9 +942,8 @@ class _Problem:
                 "counting memory safely, no placement fits, and the hint does not fit either"
             )
         # The first model's bound holds for every placement within memory (module docstring).
-        bound_us = max(0, first.bound - self.lengthened) * self.unit / (1 + ROUNDING)
-        bound_us = max(bound_us, lower_bound(graph, self.full))
-        optimal = judged.value_us <= bound_us * (1 + TOLERANCE) + 2 * n * self.unit
+        bound_us = self.bound_us(first.bound)
+        optimal = self.meets(judged.value_us, bound_us)
         return ExactResult(
             device_of=answer[0],
             sequence=answer[1],
@@ -774,6 +957,16 @@ class _Problem:
             from_hint=from_hint,
             reproducible=not (first.clock or chosen.clock),
         )
+
+    def bound_us(self, bound_units: int) -> float:
+        """The step time no placement within memory beats, from the first model's proven bound."""
+        if self.floor_us is None:
+            self.floor_us = lower_bound(self.graph, self.full)
+        return max(max(0, bound_units - self.lengthened) * self.unit / (1 + ROUNDING), self.floor_us)
+
+    def meets(self, value_us: float, bound_us: float) -> bool:
+        """Whether an evaluated step time is optimal against a bound (module docstring)."""
+        return value_us <= bound_us * (1 + TOLERANCE) + 2 * self.n * self.unit
 
     def _answer(self, solved: _Solved) -> tuple[list[int], list[int]] | None:
         """(device_of, sequence by the model's start times) of a model's solution, if it has one."""
