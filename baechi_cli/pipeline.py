@@ -36,7 +36,7 @@ from baechi_cli.io.models import (
     sha256_of,
     write_placed_model,
 )
-from baechi_cli.notes import placement_notes, race_note, uncovered_note
+from baechi_cli.notes import pipeline_notes, placement_notes, race_note, uncovered_note
 from baechi_cli.placers import Placement, PlacerSpec
 from baechi_cli.placers.single import largest_device
 from baechi_cli.sim import SimResult
@@ -850,6 +850,8 @@ def place_model(
             candidates,
         ),
     ]
+    if chosen.placement is not None and "pipeline" in chosen.placement.info:
+        notes += pipeline_notes(chosen.placement.info["pipeline"])
     if isinstance(prepared.cost_report, ProfileCosts) and not prepared.cost_report.same_model:
         notes.append(
             f"the profile {prepared.cost_report.path} was taken from a file with another sha256; "

@@ -533,6 +533,61 @@ def test_torch_cuts_where_the_split_points_say(exported, stages):
         assert [tuple(t.shape) for t in inputs[pipe.num_stages - 1]] == [(2, 16)]  # pooled and flattened
 
 
+def _torch_skips(pipe) -> dict[int, int]:
+    """Per stage whose value a stage more than one later reads, in torch's split graph: the furthest."""
+    source: dict = {}
+    furthest: dict[int, int] = {}
+    for node in pipe.split_gm.graph.nodes:
+        if node.op == "placeholder":
+            source[node] = 0
+        elif node.op == "call_function":  # getitem of a stage's outputs
+            source[node] = source[node.all_input_nodes[0]]
+        elif node.op == "call_module":
+            k = source[node] = int(node.target.rsplit("_", 1)[1])
+            for j in (source[a] for a in node.all_input_nodes):
+                if k > j + 1:
+                    furthest[j] = max(furthest.get(j, k), k)
+    return furthest
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("stages", [2, 3, 4, "every boundary"])
+def test_skips_are_the_values_torch_sends_past_a_stage(exported, stages):
+    """graph_skips against torch's own split graph: the stages whose values skip one, and how far
+    (cutting a block's attention from its MLP twice sends the residual past a stage)."""
+    from baechi_cli.io.torch_pipeline import graph_skips
+
+    torch, model, x, graph = exported
+    boundaries = graph_boundaries(graph)
+    cuts = set(boundaries) if stages == "every boundary" else _even_cuts(graph, boundaries, stages)
+    stage = _stages_at(graph, cuts)
+    ours: dict[int, int] = {}
+    for skip in graph_skips(graph, None, stage):
+        ours[skip.from_stage] = max(ours.get(skip.from_stage, 0), skip.to_stage)
+    assert ours == _torch_skips(_pipe(torch, model, x, graph_split_points(graph, None, stage)))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")
+def test_a_skipped_activation_needs_a_gradient(tmp_path):
+    """In the training step, the residual that four stages send past two (the transformer cut
+    inside block 1 three times) has a backward op: a skip torch cannot run under any schedule."""
+    from baechi_cli.io.torch_pipeline import graph_skips
+    from baechi_cli.pipeline import PlaceOptions, prepare
+
+    torch = pytest.importorskip("torch")
+    model, x = _transformer(torch)
+    path = str(tmp_path / "model.onnx")
+    _export(torch, model, x, path)
+    graph = read_onnx(path)
+    stage = _stages_at(graph, _even_cuts(graph, graph_boundaries(graph), 4))
+    (inference,) = graph_skips(graph, None, stage)
+    training = prepare(path, parse_devices("2x16GB"), PlaceOptions(training=True), lambda s: None).graph
+    stage += [0] * (training.num_ops - graph.num_ops)  # the step's own ops read no skip
+    (skip,) = graph_skips(training, None, stage)
+    assert not inference.needs_gradient and skip.needs_gradient
+    assert (skip.op, skip.from_stage, skip.to_stage) == (inference.op, 0, 3)
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")
 def test_what_torch_does_that_the_contract_rules_out(exported):
@@ -670,3 +725,111 @@ def test_torch_copies_a_tied_weight_to_each_stage_that_reads_it(tmp_path):
     with torch.no_grad():
         got, _ = _run_stages(torch, pipe, x)
         torch.testing.assert_close(got, model(x))
+
+
+def _train_worker(rank, world, kind, points, ranks, x, target, microbatches, out, port):
+    """One rank of a pipeline training step under torch's own schedule (spawned: see below)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model, _ = _MODELS[kind](torch)
+        pipe = _pipe(torch, model, x[: x.shape[0] // microbatches], points)
+        mine = [s for s, r in enumerate(ranks) if r == rank]
+        stages = [pipe.build_stage(s, torch.device("cpu")) for s in mine]
+        schedule_class = Schedule1F1B if len(mine) == 1 else ScheduleInterleaved1F1B
+        schedule = schedule_class(
+            stages[0] if len(stages) == 1 else stages, microbatches, loss_fn=torch.nn.functional.mse_loss
+        )
+        last = len(ranks) - 1 in mine
+        schedule.step(*((x,) if 0 in mine else ()), target=target if last else None)
+        grads = {n: p.grad for stage in stages for n, p in stage.submod.named_parameters()}
+        torch.save(grads, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("name", ["1f1b", "interleaved"])
+def test_plans_train_under_torchs_own_schedules(exported, tmp_path, name):
+    """The plan baechi writes, run for real: two gloo ranks on CPU build the stages from the report's
+    split points, each stage on the rank the report gives it, and take one training step of four
+    microbatches under torch's Schedule1F1B or ScheduleInterleaved1F1B; the gradients they gather
+    equal one process's backward of the same microbatches' mean loss. The plan has no value that
+    skips a stage, which torch's runtime could not run. (ScheduleZBVZeroBubble's warm-up sends
+    between the V's two stages on one rank, which gloo cannot: zbv is checked by its order and
+    stage placement above, not run here.)"""
+    import random
+
+    import torch.multiprocessing as mp
+
+    torch, model, x, graph = exported
+    onnx_path = str(tmp_path / "model.onnx")
+    _export(torch, model, x, onnx_path)
+    devices = tmp_path / "devices.yaml"
+    devices.write_text(
+        "devices: {count: 2, memory: 16GiB, flops: 1G, memory_bandwidth: 1GB/s}\n"
+        "interconnect: {mode: parallel, latency: 0.1us, bandwidth: 1000GB/s}\n"
+    )
+    report = tmp_path / "r.json"
+    args = ["place", onnx_path, "--training", "--objective", "throughput", "--microbatches", "4"]
+    args += ["--schedule", name, "--devices", str(devices), "--report", str(report), "-q"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(report.read_text())
+    assert "skips" not in doc["pipeline"]
+    points = doc["module_map"]["pipeline"]["split_points"]
+    ranks = [stage["device"] for stage in doc["pipeline"]["stages"]]
+    world = max(ranks) + 1
+    assert world == 2 and len(points) + 1 == len(ranks)
+
+    generator = torch.Generator().manual_seed(3)
+    batch = torch.cat([x] * 4)  # four microbatches of the exported input's size
+    kind = "cnn" if batch.is_floating_point() else "transformer"
+    if kind == "cnn":
+        batch = batch + 0.1 * torch.randn(batch.shape, generator=generator)
+    with torch.no_grad():
+        target = torch.randn(model(batch).shape, generator=generator)
+    mp.start_processes(
+        _train_worker,
+        args=(
+            world,
+            kind,
+            points,
+            ranks,
+            batch,
+            target,
+            4,
+            str(tmp_path),
+            random.Random(name).randint(20000, 40000),
+        ),
+        nprocs=world,
+        start_method="spawn",
+    )
+    got: dict[str, list] = {}
+    for rank in range(world):
+        for n, g in torch.load(tmp_path / f"rank{rank}.pt").items():
+            got.setdefault(n, []).append(g)
+    reference = copy.deepcopy(model)
+    loss = (
+        sum(
+            torch.nn.functional.mse_loss(
+                reference(batch[m * x.shape[0] : (m + 1) * x.shape[0]]),
+                target[m * x.shape[0] : (m + 1) * x.shape[0]],
+            )
+            for m in range(4)
+        )
+        / 4
+    )
+    loss.backward()
+    for n, p in reference.named_parameters():
+        assert n in got, n
+        torch.testing.assert_close(sum(g for g in got[n] if g is not None), p.grad, rtol=1e-4, atol=1e-6)

@@ -212,11 +212,91 @@ def graph_split_points(graph: OpGraph, num_ops: int | None, stage: Sequence[int]
 
     Graph inputs and other ops that are no ONNX node are ignored; nodes with
     no module path or that are shape arithmetic are as ops with no path to
-    :func:`split_points`. Errors name the op. O(N x D + E).
+    :func:`split_points`. Stages are numbered by where their first op with a
+    path comes in program order (a stage of ops with no path, a Constant the
+    last stage reads, say, keeps its number). Errors name the op.
+    O(N x D + E).
     """
     ops = onnx_node_ops(graph, num_ops)
     paths, repeated = _program(graph, ops)
-    return split_points(paths, [stage[v] for v in ops], [graph.names[v] for v in ops], repeated)
+    number: dict[int, int] = {}
+    for v, path in zip(ops, paths):
+        if path is not None:
+            number.setdefault(stage[v], len(number))
+    stages = [number.get(stage[v], stage[v]) for v in ops]
+    return split_points(paths, stages, [graph.names[v] for v in ops], repeated)
+
+
+class Skip(NamedTuple):
+    """A value a stage sends past the next one: torch's pipelining runtime (2.13) runs no backward
+    through it ("Backward of skip connections not supported yet")."""
+
+    op: str  # its producer
+    from_stage: int
+    to_stage: int  # the furthest stage that reads it
+    # Whether its backward sends a gradient back (a training step's activation, not a mask):
+    # under 1F1B and GPipe torch runs only the skips that need none.
+    needs_gradient: bool = False
+
+
+class SkipFinder:
+    """The values of a split of a PyTorch export that skip a stage (:func:`graph_skips`), for many
+    splits of one graph: O(N + E) to build, O(V_fw + E_fw) per split."""
+
+    def __init__(self, graph: OpGraph, num_ops: int | None = None) -> None:
+        ops = onnx_node_ops(graph, num_ops)
+        paths, _ = _program(graph, ops)
+        nodes = set(ops)
+        limit = graph.num_ops if num_ops is None else num_ops
+        self._names = graph.names
+        path_of = dict(zip(ops, paths))
+        # Ops with a backward op (passes.training makes one exactly for those needing a gradient).
+        self._graded = {f for b, f in enumerate(graph.forward_op) if graph.is_backward[b] and f >= 0}
+        # (producer, is a graph input, its forward readers that are nodes), in program order
+        self._values: list[tuple[int, bool, list[int]]] = []
+        for v in [u for u in range(limit) if graph.op_types[u] == "Input"] + ops:
+            is_input = v not in nodes
+            traced = (
+                is_input
+                or path_of[v] is not None
+                or any(d and not d.startswith(("int", "uint")) for d in graph.output_dtypes[v])
+            )
+            readers = sorted(
+                {
+                    w
+                    for e in graph.out_edges[v]
+                    if (w := graph.edge_dst[e]) in nodes and not graph.is_backward[w] and w != v
+                }
+            )
+            if traced and readers:
+                self._values.append((v, is_input, readers))
+
+    def skips(self, stage: Sequence[int]) -> list[Skip]:
+        """The values that skip a stage when op ``v`` is in stage ``stage[v]`` (numbered in program
+        order), in program order."""
+        found = []
+        for v, is_input, readers in self._values:
+            source = 0 if is_input else stage[v]  # a graph input enters at the first stage
+            furthest = max(stage[w] for w in readers)
+            if furthest > source + 1:
+                found.append(Skip(self._names[v], source, furthest, v in self._graded))
+        return found
+
+
+def graph_skips(graph: OpGraph, num_ops: int | None, stage: Sequence[int]) -> list[Skip]:
+    """The values of a split of a PyTorch export that skip a stage, in program order.
+
+    A value counts when torch traces its producer as an op (a node with a
+    module path, or shape arithmetic that yields a float or bool tensor: a
+    mask made from the input's shape) and a forward op more than one stage
+    later reads it; a graph input read past the second stage counts too.
+    Integer shape arithmetic does not: ``torch.export`` folds it into
+    constants. What the ONNX export does not show is not found: a value
+    ``torch.export`` traces but the legacy exporter evaluated away (a
+    Hugging Face attention mask built from ``arange``, say). ``stage[v]`` by
+    op id, numbered in program order. O(N + E).
+    """
+    return SkipFinder(graph, num_ops).skips(stage)
 
 
 # ----------------------------------------------------------------- internals

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InfeasibleError, InputError
@@ -73,6 +73,9 @@ from baechi_cli.throughput import (
     load_model,
     solve,
 )
+
+if TYPE_CHECKING:
+    from baechi_cli.io.torch_pipeline import SkipFinder
 
 # Stages per device under the interleaved schedule (Megatron-LM's and torch's usual choice);
 # zbv runs exactly two.
@@ -164,18 +167,10 @@ def _program_cuts(graph: OpGraph) -> tuple[list[int] | None, dict[int, str] | No
 
 def _split_points(graph: OpGraph, split: Split) -> dict[str, str] | None:
     """The split as ``{module: "beginning"}``, or None when it is not one torch can cut."""
-    from baechi_cli.io.onnx import onnx_node_ops
     from baechi_cli.io.torch_pipeline import graph_split_points
 
-    stage = _stage_of(split)
-    ops = onnx_node_ops(graph, graph.num_ops)
-    # Stages numbered in program order (a stage with no forward op is left as it is).
-    seen: dict[int, int] = {}
-    for v in ops:
-        seen.setdefault(stage[v], len(seen))
-    renumbered = [seen.get(s, s) for s in stage]
     try:
-        return graph_split_points(graph, graph.num_ops, renumbered)
+        return graph_split_points(graph, graph.num_ops, _stage_of(split))
     except InputError:
         return None
 
@@ -203,7 +198,13 @@ def _best_for_schedule(
     the best split per device count is tuned (:func:`_tune`).
     """
     assert options.microbatches is not None
-    per_op = _PerOp(_saved_activation_bytes(graph), _weight_gradient_us(graph, models[0]))
+    from baechi_cli.io.torch_pipeline import SkipFinder
+
+    per_op = _PerOp(
+        _saved_activation_bytes(graph),
+        _weight_gradient_us(graph, models[0]),
+        SkipFinder(graph, graph.num_ops) if cuts is not None else None,
+    )
     best: _Found | None = None
     problems: list[str] = []
     chunks = CHUNKS.get(options.schedule, 1)
@@ -232,14 +233,14 @@ def _best_for_schedule(
             except (InfeasibleError, InputError) as err:  # no split, or microbatches the schedule refuses
                 problems.append(str(err))
                 continue
-            if found.within_memory and (best_here is None or found.rate > best_here.rate * (1 + 1e-9)):
+            if found.within_memory and (best_here is None or found.beats(best_here)):
                 best_here = found
         if best_here is None:
             continue
         if best_here.space is not None:
             best_here = _tune(best_here)
         if best is None or best_here.rate > best.rate * (1 + 1e-9):
-            best = best_here
+            best = best_here  # more stages may need a skip (a mask every layer reads): rate decides
     if best is None:
         return InfeasibleError(
             f"no pipeline split over 1 to {model.accelerators} device(s) fits memory with "
@@ -266,6 +267,29 @@ class _Found:
         self.info = _info(model, split, per_op, options, devices)
         self.rate: float = self.info["schedule"]["minibatches_per_s"]
         self.within_memory: bool = self.info["schedule"]["within_memory"]
+        finder = per_op.skip_finder
+        skips = finder.skips(_stage_of(split)) if finder is not None else []
+        # torch's multi-stage schedules send nothing past a stage; 1F1B and GPipe no gradient.
+        several = CHUNKS.get(options.schedule, 1) > 1
+        self.blocking = sum(1 for skip in skips if several or skip.needs_gradient)
+        if skips:
+            self.info["skips"] = [
+                {
+                    "value": skip.op,
+                    "from_stage": skip.from_stage,
+                    "to_stage": skip.to_stage,
+                    "needs_gradient": skip.needs_gradient,
+                    "torch_runs_it": not (several or skip.needs_gradient),
+                }
+                for skip in skips
+            ]
+
+    def beats(self, other: _Found) -> bool:
+        """Fewer values that torch's runtime cannot send past a stage, then faster (one stage count:
+        the skips a split can avoid)."""
+        if self.blocking != other.blocking:
+            return self.blocking < other.blocking
+        return self.rate > other.rate * (1 + 1e-9)
 
     def moved(self, split: Split) -> _Found:
         """Another split of the same model on as many devices."""
@@ -294,9 +318,10 @@ def _tune(start: _Found) -> _Found:
     schedule also pays for bubbles, for the stages one device runs together
     (interleaved, zbv) and for activations in flight. A hill climb over the
     boundaries, judged by the simulated throughput within memory: each
-    boundary moves to the cut point ``step`` places earlier or later (steps
-    of ``TUNE_STEPS``), the first improvement taken, until no move improves
-    or ``TUNE_EVALUATIONS`` splits were simulated. Deterministic.
+    boundary, and each stage's two together, moves to the cut point ``step``
+    places earlier or later (steps of ``TUNE_STEPS``), the first improvement
+    taken, until no move improves or ``TUNE_EVALUATIONS`` splits were
+    simulated. Deterministic.
     """
     space = start.space
     assert space is not None
@@ -308,16 +333,21 @@ def _tune(start: _Found) -> _Found:
         improved = True
         while improved and evaluations < TUNE_EVALUATIONS:
             improved = False
-            for i, delta in ((i, d) for i in range(len(bounds)) for d in (-step, step)):
-                moved = bounds[i] + delta
-                low = bounds[i - 1] + 1 if i else 0
-                high = bounds[i + 1] - 1 if i + 1 < len(bounds) else len(space.starts) - 1
-                if not low <= moved <= high or evaluations >= TUNE_EVALUATIONS:
+            # One boundary, or a stage (its two boundaries) moved by ``step`` cut points.
+            moves = [(i, j, d) for j in (1, 2) for i in range(len(bounds) - j + 1) for d in (-step, step)]
+            for i, j, delta in moves:
+                trial = [*bounds[:i], *(b + delta for b in bounds[i : i + j]), *bounds[i + j :]]
+                if (
+                    trial[0] < 0
+                    or trial[-1] >= len(space.starts)
+                    or any(a >= b for a, b in zip(trial, trial[1:]))
+                ):
                     continue
+                if evaluations >= TUNE_EVALUATIONS:
+                    break
                 evaluations += 1
-                trial = [*bounds[:i], moved, *bounds[i + 1 :]]
                 found = best.moved(space.split(trial))
-                if found.within_memory and found.rate > best.rate * (1 + 1e-9):
+                if found.within_memory and found.beats(best):
                     best, bounds, improved = found, trial, True
                     break
     best.info["tuned"] = {
@@ -333,6 +363,7 @@ class _PerOp:
 
     saved_bytes: list[int]  # outputs a backward op reads, kept from forward to backward
     weight_us: list[float]  # of a backward op's time, the weight gradient's
+    skip_finder: SkipFinder | None = None  # a PyTorch export's values that skip a stage
 
 
 def _weight_gradient_us(graph: OpGraph, model: LoadModel) -> list[float]:
