@@ -232,3 +232,16 @@ def test_pipeline_notes_say_what_the_user_must_do():
     first, second = pipeline_notes({"tied_weights": [copied, shared]})
     assert "sum their gradients" in first and "stages 0, 3" in first
     assert "one parameter" in second and "stages 0, 7" in second
+
+
+def test_the_summary_of_a_tuned_pipeline_leads_with_the_schedule(tmp_path):
+    """The summary does not hold the pipeline up to one device by its unpipelined step (a minibatch
+    run at once is slower than the schedule), and says the split was tuned for the schedule."""
+    path = str(tmp_path / "wide.onnx")
+    _tied_lm(path, batch=32, width=1024)
+    args = ["place", path, "--training", "--objective", "throughput", "--microbatches", "8"]
+    result = CliRunner().invoke(main, [*args, "--schedule", "zbv", "--devices", "v100x4"])
+    assert result.exit_code == 0, result.output
+    assert "(the minibatch run as one step, unpipelined:" in result.output
+    assert "the split tuned for the schedule" in result.output
+    assert "zbv, 8 stages on 4 devices, 8 microbatches" in result.output

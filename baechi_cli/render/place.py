@@ -89,6 +89,13 @@ def render_pipeline(console: Console, pipeline: dict, device_names: list[str]) -
         if pipeline["proven_optimal"]
         else f"not proven (lower bound {fmt_us(pipeline['lower_bound_us'])})"
     )
+    tuned = pipeline.get("tuned")
+    if tuned and tuned["max_load_split_minibatch_us"] > pipeline["schedule"]["minibatch_us"]:
+        # The boundaries were moved for the schedule: max-load is no longer what was minimised.
+        proof = (
+            f"the split tuned for the schedule (the least max-load split's minibatch: "
+            f"{fmt_us(tuned['max_load_split_minibatch_us'])})"
+        )
     if pipeline["objective"] == "latency":
         console.print(f"latency: one sample [bold]{fmt_us(pipeline['latency_us'])}[/], {proof}")
         calls = ", ".join(
@@ -138,14 +145,21 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
     else:
         speedup = single.step_time_us / step if step > 0 else 1.0
         single_text = f"one device {fmt_us(single.step_time_us)} ({speedup:.2f}x)"
-    console.print(
-        f"{outcome.chosen.label}: step [bold]{fmt_us(step)}[/], lower bound "
-        f"{fmt_us(bounds.best_us)} ({bounds.best_source}; +{gap:.1%}), {single_text}; placed in "
-        f"{outcome.timings['place']:.3f} s"
-    )
+    info = outcome.placement.info
+    if "schedule" in info.get("pipeline", {}):
+        # A pipeline's speed is its schedule's (the lines below); one unpipelined step is not it.
+        console.print(
+            f"{outcome.chosen.label}: placed in {outcome.timings['place']:.3f} s (the minibatch run "
+            f"as one step, unpipelined: {fmt_us(step)}; one device {fmt_us(single.step_time_us) if single else '-'})"
+        )
+    else:
+        console.print(
+            f"{outcome.chosen.label}: step [bold]{fmt_us(step)}[/], lower bound "
+            f"{fmt_us(bounds.best_us)} ({bounds.best_source}; +{gap:.1%}), {single_text}; placed in "
+            f"{outcome.timings['place']:.3f} s"
+        )
     if len(outcome.candidates) > 1:
         console.print(tried(outcome))
-    info = outcome.placement.info
     if "exact_status" in info:
         console.print(
             f"exact: {info['exact_status']} on the {info['exact_nodes']}-node placement graph (bound "
