@@ -405,6 +405,10 @@ def _zbv_order(device: int, devices: int, microbatches: int) -> list[tuple[OpKin
         order.append((kind, stage, count[kind, stage]))
         count[kind, stage] += 1
 
+    def backward(stage: int) -> None:  # the input gradient, then at once the weight gradient
+        run("I", stage)
+        run("W", stage)
+
     for _ in range(2 * (devices - device) - 1):
         run("F", first)
     for _ in range(device):
@@ -412,22 +416,18 @@ def _zbv_order(device: int, devices: int, microbatches: int) -> list[tuple[OpKin
         run("F", first)
     for _ in range(devices - device):
         run("F", second)
-        run("I", second)
-        run("W", second)
+        backward(second)
     while count["F", second] < count["F", first] or count["F", first] < laid_out:
         if count["F", first] < laid_out:
             run("F", first)
-        run("I", first)
-        run("W", first)
+        backward(first)
         run("F", second)
-        run("I", second)
-        run("W", second)
+        backward(second)
     for _ in range(device):
         run("I", first)
         run("I", second)
     for _ in range(devices - device):
-        run("I", first)
-        run("W", first)
+        backward(first)
     while count["W", second] < count["I", second]:
         run("W", second)
     while count["W", first] < count["I", first]:

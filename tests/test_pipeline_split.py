@@ -101,15 +101,20 @@ def test_ring_allreduce_closed_form():
     assert weight.allreduce_us(4) == pytest.approx(6 * (10 + 25))
 
 
+def _pipeline_report(path: str, schedule: str, devices: str, tmp_path) -> dict:
+    """The report's ``pipeline`` section of a training step's split, 8 microbatches under ``schedule``."""
+    report = tmp_path / "r.json"
+    args = ["place", path, "--training", "--objective", "throughput", "--microbatches", "8"]
+    args += ["--schedule", schedule, "--devices", devices, "--report", str(report), "-q"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(report.read_text())["pipeline"]
+
+
 def test_the_split_that_copies_the_weight_pays_its_allreduce(tied_lm, tmp_path):
     """1F1B on four devices: the split copies the embedding to the last stage, which holds the copy,
     and the minibatch ends with the all-reduce on the two devices holding it."""
-    report = tmp_path / "r.json"
-    args = ["place", tied_lm, "--training", "--objective", "throughput", "--microbatches", "8"]
-    args += ["--schedule", "1f1b", "--devices", "4x16GB", "--report", str(report), "-q"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    pipeline = json.loads(report.read_text())["pipeline"]
+    pipeline = _pipeline_report(tied_lm, "1f1b", "4x16GB", tmp_path)
     stages = len(pipeline["stages"])
     (tied,) = pipeline["tied_weights"]
     assert tied["weight"] == "/embed/Gather" and tied["stages"] == [0, stages - 1] and stages > 1
@@ -203,12 +208,7 @@ def test_tuning_moves_boundaries_to_a_faster_schedule(tmp_path):
     than the max-load split, within memory and the evaluation budget."""
     path = str(tmp_path / "wide.onnx")
     _tied_lm(path, batch=32, width=1024)
-    report = tmp_path / "r.json"
-    args = ["place", path, "--training", "--objective", "throughput", "--microbatches", "8"]
-    args += ["--schedule", "zbv", "--devices", "v100x4", "--report", str(report), "-q"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    pipeline = json.loads(report.read_text())["pipeline"]
+    pipeline = _pipeline_report(path, "zbv", "v100x4", tmp_path)
     schedule, tuned = pipeline["schedule"], pipeline["tuned"]
     assert schedule["within_memory"] and 0 < tuned["evaluations"] <= TUNE_EVALUATIONS
     assert schedule["minibatch_us"] < tuned["max_load_split_minibatch_us"]
