@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from baechi_cli.devices import DeviceSpec
-from baechi_cli.errors import InfeasibleError, InputError
+from baechi_cli.errors import BaechiError, InfeasibleError, InputError
 from baechi_cli.graph import CONTROL_PORT, OpGraph
 from baechi_cli.placers import PipelineOptions, Placement
 from baechi_cli.schedule import (
@@ -115,8 +115,11 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
             untied = load_model(graph, devices, cpus=options.cpus, replicate_tied=True)
             if untied.tied:
                 models.append(untied)
+        solved: dict[tuple[int, int, float], Split | BaechiError] = {}  # interleaved's are zbv's
         for schedule in schedules:
-            found = _best_for_schedule(graph, models, program, cuts, replace(options, schedule=schedule))
+            found = _best_for_schedule(
+                graph, models, program, cuts, replace(options, schedule=schedule), solved
+            )
             if isinstance(found, InfeasibleError):
                 first_error = first_error or found
                 minibatch_us[schedule] = None
@@ -181,9 +184,12 @@ def _best_for_schedule(
     program: list[int] | None,
     cuts: dict[int, str] | None,
     options: PipelineOptions,
+    solved: dict[tuple[int, int, float], Split | BaechiError] | None = None,
 ) -> tuple[Split, dict[str, Any]] | InfeasibleError:
     """The split of highest scheduled throughput within memory, over every stage count and model
     (tied weights kept whole, then copied: :func:`baechi_cli.throughput.load_model`).
+    ``solved``: the max-load splits already found, by (model, accelerators, memory), kept for
+    the next schedule (the solver is deterministic).
 
     Returns (not raises) the InfeasibleError when none fits, so that another
     schedule can be tried.
@@ -223,10 +229,25 @@ def _best_for_schedule(
                 }
             )
             space = ProgramOrder(narrowed, program, cuts) if cuts is not None and program else None
+            key = (models.index(candidate), narrowed.accelerators, narrowed.memory)
             try:
-                split = solve(
-                    narrowed, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts
-                )
+                if solved is None or key not in solved:
+                    try:
+                        result: Split | BaechiError = solve(
+                            narrowed,
+                            max_sets=options.max_sets,
+                            orders=[program] if program else (),
+                            cuts=cuts,
+                        )
+                    except (InfeasibleError, InputError) as err:
+                        result = err
+                    if solved is not None:
+                        solved[key] = result
+                else:
+                    result = solved[key]
+                if isinstance(result, BaechiError):
+                    raise result
+                split = result
                 if space is not None and chunks > 1:
                     split = _every_stage(space, split, devices * chunks)
                 found = _Found(candidate, devices if chunks > 1 else None, space, split, per_op, options)
