@@ -519,9 +519,7 @@ def simulate_pipeline(
                 to_visit.append(device_of[stage + 1])
             elif kind == "F":
                 gradient_at[stage][mb] = end
-            elif kind == "W":
-                pass
-            elif stage > 0:
+            elif kind != "W" and stage > 0:  # a backward (B or I) sends its gradient on; a W nothing
                 began, arrived = send(stage, stage - 1, end, costs.send_backward_us[stage - 1])
                 gradient_at[stage - 1][mb] = arrived
                 backward_sends[stage - 1].append(LinkTransfer(stage, stage - 1, mb, began, arrived))

@@ -608,14 +608,13 @@ class ProgramOrder:
         self.model = model
         self._units = _build_units(model)
         self._order = _unit_order(self._units, program)
-        position = {w: i for i, w in enumerate(self._order)}
-        self.starts = sorted({position[self._units.of_op[v]] for v in cuts} - {0})
+        self._position = {w: i for i, w in enumerate(self._order)}
+        self.starts = sorted({self._position[self._units.of_op[v]] for v in cuts} - {0})
         self._index = {p: i for i, p in enumerate(self.starts)}
 
     def boundaries(self, split: Split) -> list[int] | None:
         """``split``'s stage starts (indices into :attr:`starts`); None when it is no such split."""
-        position = {w: i for i, w in enumerate(self._order)}
-        firsts = sorted(min(position[w] for w in units) for units in split.stage_units)
+        firsts = sorted(min(self._position[w] for w in units) for units in split.stage_units)
         if not firsts or firsts[0] != 0 or any(p not in self._index for p in firsts[1:]):
             return None
         return [self._index[p] for p in firsts[1:]]
@@ -1485,10 +1484,11 @@ def _tied_weights(graph: OpGraph, latency_us: float, bytes_per_us: float) -> tup
             owners.setdefault(graph.group[v], v)
         if attrs.get("_shared_parameter_bytes"):
             readers.setdefault(graph.group[v], []).append(v)
+    owner_ops = set(owners.values())
     state: dict[int, int] = {}  # owner -> its update's optimizer-state bytes
     for v in range(graph.num_ops):
         owner = graph.forward_op[v]
-        if graph.is_backward[v] and owner >= 0 and owner in owners.values() and graph.persistent_bytes[v]:
+        if graph.is_backward[v] and owner in owner_ops and graph.persistent_bytes[v]:
             state[owner] = state.get(owner, 0) + graph.persistent_bytes[v]
     tied = []
     for group, owner in sorted(owners.items()):

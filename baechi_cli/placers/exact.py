@@ -746,18 +746,23 @@ class _Problem:
                 m.Add(start[v] >= end[u] + comm).OnlyEnforceIf(xv[b])
         self._memory_rows(m, x, safe_memory)
         self._symmetry(m, x)
-        if self.hint is not None:
-            for gi, d in enumerate(self.hint):
+
+        def hint(per_group: list[int], starts: list[int] | None, makespan: int) -> None:
+            """A solution for CP-SAT to start from: each group's device, and the starts if known."""
+            for gi, d in enumerate(per_group):
                 for dd in range(ndev):
                     m.AddHint(x[gi][dd], dd == d)
             for (g1, g2), lit in same_of.items():
-                m.AddHint(lit, self.hint[g1] == self.hint[g2])
-            if hint_start is not None:
+                m.AddHint(lit, per_group[g1] == per_group[g2])
+            if starts is not None:
                 for v in range(n):
-                    m.AddHint(start[v], hint_start[v])
+                    m.AddHint(start[v], starts[v])
                     if not uniform:
-                        m.AddHint(end[v], hint_start[v] + p[v][self.hint[gof[v]]])
-                m.AddHint(makespan_var, upper)
+                        m.AddHint(end[v], starts[v] + p[v][per_group[gof[v]]])
+                m.AddHint(makespan_var, makespan)
+
+        if self.hint is not None:
+            hint(self.hint, hint_start, upper)
         m.Minimize(makespan_var)
 
         def params(solver) -> None:
@@ -801,16 +806,7 @@ class _Problem:
             per_group = [0] * self.ngroups
             for v in range(n):
                 per_group[gof[v]] = device_of[v]
-            for gi in range(self.ngroups):
-                for d in range(ndev):
-                    m.AddHint(x[gi][d], per_group[gi] == d)
-            for (g1, g2), lit in same_of.items():
-                m.AddHint(lit, per_group[g1] == per_group[g2])
-            for v in range(n):
-                m.AddHint(start[v], starts[v])
-                if not uniform:
-                    m.AddHint(end[v], starts[v] + p[v][device_of[v]])
-            m.AddHint(makespan_var, objective)
+            hint(per_group, starts, objective)
 
         solver = cp_model.CpSolver()
         params(solver)

@@ -184,7 +184,7 @@ def _best_for_schedule(
     program: list[int] | None,
     cuts: dict[int, str] | None,
     options: PipelineOptions,
-    solved: dict[tuple[int, int, float], Split | BaechiError] | None = None,
+    solved: dict[tuple[int, int, float], Split | BaechiError],
 ) -> tuple[Split, dict[str, Any]] | InfeasibleError:
     """The split of highest scheduled throughput within memory, over every stage count and model
     (tied weights kept whole, then copied: :func:`baechi_cli.throughput.load_model`).
@@ -231,23 +231,7 @@ def _best_for_schedule(
             space = ProgramOrder(narrowed, program, cuts) if cuts is not None and program else None
             key = (models.index(candidate), narrowed.accelerators, narrowed.memory)
             try:
-                if solved is None or key not in solved:
-                    try:
-                        result: Split | BaechiError = solve(
-                            narrowed,
-                            max_sets=options.max_sets,
-                            orders=[program] if program else (),
-                            cuts=cuts,
-                        )
-                    except (InfeasibleError, InputError) as err:
-                        result = err
-                    if solved is not None:
-                        solved[key] = result
-                else:
-                    result = solved[key]
-                if isinstance(result, BaechiError):
-                    raise result
-                split = result
+                split = _solve_once(solved, key, narrowed, program, cuts, options.max_sets)
                 if space is not None and chunks > 1:
                     split = _every_stage(space, split, devices * chunks)
                 found = _Found(candidate, devices if chunks > 1 else None, space, split, per_op, options)
@@ -269,6 +253,27 @@ def _best_for_schedule(
             + (f" ({problems[-1]})" if problems else "")
         )
     return best.split, best.info
+
+
+def _solve_once(
+    solved: dict[tuple[int, int, float], Split | BaechiError],
+    key: tuple[int, int, float],
+    model: LoadModel,
+    program: list[int] | None,
+    cuts: dict[int, str] | None,
+    max_sets: int,
+) -> Split:
+    """:func:`~baechi_cli.throughput.solve` of ``model``, once per ``key``: a later schedule gets the
+    split, or raises the error, that an earlier one got (the solver is deterministic)."""
+    if key not in solved:
+        try:
+            solved[key] = solve(model, max_sets=max_sets, orders=[program] if program else (), cuts=cuts)
+        except (InfeasibleError, InputError) as err:
+            solved[key] = err
+    result = solved[key]
+    if isinstance(result, BaechiError):
+        raise result
+    return result
 
 
 class _Found:
