@@ -1,11 +1,16 @@
 """Lower bounds on the step time any placement can reach: what every plan's gap is measured against.
 
-Three bounds, each valid for every placement the evaluator can judge:
+Four bounds, each valid for every placement the evaluator can judge that
+keeps colocation groups whole (every placer's; TensorFlow requires it):
 
 * the critical path: the longest chain of compute with communication free
   (each op at its fastest device kind);
 * the work bound: total compute over the device count (each op at its
   fastest kind), since a device runs one op at a time;
+* the transfer-cut bound (:func:`transfer_cut_bound`): a step shorter than
+  M cannot afford to cut an edge whose path, with its cheapest transfer,
+  is longer than M, so the ops those edges join share a device and queue
+  there; the smallest M consistent with that;
 * CP-SAT's proven bound (:mod:`baechi_cli.placers.exact`) when auto ran the
   exact solver on the op graph itself with no memory constraint (a bound on
   a fused graph, or one with memory constraints, only bounds the plans that
@@ -15,7 +20,7 @@ Three bounds, each valid for every placement the evaluator can judge:
 The best is the largest. A plan's gap is ``step / best - 1``; a gap of 0 is
 a proven optimum.
 
-Complexity: O(V + E) for the first two.
+Complexity: O(V + E) for the first two, O(V + E log E) for the third.
 
 Example:
     >>> from baechi_cli.graph import GraphBuilder
@@ -26,14 +31,24 @@ Example:
     >>> d = b.add_op("d", "D", [], compute_us=20)
     >>> _ = b.add_edge(a, c); _ = b.add_edge(a, d)
     >>> lb = lower_bounds(b.build(), parse_devices("2x1GB"))
-    >>> lb.critical_path_us, lb.work_us, lb.best_us, lb.best_source
-    (40.0, 30.0, 40.0, 'critical path')
+    >>> lb.critical_path_us, lb.work_us
+    (40.0, 30.0)
+
+Splitting a from c or d costs a 134 µs transfer, more than running all three
+on one device (60 µs), so that is the bound:
+
+    >>> lb.transfer_cut_us, lb.best_us, lb.best_source
+    (60.0, 60.0, 'transfer cuts')
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
@@ -45,21 +60,30 @@ class LowerBounds:
 
     critical_path_us: float
     work_us: float
+    transfer_cut_us: float = 0.0  # :func:`transfer_cut_bound`
     exact_us: float | None = None  # CP-SAT's bound, when it bounds every plan
     # CP-SAT's bound on a fused graph or under memory constraints: reported, not counted.
     exact_restricted_us: float | None = None
     exact_scope: str | None = None  # what the exact bound was proven on
 
+    def _by_source(self) -> list[tuple[float, str]]:
+        # In order of preference on a tie: the simplest argument first.
+        return [
+            (self.critical_path_us, "critical path"),
+            (self.work_us, "work / devices"),
+            (self.transfer_cut_us, "transfer cuts"),
+            (self.exact_us or 0.0, "exact"),
+        ]
+
     @property
     def best_us(self) -> float:
-        return max(self.critical_path_us, self.work_us, self.exact_us or 0.0)
+        return max(value for value, _ in self._by_source())
 
     @property
     def best_source(self) -> str:
-        """Which bound is the best: ``critical path``, ``work / devices`` or ``exact``."""
-        if self.exact_us is not None and self.exact_us > max(self.critical_path_us, self.work_us):
-            return "exact"
-        return "critical path" if self.critical_path_us >= self.work_us else "work / devices"
+        """Which bound is the best: ``critical path``, ``work / devices``, ``transfer cuts`` or ``exact``."""
+        best = self.best_us
+        return next(source for value, source in self._by_source() if value == best)
 
     def gap(self, step_us: float) -> float | None:
         """``step / best - 1`` (None when the bound is 0: an empty graph)."""
@@ -72,6 +96,7 @@ class LowerBounds:
             "best": self.best_source,
             "critical_path_us": self.critical_path_us,
             "work_per_device_us": self.work_us,
+            "transfer_cut_us": self.transfer_cut_us,
             "exact_us": self.exact_us,
             "exact_restricted_us": self.exact_restricted_us,
             "exact_scope": self.exact_scope,
@@ -88,15 +113,152 @@ def fastest_durations(graph: OpGraph, devices: DeviceSpec) -> list[float]:
 
 
 def lower_bounds(graph: OpGraph, devices: DeviceSpec) -> LowerBounds:
-    """The critical path and work bounds of ``graph`` on ``devices`` (module docstring). O(V + E)."""
+    """The critical path, work and transfer-cut bounds of ``graph`` on ``devices`` (module docstring).
+
+    O(V + E log E).
+    """
     fastest = fastest_durations(graph, devices)
-    finish = [0.0] * graph.num_ops
-    src = graph.edge_src
-    for v in graph.topo_order():
-        ready = 0.0
-        for e in graph.in_edges[v]:
-            t = finish[src[e]]
-            if t > ready:
-                ready = t
-        finish[v] = ready + fastest[v]
-    return LowerBounds(max(finish, default=0.0), sum(fastest) / devices.count)
+    topo = graph.topo_order()
+    head = _longest_paths(topo, graph.in_edges, graph.edge_src, fastest)
+    tail = _longest_paths(topo[::-1], graph.out_edges, graph.edge_dst, fastest)
+    critical_path = max(map(sum, zip(head, fastest, tail)), default=0.0)
+    work = sum(fastest) / devices.count
+    cut = transfer_cut_bound(graph, devices, fastest, head, tail) if devices.count > 1 else critical_path
+    return LowerBounds(critical_path, work, cut)
+
+
+def _longest_paths(
+    order: Sequence[int], edges: list[list[int]], other: list[int], times: list[float]
+) -> list[float]:
+    """Per op, the longest chain of ``times`` through the ops ``edges`` lead to (``other`` end), in ``order``.
+
+    With in-edges and sources: when each op can start at the earliest; with
+    out-edges, the reverse order and destinations: how much must follow its end.
+    """
+    longest = [0.0] * len(times)
+    for v in order:
+        best = 0.0
+        for e in edges[v]:
+            u = other[e]
+            t = longest[u] + times[u]
+            if t > best:
+                best = t
+        longest[v] = best
+    return longest
+
+
+def transfer_cut_bound(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    fastest: list[float],
+    head: list[float],
+    tail: list[float],
+) -> float:
+    """A lower bound on the step time that charges transfers: the smallest M no argument below rules out.
+
+    ``head[v]``: the longest compute chain before v can start; ``tail[v]``:
+    the longest after it ends (``fastest`` times, communication free).
+
+    The argument. An edge u -> v placed across devices makes v wait for the
+    tensor's copy, at least its cheapest transfer c (a measured time, else
+    the smallest latency plus bytes over the largest bandwidth), so a plan
+    that cuts it takes at least ``cut(e) = head[u] + t(u) + c + t(v) +
+    tail[v]``. A plan with step time M therefore keeps every edge with
+    ``cut(e) > M`` on one device: the clusters those edges (and colocation
+    groups) join each run on one device, one op at a time, so M is at least
+    any such cluster's ``min head + work + min tail``. Call the largest of
+    those F(M). It grows as M falls (more edges are forced), and every plan
+    has ``M >= F(M)``; the bound is the smallest M that satisfies it.
+
+    Computed by adding the forced edges in falling ``cut`` order (union-find)
+    and stopping at the first M the clusters rule out. A cluster's bound is
+    kept as the largest over the clusters merged into it: each of them still
+    runs on one device, and the smaller one may start later or end earlier.
+    Colocation groups join their ops from the start, which loses those
+    sub-clusters, so the walk runs twice, with and without them, and the
+    larger result counts. Never below the critical path.
+
+    Complexity: O(V + E log E).
+    """
+    n = graph.num_ops
+    if n == 0:
+        return 0.0
+    ic = devices.interconnect
+    links = [(ic.latency_us, ic.bandwidth_bytes_per_us), *ic.links.values()]
+    latency = min(lat for lat, _ in links)
+    bandwidth = max(bw for _, bw in links)
+    tensors = graph.tensors
+    with np.errstate(over="ignore"):
+        copy = np.array(tensors.nbytes, dtype=np.float64) / bandwidth + latency
+    measured = [t for t, m in enumerate(tensors.measured_us) if m is not None]
+    if measured:
+        copy[measured] = [tensors.measured_us[t] for t in measured]
+    src = np.asarray(graph.edge_src, dtype=np.int64)
+    dst = np.asarray(graph.edge_dst, dtype=np.int64)
+    reach = np.asarray(head) + np.asarray(fastest)  # earliest end
+    rest = np.asarray(fastest) + np.asarray(tail)  # from the earliest start to the end
+    cut = reach[src] + copy[np.asarray(tensors.edge_tensor, dtype=np.int64)] + rest[dst]
+    order = np.argsort(-cut, kind="stable")
+    edges = (cut[order].tolist(), src[order].tolist(), dst[order].tolist())
+    groups: dict[int, list[int]] = {}
+    for v, g in enumerate(graph.group):
+        groups.setdefault(g, []).append(v)
+    joined = [members for members in groups.values() if len(members) > 1]
+    return max(
+        _smallest_consistent(fastest, head, tail, edges, joined),
+        _smallest_consistent(fastest, head, tail, edges, []),
+    )
+
+
+def _smallest_consistent(
+    times: list[float],
+    head: list[float],
+    tail: list[float],
+    edges: tuple[list[float], list[int], list[int]],
+    joined: list[list[int]],
+) -> float:
+    """:func:`transfer_cut_bound`'s walk: edges as (cut, src, dst) columns in falling cut order;
+    ``joined``: sets of ops that share a device in every plan."""
+    parent = list(range(len(times)))
+    work = list(times)
+    first = list(head)  # a cluster's earliest start
+    after = list(tail)  # and the least that must follow it
+    cluster_bound = max(map(sum, zip(head, times, tail)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = x = parent[parent[x]]
+        return x
+
+    def union(a: int, b: int) -> None:
+        nonlocal cluster_bound
+        a, b = find(a), find(b)
+        if a == b:
+            return
+        parent[b] = a
+        work[a] += work[b]
+        first[a] = min(first[a], first[b])
+        after[a] = min(after[a], after[b])
+        cluster_bound = max(cluster_bound, first[a] + work[a] + after[a])
+
+    for members in joined:
+        for v in members[1:]:
+            union(members[0], v)
+    cuts, srcs, dsts = edges
+    m = len(cuts)
+    best = math.inf
+    above = math.inf  # the interval [below, above) of step times with the same forced edges
+    i = 0
+    while True:
+        below = cuts[i] if i < m else 0.0
+        candidate = max(below, cluster_bound)
+        if candidate >= above:  # no step time in [below, above) is consistent, nor any lower
+            break
+        best = min(best, candidate)
+        if i == m:
+            break
+        above = cuts[i]
+        while i < m and cuts[i] == above:
+            union(srcs[i], dsts[i])
+            i += 1
+    return best

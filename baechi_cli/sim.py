@@ -718,16 +718,12 @@ def step_time_ceiling(graph: OpGraph, devices: DeviceSpec) -> tuple[float, str]:
 
 
 def lower_bound(graph: OpGraph, devices: DeviceSpec) -> float:
-    """max(critical path with zero communication, total compute / device count).
-
-    For heterogeneous devices each op counts at its fastest kind's time, which
-    keeps the bound valid (and looser). O(V + E). The two bounds apart, and
-    CP-SAT's: :func:`baechi_cli.bounds.lower_bounds`.
+    """The best of the critical path, work and transfer-cut bounds: no placement that keeps
+    colocation groups whole steps faster (:func:`baechi_cli.bounds.lower_bounds`, O(V + E log E)).
     """
     from baechi_cli.bounds import lower_bounds
 
-    bounds = lower_bounds(graph, devices)
-    return max(bounds.critical_path_us, bounds.work_us)
+    return lower_bounds(graph, devices).best_us
 
 
 @dataclass
