@@ -215,6 +215,51 @@ def test_external_data_present_loads_only_small_integer_tensors(tmp_path):
     ]
 
 
+def _wide_gemm():
+    """x[2,2048] -> Gemm(W 2048x64, in the file: 512 KiB) -> y; s, an int64 weight, stays whole."""
+    w = _init("W", np.arange(2048 * 64, dtype=np.float32).reshape(2048, 64))
+    s = _init("s", np.array([2, 64], np.int64))
+    nodes = [
+        helper.make_node("Gemm", ["x", "W"], ["g"], name="gemm"),
+        helper.make_node("Reshape", ["g", "s"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", F, [2, 2048])
+    y = helper.make_tensor_value_info("y", F, [2, 64])
+    return _model(nodes, [x], [y], [w, s])
+
+
+def test_weights_in_the_file_read_as_their_dims_say(tmp_path):
+    """Checking and inference do without the 512 KiB of W: the graph equals the one read with W external."""
+    inline = read_onnx_with_notes(_save(tmp_path, _wide_gemm()), batch_size=None)
+    external = read_onnx_with_notes(
+        _save(
+            tmp_path,
+            _wide_gemm(),
+            "e.onnx",
+            save_as_external_data=True,
+            location="w.bin",
+            size_threshold=4096,
+        ),
+        batch_size=None,
+    )
+    assert inline.notes == [] and "1 tensor(s), 524288 bytes" in external.notes[0]
+    assert inline.graph.persistent_bytes == external.graph.persistent_bytes == [0, 2048 * 64 * 4, 16]
+    assert (
+        inline.graph.output_bytes
+        == external.graph.output_bytes
+        == [[2 * 2048 * 4], [2 * 64 * 4], [2 * 64 * 4]]
+    )
+
+
+def test_a_weight_whose_bytes_do_not_match_its_dims_is_an_error(tmp_path):
+    model = _wide_gemm()
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]
+    with pytest.raises(
+        InputError, match=r"initializer 'W' holds 524284 bytes; its dims and type need 524288"
+    ):
+        read_onnx(_save(tmp_path, model))
+
+
 def test_old_opset_is_an_error(tmp_path):
     """Opset 11 is refused, saying which opset, that 13+ is needed and how to convert."""
     x = helper.make_tensor_value_info("x", F, [2])

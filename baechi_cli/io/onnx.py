@@ -26,7 +26,12 @@ naming the file (and the op or tensor when there is one):
 4. ``onnx.checker.check_model(full_check=False)``; its message, on one line,
    is the error. External top-level initializers are checked as graph inputs
    of the same type (the checker would otherwise look for their files
-   relative to the working directory).
+   relative to the working directory). So are the weights held in the file
+   (top-level initializers of more than :data:`_WEIGHT_BYTES` raw bytes,
+   integers excepted): the checker and shape inference each copy the whole
+   model twice, and a 500 MB GPT-2 took them 3.7 s and 2 GB more memory,
+   for values neither reads. Their raw bytes must match their dims and
+   type instead.
 5. Symbolic dims are bound, then ``onnx.shape_inference.infer_shapes``
    (``strict_mode=False, data_prop=True``) runs once on the bound model:
 
@@ -215,6 +220,9 @@ INPUT_OP = "Input"
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _INTEGER_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})
 _SMALL_TENSOR = 1024  # elements: external integer tensors up to this size are loaded for inference
+# Raw bytes above which a non-integer top-level initializer is a weight that checking and
+# shape inference do without (module docstring, step 4).
+_WEIGHT_BYTES = 4096
 #: Characters of an onnx or onnxruntime error message kept (:func:`~baechi_cli.errors.one_line`).
 MESSAGE_LIMIT = 300
 
@@ -388,6 +396,7 @@ def write_placed_onnx(
         model = parse_model(data)
     except InputError as err:
         raise err.with_path(src_path) from None
+    del data  # the serialized copy below would be a third copy of the weights
     nodes = model.graph.node
     if len(device_of_node) != len(nodes):
         raise ValueError(f"{len(device_of_node)} devices for the {len(nodes)} nodes of {src_path}")
@@ -468,7 +477,7 @@ def _read(path: str, data: bytes, batch_size: int | None, binding: dict[str, int
     opset = _check_opset(model)
     notes: list[str] = []
     external = _external_data(model, os.path.dirname(os.path.abspath(path)), notes)
-    check_model(model, external)
+    check_model(model, external | _drop_weights(model))
     declared = _bind(model.graph, batch_size, binding)
     graph, guessed, inner = _build(_infer(model), declared, binding)
     if guessed:
@@ -570,6 +579,30 @@ def _external_data(model: ModelProto, base_dir: str, notes: list[str]) -> set[st
             "placement uses their dims only"
         )
     return {t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL}
+
+
+def _drop_weights(model: ModelProto) -> set[str]:
+    """Clear the raw bytes of the top-level weights (module docstring, step 4); their names.
+
+    InputError when a weight's bytes do not match its dims and type. O(initializers).
+    """
+    from onnx import TensorProto
+
+    dropped = set()
+    for tensor in model.graph.initializer:
+        if (
+            tensor.data_location == TensorProto.EXTERNAL
+            or tensor.data_type in _INTEGER_TYPES
+            or len(tensor.raw_data) <= _WEIGHT_BYTES
+        ):
+            continue
+        what = f"initializer '{_q(tensor.name)}'"
+        need = _tensor_bytes(tensor, what)
+        if len(tensor.raw_data) != need:
+            raise InputError(f"{what} holds {len(tensor.raw_data)} bytes; its dims and type need {need}")
+        tensor.ClearField("raw_data")
+        dropped.add(tensor.name)
+    return dropped
 
 
 def check_model(model: ModelProto, external: set[str]) -> None:
