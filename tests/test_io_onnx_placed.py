@@ -152,6 +152,32 @@ def test_everything_else_is_unchanged(tmp_path):
     assert [(e.key, e.value) for e in placed.metadata_props] == [("author", "me")]
 
 
+def test_weights_are_copied_and_repeated_fields_read_as_protobuf_merges_them(tmp_path):
+    """The writer copies every byte but the nodes and configurations: a graph split over two fields
+    and a second ir_version (protobuf: merged, the last wins) read back as that merged model, placed."""
+    from baechi_cli.io.protowire import fields, tag, varint
+
+    data = _model().SerializeToString()
+    top = fields(data)
+    (graph,) = [f for f in top if f.number == 7]
+    inner = fields(data, graph.payload, graph.end)
+    half = inner[3].start  # the first three nodes in one graph field, the rest in another
+    first, second = data[graph.payload : half], data[half : graph.end]
+    split = tag(7, 2) + varint(len(first)) + first + tag(7, 2) + varint(len(second)) + second
+    crafted = data[: graph.start] + split + data[graph.end :] + tag(1, 0) + varint(9)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(crafted)
+    merged = onnx.ModelProto.FromString(crafted)
+    assert merged.ir_version == 9 and len(merged.graph.node) == 7
+    out = str(tmp_path / "placed.onnx")
+    _place(str(src), PLACEMENT, out)
+    placed = onnx.load(out)
+    assert placed.ir_version == 11
+    assert _devices_from_configuration(placed) == _devices_from_metadata(placed) == PLACEMENT
+    assert _strip(placed, 9) == _strip(merged, 9)
+    assert [t.raw_data for t in placed.graph.initializer] == [t.raw_data for t in _model().graph.initializer]
+
+
 def test_newer_ir_version_is_kept(tmp_path):
     """ir_version is raised to 11, never lowered."""
     model = _model()

@@ -165,12 +165,13 @@ from __future__ import annotations
 import math
 import os
 from collections import ChainMap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from baechi_cli.errors import OP_NAME_LIMIT, InputError, one_line, truncate
 from baechi_cli.graph import GraphBuilder, OpGraph
-from baechi_cli.io.files import read_input, write_atomic
+from baechi_cli.io import protowire
+from baechi_cli.io.files import mapped_input, read_input, write_atomic
 from baechi_cli.io.torch_modules import ModuleMap, module_map, module_paths, parameter_module
 
 if TYPE_CHECKING:
@@ -220,6 +221,10 @@ INPUT_OP = "Input"
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _INTEGER_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})
 _SMALL_TENSOR = 1024  # elements: external integer tensors up to this size are loaded for inference
+_COPY_BYTES = 1 << 20  # the writer copies its source's unchanged bytes this many at a time
+# An external tensor's record (name, dims, location, offset) is smaller than this; the writer
+# looks for external locations only in initializers this small (a bigger one holds its data).
+_EXTERNAL_RECORD_BYTES = 1 << 16
 # Raw bytes above which a non-integer top-level initializer is a weight that checking and
 # shape inference do without (module docstring, step 4).
 _WEIGHT_BYTES = 4096
@@ -355,8 +360,12 @@ def write_placed_onnx(
     The model is not checked again (:func:`read_onnx` checks it): a model it
     accepts still passes ``onnx.checker`` once placed, and onnxruntime runs it
     with the same results (both observed with onnx 1.23 / onnxruntime 1.31).
-    Binary output, deterministic serialization (same input, same bytes),
-    written whole or not at all. An unreadable or non-ONNX input is an
+    Only the nodes, ``ir_version`` and the configurations are parsed and
+    serialized again (deterministically: same input, same bytes); every
+    other byte, the weights above all, is copied from the source as it
+    stands (:class:`_Layout`): GPT-2's 498 MB placed in 0.38 s instead of
+    6.7 s, without a second copy of the model in memory. Written whole or
+    not at all. An unreadable or non-ONNX input is an
     InputError naming ``src_path``; an unwritable output one naming
     ``output``. Lengths that differ or a device not in ``device_names`` raise
     ValueError: a placement gives every node a known device, so that is a
@@ -391,39 +400,39 @@ def write_placed_onnx(
         if name in index:
             raise ValueError(f"device name {name!r} appears twice in device_names")
         index[name] = k
-    data = read_input(src_path, "ONNX")
-    try:
-        model = parse_model(data)
-    except InputError as err:
-        raise err.with_path(src_path) from None
-    del data  # the serialized copy below would be a third copy of the weights
-    nodes = model.graph.node
-    if len(device_of_node) != len(nodes):
-        raise ValueError(f"{len(device_of_node)} devices for the {len(nodes)} nodes of {src_path}")
-    unknown = sorted({d for d in device_of_node if d is not None and d not in index})
-    if unknown:
-        raise ValueError(f"device {unknown[0]!r} is not one of device_names {list(device_names)}")
+    with mapped_input(src_path, "ONNX") as source:
+        try:
+            layout = _Layout(source)
+        except InputError as err:
+            raise err.with_path(src_path) from None
+        nodes = layout.nodes()
+        if len(device_of_node) != len(nodes):
+            raise ValueError(f"{len(device_of_node)} devices for the {len(nodes)} nodes of {src_path}")
+        unknown = sorted({d for d in device_of_node if d is not None and d not in index})
+        if unknown:
+            raise ValueError(f"device {unknown[0]!r} is not one of device_names {list(device_names)}")
 
-    model.ir_version = max(model.ir_version, MULTI_DEVICE_IR_VERSION)
-    config = onnx.DeviceConfigurationProto(
-        name=CONFIGURATION, num_devices=len(device_names), device=list(device_names)
-    )
-    _put(model.configuration, lambda c: c.name == CONFIGURATION, config)
-    for node, device in zip(nodes, device_of_node):
-        entry = spec = None
-        if device is not None:
-            tensors = dict.fromkeys(t for t in (*node.input, *node.output) if t)
-            spec = onnx.NodeDeviceConfigurationProto(
-                configuration_id=CONFIGURATION,
-                sharding_spec=[
-                    onnx.ShardingSpecProto(tensor_name=t, device=[index[device]]) for t in tensors
-                ],
-            )
-            entry = onnx.StringStringEntryProto(key=DEVICE_KEY, value=device)
-        _put(node.device_configurations, lambda c: c.configuration_id == CONFIGURATION, spec)
-        _put(node.metadata_props, lambda e: e.key == DEVICE_KEY, entry)
-    notes = _external_data_notes(model, src_path, output)
-    write_atomic(output, model.SerializeToString(deterministic=True))
+        configurations = layout.configurations()
+        config = onnx.DeviceConfigurationProto(
+            name=CONFIGURATION, num_devices=len(device_names), device=list(device_names)
+        )
+        _put(configurations, lambda c: c.name == CONFIGURATION, config)
+        for node, device in zip(nodes, device_of_node):
+            entry = spec = None
+            if device is not None:
+                tensors = dict.fromkeys(t for t in (*node.input, *node.output) if t)
+                spec = onnx.NodeDeviceConfigurationProto(
+                    configuration_id=CONFIGURATION,
+                    sharding_spec=[
+                        onnx.ShardingSpecProto(tensor_name=t, device=[index[device]]) for t in tensors
+                    ],
+                )
+                entry = onnx.StringStringEntryProto(key=DEVICE_KEY, value=device)
+            _put(node.device_configurations, lambda c: c.configuration_id == CONFIGURATION, spec)
+            _put(node.metadata_props, lambda e: e.key == DEVICE_KEY, entry)
+        notes = _external_data_notes(layout.external_locations(nodes), src_path, output)
+        ir_version = max(layout.ir_version(), MULTI_DEVICE_IR_VERSION)
+        write_atomic(output, layout.placed(ir_version, nodes, configurations))
     return notes
 
 
@@ -444,29 +453,154 @@ def _put(entries: Any, match: Callable[[Any], bool], entry: Any) -> None:
         entries.append(entry)
 
 
-def _external_data_notes(model: ModelProto, src_path: str, output: str) -> list[str]:
+def _external_data_notes(locations: set[str], src_path: str, output: str) -> list[str]:
     """A note naming the external data files to copy when ``output`` is in another directory."""
-    from onnx import TensorProto
-    from onnx.external_data_helper import _get_all_tensors
-
-    locations = sorted(
-        {
-            e.value
-            for t in _get_all_tensors(model)
-            if t.data_location == TensorProto.EXTERNAL
-            for e in t.external_data
-            if e.key == "location" and e.value
-        }
-    )
     src_dir = os.path.dirname(os.path.abspath(src_path))
     out_dir = os.path.dirname(os.path.abspath(output))
     if not locations or os.path.realpath(src_dir) == os.path.realpath(out_dir):
         return []
     return [
-        f"the placed model reads its external data from {', '.join(locations)} beside it: "
+        f"the placed model reads its external data from {', '.join(sorted(locations))} beside it: "
         f"copy {'it' if len(locations) == 1 else 'them'} from {src_dir} to {out_dir} "
         "(onnx and onnxruntime refuse a symbolic link)"
     ]
+
+
+class _Layout:
+    """Where a serialized ModelProto's fields lie (:mod:`baechi_cli.io.protowire`), for a writer
+    that re-serializes the nodes and the configurations and copies every other byte.
+
+    Protobuf merges repeated occurrences of a message field (the graph's are
+    read as one, their fields in file order) and keeps the last of a scalar
+    (``ir_version``). InputError when the bytes are not a model with a graph
+    with nodes, as :func:`parse_model` says it.
+    """
+
+    MODEL_IR_VERSION, MODEL_GRAPH, MODEL_FUNCTIONS, MODEL_CONFIGURATION = 1, 7, 25, 26
+    GRAPH_NODE, GRAPH_INITIALIZER = 1, 5
+    TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION = 13, 14
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        try:
+            self.top = protowire.fields(source)
+            graphs = [f for f in self.top if f.number == self.MODEL_GRAPH]
+            self.graph = [g for f in graphs for g in protowire.fields(source, f.payload, f.end)]
+        except ValueError:
+            raise InputError("not an ONNX model: binary protobuf parse failed") from None
+        if not graphs:
+            raise InputError("not an ONNX model: the protobuf holds no model graph")
+        if not any(f.number == self.GRAPH_NODE for f in self.graph):
+            raise InputError("not an ONNX model: the graph has no nodes")
+
+    def _parse(self, message: Any, field: protowire.Field) -> Any:
+        try:
+            return message.FromString(self.source[field.payload : field.end])
+        except Exception:  # DecodeError
+            raise InputError("not an ONNX model: binary protobuf parse failed") from None
+
+    def nodes(self) -> list[NodeProto]:
+        from onnx import NodeProto
+
+        return [self._parse(NodeProto, f) for f in self.graph if f.number == self.GRAPH_NODE]
+
+    def configurations(self) -> list[Any]:
+        from onnx import DeviceConfigurationProto
+
+        return [
+            self._parse(DeviceConfigurationProto, f) for f in self.top if f.number == self.MODEL_CONFIGURATION
+        ]
+
+    def ir_version(self) -> int:
+        found = [f for f in self.top if f.number == self.MODEL_IR_VERSION and f.wire_type == protowire.VARINT]
+        return protowire.read_varint(self.source, found[-1]) if found else 0
+
+    def external_locations(self, nodes: list[NodeProto]) -> set[str]:
+        """The ``location`` of every external tensor: top-level initializers (read off the
+        wire: their data is never parsed), subgraphs' and attributes' (from ``nodes``), functions'."""
+        from onnx import FunctionProto, GraphProto, ModelProto, StringStringEntryProto, TensorProto
+        from onnx.external_data_helper import _get_all_tensors
+
+        found = set()
+        for f in self.graph:
+            if f.number != self.GRAPH_INITIALIZER or f.end - f.payload > _EXTERNAL_RECORD_BYTES:
+                continue  # a tensor that big holds its data
+            tensor = protowire.fields(self.source, f.payload, f.end)
+            location = [t for t in tensor if t.number == self.TENSOR_DATA_LOCATION]
+            if location and protowire.read_varint(self.source, location[-1]) == TensorProto.EXTERNAL:
+                for t in tensor:
+                    if t.number == self.TENSOR_EXTERNAL_DATA:
+                        entry = self._parse(StringStringEntryProto, t)
+                        if entry.key == "location" and entry.value:
+                            found.add(entry.value)
+        functions = [self._parse(FunctionProto, f) for f in self.top if f.number == self.MODEL_FUNCTIONS]
+        rest = ModelProto(graph=GraphProto(node=nodes), functions=functions)
+        for t in _get_all_tensors(rest):
+            if t.data_location == TensorProto.EXTERNAL:
+                found.update(e.value for e in t.external_data if e.key == "location" and e.value)
+        return found
+
+    def placed(self, ir_version: int, nodes: list[NodeProto], configurations: list[Any]) -> Iterator[bytes]:
+        """The placed model's bytes, in parts: ``ir_version`` where the first stood (else first),
+        the graph where its first occurrence stood with ``nodes`` then its other fields as they
+        are, every other field as it is, ``configurations`` last."""
+        wire = protowire
+        node_bytes = [
+            wire.tag(self.GRAPH_NODE, wire.LENGTH_DELIMITED)
+            + _delimited(n.SerializeToString(deterministic=True))
+            for n in nodes
+        ]
+        graph_rest = self._ranges(f for f in self.graph if f.number != self.GRAPH_NODE)
+        graph_length = sum(map(len, node_bytes)) + sum(end - start for start, end in graph_rest)
+        version = wire.tag(self.MODEL_IR_VERSION, wire.VARINT) + wire.varint(ir_version)
+        if not any(f.number == self.MODEL_IR_VERSION for f in self.top):
+            yield version
+        kept: list[protowire.Field] = []  # fields copied as they are, up to the next one rewritten
+        placed_graph = placed_version = False
+        for f in self.top:
+            if f.number == self.MODEL_IR_VERSION:
+                if not placed_version:
+                    yield from self._copy(self._ranges(kept))
+                    kept.clear()
+                    yield version
+                    placed_version = True
+            elif f.number == self.MODEL_GRAPH:
+                if not placed_graph:
+                    yield from self._copy(self._ranges(kept))
+                    kept.clear()
+                    yield wire.tag(self.MODEL_GRAPH, wire.LENGTH_DELIMITED) + wire.varint(graph_length)
+                    yield from node_bytes
+                    yield from self._copy(graph_rest)
+                    placed_graph = True
+            elif f.number != self.MODEL_CONFIGURATION:
+                kept.append(f)
+        yield from self._copy(self._ranges(kept))
+        for c in configurations:
+            yield wire.tag(self.MODEL_CONFIGURATION, wire.LENGTH_DELIMITED) + _delimited(
+                c.SerializeToString(deterministic=True)
+            )
+
+    def _copy(self, ranges: list[tuple[int, int]]) -> Iterator[bytes]:
+        """The source's bytes in ``ranges``, a MiB at a time: each copy is freed before the next
+        is made (copies of 2 MiB or more came from fresh pages each time: 20x slower to write)."""
+        for start, end in ranges:
+            for at in range(start, end, _COPY_BYTES):
+                yield self.source[at : min(end, at + _COPY_BYTES)]
+
+    @staticmethod
+    def _ranges(found: Iterable[protowire.Field]) -> list[tuple[int, int]]:
+        """The byte ranges of ``found`` (in file order), adjacent ones joined."""
+        out: list[tuple[int, int]] = []
+        for f in found:
+            if out and out[-1][1] == f.start:
+                out[-1] = (out[-1][0], f.end)
+            else:
+                out.append((f.start, f.end))
+        return out
+
+
+def _delimited(payload: bytes) -> bytes:
+    return protowire.varint(len(payload)) + payload
 
 
 # ----------------------------------------------------------------- steps
