@@ -11,6 +11,10 @@ from typing import Any
 
 from baechi_cli.errors import InputError
 
+# A mapped file this small is read whole to tell a blank one ("the file is empty") as read_input does;
+# a bigger one is not blank for any format read this way.
+_BLANK_CHECKED = 1 << 16
+
 
 def write_atomic(path: str, data: bytes | Iterable[bytes]) -> None:
     """Write ``data`` (bytes, or parts written in turn as they come) to ``path`` so that readers
@@ -52,6 +56,8 @@ def mapped_input(path: str, kind: str) -> Iterator[mmap.mmap]:
         if os.fstat(f.fileno()).st_size == 0:
             raise InputError("the file is empty", path=path)
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if len(mapped) <= _BLANK_CHECKED and not mapped[:].strip():
+                raise InputError("the file is empty", path=path)
             yield mapped
 
 

@@ -28,10 +28,12 @@ naming the file (and the op or tensor when there is one):
    of the same type (the checker would otherwise look for their files
    relative to the working directory). So are the weights held in the file
    (top-level initializers of more than :data:`_WEIGHT_BYTES` raw bytes,
-   integers excepted): the checker and shape inference each copy the whole
-   model twice, and a 500 MB GPT-2 took them 3.7 s and 2 GB more memory,
-   for values neither reads. Their raw bytes must match their dims and
-   type instead.
+   integers excepted): the file is mapped, not read, and those bytes are
+   left out on the wire (:func:`_without_weights`) before anything is
+   parsed, since nothing here reads a weight's values; their length must
+   match their dims and type. Reading GPT-2's 498 MB took 4.0 s and 3 GB of
+   memory when the checker and shape inference each copied the whole model
+   twice; it takes 0.6 s.
 5. Symbolic dims are bound, then ``onnx.shape_inference.infer_shapes``
    (``strict_mode=False, data_prop=True``) runs once on the bound model:
 
@@ -171,7 +173,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from baechi_cli.errors import OP_NAME_LIMIT, InputError, one_line, truncate
 from baechi_cli.graph import GraphBuilder, OpGraph
 from baechi_cli.io import protowire
-from baechi_cli.io.files import mapped_input, read_input, write_atomic
+from baechi_cli.io.files import mapped_input, write_atomic
 from baechi_cli.io.torch_modules import ModuleMap, module_map, module_paths, parameter_module
 
 if TYPE_CHECKING:
@@ -228,6 +230,7 @@ _EXTERNAL_RECORD_BYTES = 1 << 16
 # Raw bytes above which a non-integer top-level initializer is a weight that checking and
 # shape inference do without (module docstring, step 4).
 _WEIGHT_BYTES = 4096
+_TENSOR_RAW_DATA = 9  # TensorProto.raw_data's field number
 #: Characters of an onnx or onnxruntime error message kept (:func:`~baechi_cli.errors.one_line`).
 MESSAGE_LIMIT = 300
 
@@ -277,9 +280,10 @@ def read_onnx_with_notes(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"--dim {name}={value}: the value must be a positive integer")
         binding[str(name)] = value
-    data = read_input(path, "ONNX")
     try:
-        return _read(path, data, batch_size, binding)
+        with mapped_input(path, "ONNX") as source:
+            data, weights = _without_weights(source)
+        return _read(path, data, weights, batch_size, binding)
     except InputError as err:
         raise err.with_path(path) from None
 
@@ -606,12 +610,15 @@ def _delimited(payload: bytes) -> bytes:
 # ----------------------------------------------------------------- steps
 
 
-def _read(path: str, data: bytes, batch_size: int | None, binding: dict[str, int]) -> OnnxRead:
+def _read(
+    path: str, data: bytes, weights: set[str], batch_size: int | None, binding: dict[str, int]
+) -> OnnxRead:
+    """Steps 1-5 of the module docstring on ``data``, whose ``weights`` (initializer names) were dropped."""
     model = parse_model(data)
     opset = _check_opset(model)
     notes: list[str] = []
     external = _external_data(model, os.path.dirname(os.path.abspath(path)), notes)
-    check_model(model, external | _drop_weights(model))
+    check_model(model, external | weights)
     declared = _bind(model.graph, batch_size, binding)
     graph, guessed, inner = _build(_infer(model), declared, binding)
     if guessed:
@@ -715,28 +722,64 @@ def _external_data(model: ModelProto, base_dir: str, notes: list[str]) -> set[st
     return {t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL}
 
 
-def _drop_weights(model: ModelProto) -> set[str]:
-    """Clear the raw bytes of the top-level weights (module docstring, step 4); their names.
+def _without_weights(source: Any) -> tuple[bytes, set[str]]:
+    """The serialized model in ``source`` without the raw bytes of its top-level weights (module
+    docstring, step 4), and their names; the bytes as they are when they are not a message.
 
-    InputError when a weight's bytes do not match its dims and type. O(initializers).
+    Done on the wire (:mod:`baechi_cli.io.protowire`), so the weights are never
+    parsed or copied. InputError when a weight's bytes do not match its dims
+    and type. O(fields of the model and its graph).
     """
+    wire = protowire
+    try:
+        top = wire.fields(source)
+        graphs = {
+            f.start: wire.fields(source, f.payload, f.end) for f in top if f.number == _Layout.MODEL_GRAPH
+        }
+    except ValueError:
+        return source[:], set()  # parse_model says why
+    dropped: set[str] = set()
+    parts: list[bytes] = []
+    for f in top:
+        if f.start not in graphs:
+            parts.append(source[f.start : f.end])
+            continue
+        graph = [
+            _without_raw_data(source, g, dropped)
+            if g.number == _Layout.GRAPH_INITIALIZER
+            else source[g.start : g.end]
+            for g in graphs[f.start]
+        ]
+        payload = b"".join(graph)
+        parts.append(wire.tag(f.number, wire.LENGTH_DELIMITED) + wire.varint(len(payload)) + payload)
+    return b"".join(parts), dropped
+
+
+def _without_raw_data(source: Any, initializer: protowire.Field, dropped: set[str]) -> bytes:
+    """An initializer field as it is, or, for a weight, without its raw data (its name in ``dropped``)."""
     from onnx import TensorProto
 
-    dropped = set()
-    for tensor in model.graph.initializer:
-        if (
-            tensor.data_location == TensorProto.EXTERNAL
-            or tensor.data_type in _INTEGER_TYPES
-            or len(tensor.raw_data) <= _WEIGHT_BYTES
-        ):
-            continue
-        what = f"initializer '{_q(tensor.name)}'"
-        need = _tensor_bytes(tensor, what)
-        if len(tensor.raw_data) != need:
-            raise InputError(f"{what} holds {len(tensor.raw_data)} bytes; its dims and type need {need}")
-        tensor.ClearField("raw_data")
-        dropped.add(tensor.name)
-    return dropped
+    whole = source[initializer.start : initializer.end]
+    if initializer.end - initializer.payload <= _WEIGHT_BYTES:
+        return whole
+    fields = protowire.fields(source, initializer.payload, initializer.end)
+    raw = [f for f in fields if f.number == _TENSOR_RAW_DATA and f.wire_type == protowire.LENGTH_DELIMITED]
+    if not raw or raw[-1].end - raw[-1].payload <= _WEIGHT_BYTES:
+        return whole
+    rest = b"".join(source[f.start : f.end] for f in fields if f.number != _TENSOR_RAW_DATA)
+    tensor = TensorProto.FromString(rest)
+    if tensor.data_location == TensorProto.EXTERNAL or tensor.data_type in _INTEGER_TYPES:
+        return whole
+    what = f"initializer '{_q(tensor.name)}'"
+    have, need = raw[-1].end - raw[-1].payload, _tensor_bytes(tensor, what)
+    if have != need:
+        raise InputError(f"{what} holds {have} bytes; its dims and type need {need}")
+    dropped.add(tensor.name)
+    return (
+        protowire.tag(_Layout.GRAPH_INITIALIZER, protowire.LENGTH_DELIMITED)
+        + protowire.varint(len(rest))
+        + rest
+    )
 
 
 def check_model(model: ModelProto, external: set[str]) -> None:
