@@ -260,6 +260,21 @@ def test_a_weight_whose_bytes_do_not_match_its_dims_is_an_error(tmp_path):
         read_onnx(_save(tmp_path, model))
 
 
+@pytest.mark.parametrize("garbage", [b"\xff\xff", b"\x0a" + b"\xff" * 5000])
+def test_an_undecodable_initializer_is_not_an_onnx_model(tmp_path, garbage):
+    """A graph field holding an initializer that is not a tensor, small or past the weight size."""
+    from baechi_cli.io.protowire import fields, tag, varint
+
+    data = _wide_gemm().SerializeToString()
+    (graph,) = [f for f in fields(data) if f.number == 7]
+    initializer = tag(5, 2) + varint(len(garbage)) + garbage
+    payload = data[graph.payload : graph.end] + initializer
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data[: graph.start] + tag(7, 2) + varint(len(payload)) + payload + data[graph.end :])
+    with pytest.raises(InputError, match=r"m.onnx: not an ONNX model: binary protobuf parse failed"):
+        read_onnx(str(path))
+
+
 def test_old_opset_is_an_error(tmp_path):
     """Opset 11 is refused, saying which opset, that 13+ is needed and how to convert."""
     x = helper.make_tensor_value_info("x", F, [2])

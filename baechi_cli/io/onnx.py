@@ -407,9 +407,10 @@ def write_placed_onnx(
     with mapped_input(src_path, "ONNX") as source:
         try:
             layout = _Layout(source)
+            nodes = layout.nodes()
+            locations = layout.external_locations(nodes)
         except InputError as err:
             raise err.with_path(src_path) from None
-        nodes = layout.nodes()
         if len(device_of_node) != len(nodes):
             raise ValueError(f"{len(device_of_node)} devices for the {len(nodes)} nodes of {src_path}")
         unknown = sorted({d for d in device_of_node if d is not None and d not in index})
@@ -434,7 +435,7 @@ def write_placed_onnx(
                 entry = onnx.StringStringEntryProto(key=DEVICE_KEY, value=device)
             _put(node.device_configurations, lambda c: c.configuration_id == CONFIGURATION, spec)
             _put(node.metadata_props, lambda e: e.key == DEVICE_KEY, entry)
-        notes = _external_data_notes(layout.external_locations(nodes), src_path, output)
+        notes = _external_data_notes(locations, src_path, output)
         ir_version = max(layout.ir_version(), MULTI_DEVICE_IR_VERSION)
         write_atomic(output, layout.placed(ir_version, nodes, configurations))
     return notes
@@ -529,7 +530,10 @@ class _Layout:
         for f in self.graph:
             if f.number != self.GRAPH_INITIALIZER or f.end - f.payload > _EXTERNAL_RECORD_BYTES:
                 continue  # a tensor that big holds its data
-            tensor = protowire.fields(self.source, f.payload, f.end)
+            try:
+                tensor = protowire.fields(self.source, f.payload, f.end)
+            except ValueError:
+                raise InputError("not an ONNX model: binary protobuf parse failed") from None
             location = [t for t in tensor if t.number == self.TENSOR_DATA_LOCATION]
             if location and protowire.read_varint(self.source, location[-1]) == TensorProto.EXTERNAL:
                 for t in tensor:
@@ -730,28 +734,26 @@ def _without_weights(source: Any) -> tuple[bytes, set[str]]:
     parsed or copied. InputError when a weight's bytes do not match its dims
     and type. O(fields of the model and its graph).
     """
+    from google.protobuf.message import DecodeError
+
     wire = protowire
-    try:
-        top = wire.fields(source)
-        graphs = {
-            f.start: wire.fields(source, f.payload, f.end) for f in top if f.number == _Layout.MODEL_GRAPH
-        }
-    except ValueError:
-        return source[:], set()  # parse_model says why
     dropped: set[str] = set()
     parts: list[bytes] = []
-    for f in top:
-        if f.start not in graphs:
-            parts.append(source[f.start : f.end])
-            continue
-        graph = [
-            _without_raw_data(source, g, dropped)
-            if g.number == _Layout.GRAPH_INITIALIZER
-            else source[g.start : g.end]
-            for g in graphs[f.start]
-        ]
-        payload = b"".join(graph)
-        parts.append(wire.tag(f.number, wire.LENGTH_DELIMITED) + wire.varint(len(payload)) + payload)
+    try:
+        for f in wire.fields(source):
+            if f.number != _Layout.MODEL_GRAPH:
+                parts.append(source[f.start : f.end])
+                continue
+            graph = [
+                _without_raw_data(source, g, dropped)
+                if g.number == _Layout.GRAPH_INITIALIZER
+                else source[g.start : g.end]
+                for g in wire.fields(source, f.payload, f.end)
+            ]
+            payload = b"".join(graph)
+            parts.append(wire.tag(f.number, wire.LENGTH_DELIMITED) + wire.varint(len(payload)) + payload)
+    except (ValueError, RuntimeError, DecodeError):
+        return source[:], set()  # not a message: parse_model says why
     return b"".join(parts), dropped
 
 
@@ -759,17 +761,17 @@ def _without_raw_data(source: Any, initializer: protowire.Field, dropped: set[st
     """An initializer field as it is, or, for a weight, without its raw data (its name in ``dropped``)."""
     from onnx import TensorProto
 
-    whole = source[initializer.start : initializer.end]
+    whole = initializer.start, initializer.end
     if initializer.end - initializer.payload <= _WEIGHT_BYTES:
-        return whole
+        return source[slice(*whole)]
     fields = protowire.fields(source, initializer.payload, initializer.end)
     raw = [f for f in fields if f.number == _TENSOR_RAW_DATA and f.wire_type == protowire.LENGTH_DELIMITED]
     if not raw or raw[-1].end - raw[-1].payload <= _WEIGHT_BYTES:
-        return whole
+        return source[slice(*whole)]
     rest = b"".join(source[f.start : f.end] for f in fields if f.number != _TENSOR_RAW_DATA)
     tensor = TensorProto.FromString(rest)
     if tensor.data_location == TensorProto.EXTERNAL or tensor.data_type in _INTEGER_TYPES:
-        return whole
+        return source[slice(*whole)]
     what = f"initializer '{_q(tensor.name)}'"
     have, need = raw[-1].end - raw[-1].payload, _tensor_bytes(tensor, what)
     if have != need:
