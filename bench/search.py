@@ -70,8 +70,8 @@ SYNTHETIC_OPS = (5000, 20000)
 SYNTHETIC_DEVICES = "4x8GB"
 
 
-def cases() -> list[tuple[str, str, str, PlaceOptions]]:
-    """(name, path, devices, options) for every case, in table order."""
+def cases(workdir: str) -> list[tuple[str, str, str, PlaceOptions]]:
+    """(name, path, devices, options) for every case, in table order; synthetic models go in ``workdir``."""
     out = []
     for name in ORIGINAL_STEP_MS:
         path = os.path.join(WORKLOAD_DIR, f"{name}.json")
@@ -89,7 +89,6 @@ def cases() -> list[tuple[str, str, str, PlaceOptions]]:
         out.append((f"{model} --training", path, ONNX_DEVICES, options))
     from synthetic import write_workload_json
 
-    workdir = tempfile.mkdtemp(prefix="baechi-search-")
     for n in SYNTHETIC_OPS:
         path = os.path.join(workdir, f"layered_dag_{n}.json")
         write_workload_json(path, n)
@@ -287,13 +286,14 @@ def exact_lines(rows: list[dict[str, Any]]) -> list[str]:
 def main() -> None:
     t0 = time.perf_counter()
     records = []
-    for name, path, devices, options in cases():
-        t = time.perf_counter()
-        records.append(run_case(name, path, devices, options))
-        print(
-            f"[{time.perf_counter() - t0:6.0f} s] {name} {devices}: {time.perf_counter() - t:.1f} s",
-            file=sys.stderr,
-        )
+    with tempfile.TemporaryDirectory(prefix="baechi-search-") as workdir:
+        for name, path, devices, options in cases(workdir):
+            t = time.perf_counter()
+            records.append(run_case(name, path, devices, options))
+            print(
+                f"[{time.perf_counter() - t0:6.0f} s] {name} {devices}: {time.perf_counter() - t:.1f} s",
+                file=sys.stderr,
+            )
     exact = exact_records()
     seconds = time.perf_counter() - t0
     with open(os.path.join(HERE, "search.json"), "w") as f:
