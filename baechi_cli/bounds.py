@@ -211,9 +211,9 @@ def transfer_cut_bound(
     members = np.argsort(group, kind="stable")
     same = group[members[1:]] == group[members[:-1]]
     joined = (members[:-1][same].tolist(), members[1:][same].tolist())
-    bound = _smallest_consistent(fastest, head, tail, edges, ([], []))
+    bound = _smallest_consistent(fastest, head, tail, critical_path, edges, ([], []))
     if joined[0]:
-        bound = max(bound, _smallest_consistent(fastest, head, tail, edges, joined))
+        bound = max(bound, _smallest_consistent(fastest, head, tail, critical_path, edges, joined))
     return bound
 
 
@@ -221,16 +221,18 @@ def _smallest_consistent(
     times: list[float],
     head: list[float],
     tail: list[float],
+    critical_path: float,
     edges: tuple[list[float], list[int], list[int]],
     joined: tuple[list[int], list[int]],
 ) -> float:
     """:func:`transfer_cut_bound`'s walk: edges as (cut, src, dst) columns in falling cut order;
-    ``joined``: pairs of ops (two columns) that share a device in every plan."""
+    ``joined``: pairs of ops (two columns) that share a device in every plan. ``critical_path``:
+    the largest ``head + time + tail``, every op's bound as a cluster of its own."""
     parent = list(range(len(times)))
     work = list(times)
     first = list(head)  # a cluster's earliest start
     after = list(tail)  # and the least that must follow it
-    cluster_bound = max(map(sum, zip(head, times, tail)))
+    cluster_bound = critical_path
 
     def find(x: int) -> int:
         while parent[x] != x:
