@@ -554,9 +554,7 @@ class _Layout:
         are, every other field as it is, ``configurations`` last."""
         wire = protowire
         node_bytes = [
-            wire.tag(self.GRAPH_NODE, wire.LENGTH_DELIMITED)
-            + _delimited(n.SerializeToString(deterministic=True))
-            for n in nodes
+            wire.message_field(self.GRAPH_NODE, n.SerializeToString(deterministic=True)) for n in nodes
         ]
         graph_rest = self._ranges(f for f in self.graph if f.number != self.GRAPH_NODE)
         graph_length = sum(map(len, node_bytes)) + sum(end - start for start, end in graph_rest)
@@ -584,9 +582,7 @@ class _Layout:
                 kept.append(f)
         yield from self._copy(self._ranges(kept))
         for c in configurations:
-            yield wire.tag(self.MODEL_CONFIGURATION, wire.LENGTH_DELIMITED) + _delimited(
-                c.SerializeToString(deterministic=True)
-            )
+            yield wire.message_field(self.MODEL_CONFIGURATION, c.SerializeToString(deterministic=True))
 
     def _copy(self, ranges: list[tuple[int, int]]) -> Iterator[bytes]:
         """The source's bytes in ``ranges``, a MiB at a time: each copy is freed before the next
@@ -605,10 +601,6 @@ class _Layout:
             else:
                 out.append((f.start, f.end))
         return out
-
-
-def _delimited(payload: bytes) -> bytes:
-    return protowire.varint(len(payload)) + payload
 
 
 # ----------------------------------------------------------------- steps
@@ -750,8 +742,7 @@ def _without_weights(source: Any) -> tuple[bytes, set[str]]:
                 else source[g.start : g.end]
                 for g in wire.fields(source, f.payload, f.end)
             ]
-            payload = b"".join(graph)
-            parts.append(wire.tag(f.number, wire.LENGTH_DELIMITED) + wire.varint(len(payload)) + payload)
+            parts.append(wire.message_field(f.number, b"".join(graph)))
     except (ValueError, RuntimeError, DecodeError):
         return source[:], set()  # not a message: parse_model says why
     return b"".join(parts), dropped
@@ -777,11 +768,7 @@ def _without_raw_data(source: Any, initializer: protowire.Field, dropped: set[st
     if have != need:
         raise InputError(f"{what} holds {have} bytes; its dims and type need {need}")
     dropped.add(tensor.name)
-    return (
-        protowire.tag(_Layout.GRAPH_INITIALIZER, protowire.LENGTH_DELIMITED)
-        + protowire.varint(len(rest))
-        + rest
-    )
+    return protowire.message_field(_Layout.GRAPH_INITIALIZER, rest)
 
 
 def check_model(model: ModelProto, external: set[str]) -> None:

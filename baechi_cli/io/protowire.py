@@ -15,8 +15,8 @@ Example:
     >>> data = ModelProto(ir_version=10, producer_name="x").SerializeToString()
     >>> [(f.number, f.wire_type, bytes(data[f.payload : f.end])) for f in fields(data)]
     [(1, 0, b'\\n'), (2, 2, b'x')]
-    >>> tag(2, 2) + varint(1) + b"y"
-    b'\\x12\\x01y'
+    >>> message_field(2, b"y") == tag(2, LENGTH_DELIMITED) + varint(1) + b"y" == b"\\x12\\x01y"
+    True
 """
 
 from __future__ import annotations
@@ -101,3 +101,8 @@ def varint(value: int) -> bytes:
 def tag(number: int, wire_type: int) -> bytes:
     """A field's key."""
     return varint(number << 3 | wire_type)
+
+
+def message_field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field ``number`` holding ``payload`` (a serialized message, bytes)."""
+    return tag(number, LENGTH_DELIMITED) + varint(len(payload)) + payload
