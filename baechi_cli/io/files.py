@@ -7,7 +7,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import BinaryIO
 
 from baechi_cli.errors import InputError
 
@@ -61,7 +61,8 @@ def mapped_input(path: str, kind: str) -> Iterator[mmap.mmap]:
             yield mapped
 
 
-def _open_input(path: str, kind: str) -> Any:
+def _open_input(path: str, kind: str) -> BinaryIO:
+    """``path`` opened for reading, or the InputError that says why it cannot be."""
     try:
         return open(path, "rb")
     except FileNotFoundError:
