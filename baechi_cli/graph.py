@@ -54,6 +54,35 @@ class TensorTable:
 
 
 @dataclass(frozen=True)
+class MemoryTable:
+    """What the simulator's memory count needs of a graph, as numpy arrays (``OpGraph.memory_table``).
+
+    The allocations that do not depend on the placement: the ops with
+    temporary bytes, and the outputs that
+    allocate (a positive size, not a view's), each with its *slot*: the
+    output's free time as the count tracks it, one per tensor (tensor ids
+    first) and one per view source no edge carries (-1: none, the output is
+    freed when its op ends). The data edges (control edges free nothing)
+    with their consumer and tensor. And the views in reverse topological
+    order, as (view, its source's producer, the source's slot, the slots of
+    the view's outputs, its in-edges carrying the source), so that a view of
+    a view hands its lifetime down the chain.
+    """
+
+    total_bytes: int  # of every op's persistent, output and temporary bytes (exact)
+    temporary_ops: Any  # np.ndarray[int64]: ops with temporary bytes (int64, or object when huge)
+    temporary_bytes: Any
+    output_ops: Any  # per allocating output: its op, bytes and slot (-1: none)
+    output_bytes: Any
+    output_slot: Any
+    data_edges: Any  # edge ids of the data (non-control) edges
+    data_dst: Any
+    data_tensor: Any
+    slot_src: Any  # per slot: the op producing it
+    views: list[tuple[int, int, int, list[int], list[int]]]
+
+
+@dataclass(frozen=True)
 class OpGraph:
     """A directed acyclic graph of ops (cycles are rejected by :meth:`topo_order`)."""
 
@@ -164,6 +193,70 @@ class OpGraph:
                     measured[t] = m
             edge_tensor[e] = t
         return TensorTable(edge_tensor, src, port, nbytes, measured)
+
+    @functools.cached_property
+    def memory_table(self) -> MemoryTable:
+        """The placement-independent facts of the simulator's memory count (built once per graph). O(V + E)."""
+        import numpy as np
+
+        tensors = self.tensors
+        # A slot per output whose free time the count tracks: each tensor, and each view source
+        # that no edge carries (a fused graph's view of an output inside its own node).
+        # Keyed by one int, as in :attr:`tensors` (tuples hash several times slower).
+        stride = max((len(b) for b in self.output_bytes), default=0) + 2
+        stride = max(stride, max(self.edge_port, default=0) + 2)
+        slot_of = {u * stride + p + 1: t for t, (u, p) in enumerate(zip(tensors.src, tensors.port))}
+        slot_src = list(tensors.src)
+        views = []
+        view_of = self.view_of
+        for v in reversed(self.topo_order()) if view_of else ():
+            if v not in view_of or view_of[v][0] < 0:  # not a view, or a view of resident storage
+                continue
+            src, port = view_of[v]
+            source = src * stride + port + 1
+            if source not in slot_of:
+                slot_of[source] = len(slot_src)
+                slot_src.append(src)
+            own = [slot_of.get(v * stride + p + 1, -1) for p in range(len(self.output_bytes[v]))]
+            reads = [e for e in self.in_edges[v] if self.edge_src[e] == src and self.edge_port[e] == port]
+            views.append((v, src, slot_of[source], own, reads))
+        out_ops: list[int] = []
+        out_bytes: list[int] = []
+        out_slot: list[int] = []
+        for u, sizes in enumerate(self.output_bytes):
+            if u in self.view_of:
+                continue  # a view's outputs live in its source's storage
+            for port, nbytes in enumerate(sizes):
+                if nbytes:
+                    out_ops.append(u)
+                    out_bytes.append(nbytes)
+                    out_slot.append(slot_of.get(u * stride + port + 1, -1))
+        data = [e for e, port in enumerate(self.edge_port) if port != CONTROL_PORT]
+        temporary = [v for v, nbytes in enumerate(self.temporary_bytes) if nbytes]
+
+        temporary_bytes = [self.temporary_bytes[v] for v in temporary]
+        total = sum(self.persistent_bytes) + sum(out_bytes) + sum(temporary_bytes)
+
+        def ints(values: list[int]) -> Any:
+            return np.array(values, dtype=np.int64)
+
+        # Bytes as Python ints where int64 could overflow (absurd sizes must stay exact).
+        def byte_counts(values: list[int]) -> Any:
+            return np.array(values, dtype=np.int64 if total < 2**62 else object)
+
+        return MemoryTable(
+            total_bytes=total,
+            temporary_ops=ints(temporary),
+            temporary_bytes=byte_counts(temporary_bytes),
+            output_ops=ints(out_ops),
+            output_bytes=byte_counts(out_bytes),
+            output_slot=ints(out_slot),
+            data_edges=ints(data),
+            data_dst=ints([self.edge_dst[e] for e in data]),
+            data_tensor=ints([tensors.edge_tensor[e] for e in data]),
+            slot_src=ints(slot_src),
+            views=views,
+        )
 
     def index(self) -> dict[str, int]:
         """Map op name -> id (built on demand; not for hot loops)."""

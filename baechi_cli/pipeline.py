@@ -39,7 +39,7 @@ from baechi_cli.io.models import (
 from baechi_cli.notes import pipeline_notes, placement_notes, race_note, uncovered_note
 from baechi_cli.placers import Placement, PlacerSpec
 from baechi_cli.placers.single import largest_device
-from baechi_cli.sim import SimResult
+from baechi_cli.sim import SimResult, StepTimer
 
 if TYPE_CHECKING:
     from baechi_cli.search import Search
@@ -172,6 +172,8 @@ class Prepared:
     forward_only_reason: str = ""
     # The other settings of the passes auto tries, by PassOptions, made on first use.
     variants: dict[PassOptions, Variant] = field(default_factory=dict, repr=False)
+    # The evaluator's engine for ``graph`` on ``devices``, built once for every judgement.
+    timer: StepTimer | None = field(default=None, repr=False)
 
     @property
     def lower_bound_us(self) -> float:
@@ -203,7 +205,9 @@ class Prepared:
         key = _placement_key(placement)
         found = self.judged.get(key)
         if found is None:
-            found = self.judged[key] = known or evaluate(self.graph, self.devices, placement)
+            found = self.judged[key] = known or evaluate(
+                self.graph, self.devices, placement, timer=self.timer
+            )
         return found
 
 
@@ -524,10 +528,12 @@ def check_times_finite(graph: OpGraph, devices: DeviceSpec, path: str) -> None:
         )
 
 
-def bounds(graph: OpGraph, devices: DeviceSpec) -> tuple[LowerBounds, Placement, Evaluation]:
+def bounds(
+    graph: OpGraph, devices: DeviceSpec, timer: StepTimer
+) -> tuple[LowerBounds, Placement, Evaluation]:
     """The lower bounds, and the one-device placement (on the largest device) with its evaluation."""
     single = Placement([largest_device(devices)] * graph.num_ops)
-    return lower_bounds(graph, devices), single, evaluate(graph, devices, single)
+    return lower_bounds(graph, devices), single, evaluate(graph, devices, single, timer=timer)
 
 
 @contextlib.contextmanager
@@ -605,7 +611,8 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
 
     t0 = time.perf_counter()
     check_times_finite(graph, devices, path)
-    bound, single_placement, single_evaluation = bounds(graph, devices)
+    timer = StepTimer(graph, devices)
+    bound, single_placement, single_evaluation = bounds(graph, devices, timer)
     single = single_evaluation.timeline if single_evaluation.feasible else None
     timings["simulate"] = time.perf_counter() - t0
 
@@ -632,6 +639,7 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         notes=notes,
         judged={_placement_key(single_placement): single_evaluation},
         forward_only_reason=forward_only_reason,
+        timer=timer,
     )
 
 
@@ -667,12 +675,17 @@ AMPLE_MEMORY = 2**62
 
 @cyclic_gc_paused()
 def run_candidate(
-    prepared: Prepared, spec: PlacerSpec, options: PlaceOptions, variant: Variant | None = None
+    prepared: Prepared,
+    spec: PlacerSpec,
+    options: PlaceOptions,
+    variant: Variant | None = None,
+    placer_options: Any = None,
 ) -> Candidate:
     """Run one placer on a placement graph and judge its expanded placement with the evaluator.
 
     ``variant`` is the setting of the passes to place under (default: the
-    options given, ``prepared.variant``).
+    options given, ``prepared.variant``); ``placer_options`` the placer's
+    options (default: from ``options``).
 
     Infeasible placements and solver failures become the candidate's error.
     A placer that promises to respect memory (``spec.respects_memory``):
@@ -707,7 +720,7 @@ def run_candidate(
     for _ in range(MEMORY_ATTEMPTS):
         given = devices.with_memory([AMPLE_MEMORY] * devices.count if premise else budget)
         try:
-            placement = spec.place(pgraph, given, options.placer_options(spec))
+            placement = spec.place(pgraph, given, placer_options or options.placer_options(spec))
         except (InfeasibleError, SolverError) as err:
             seconds = time.perf_counter() - t0
             return Candidate(spec.name, seconds, error=err.with_path(prepared.path), variant=variant.options)

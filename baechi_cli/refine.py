@@ -3,9 +3,9 @@
 Placeto's idea — improve a placement by moving ops and asking a simulator
 whether the step got faster — in seconds instead of hours of reinforcement
 learning: a deterministic hill climb over structured moves, every candidate
-timed by :class:`baechi_cli.sim.StepTimer` (exactly the step time
-:func:`baechi_cli.sim.simulate` gives, at about a third of its cost, without
-memory).
+timed by :meth:`baechi_cli.sim.StepTimer.step_time` (the evaluator's engine
+without its transfers and memory counted: about two thirds of a full
+evaluation's cost).
 
 Contract of :func:`refine` (``graph`` is the op graph as the evaluator sees
 it, ``graph.group`` its hard colocation groups; ``start`` a placement of it
@@ -198,15 +198,17 @@ def refine(
     max_evaluations: int,
     seed: int = 0,
     start_evaluation: Evaluation | None = None,
+    timer: StepTimer | None = None,
 ) -> Refined:
     """Improve ``start`` by local search within ``max_evaluations`` fast evaluations (module docstring).
 
     ``start_evaluation``, when the caller has it, is ``evaluate(graph, devices,
-    start)`` (a full evaluation saved). ValueError when ``start`` does not
-    cover the graph or splits a group.
+    start)`` (a full evaluation saved); ``timer`` a StepTimer of ``graph`` on
+    ``devices`` (one built saved). ValueError when ``start`` does not cover
+    the graph or splits a group.
     """
     t0 = time.perf_counter()
-    search = _Search(graph, devices, start, seed, start_evaluation)
+    search = _Search(graph, devices, start, seed, start_evaluation, timer)
     search.run(max_evaluations)
     placement, evaluation = search.result()
     return Refined(
@@ -311,6 +313,7 @@ class _Search:
         start: Placement,
         seed: int,
         start_evaluation: Evaluation | None,
+        timer: StepTimer | None = None,
     ) -> None:
         n = graph.num_ops
         if len(start.device_of) != n:
@@ -319,7 +322,9 @@ class _Search:
         self.devices = devices
         self.ndev = devices.count
         self.rng = random.Random(seed)
-        self.timer = StepTimer(graph, devices)
+        if timer is not None and (timer.graph is not graph or timer.devices is not devices):
+            raise ValueError("the timer was built for another graph or other devices")
+        self.timer = timer or StepTimer(graph, devices)
         # One unit per colocation group, in order of the group's first op.
         self.unit_ops: list[list[int]] = list(graph.group_members().values())
         self.unit_of = [0] * n
@@ -339,12 +344,14 @@ class _Search:
         self.history: list[tuple[int, float, str]] = []
         self.memory_free = ample(graph, devices)
         self.limits = [d.memory_bytes for d in devices.devices]
-        # The last memory check: the order it ran under and the evaluator's judgement.
+        # The last memory check: the order it ran under and the evaluator's judgement, and
+        # (placement, order, timing) of its run.
         self.checked: tuple[list[int] | None, Evaluation] | None = None
+        self.traced: tuple[list[int], list[int] | None, Timing] | None = None
 
         self.start_placement = start
         if start_evaluation is None:
-            start_evaluation = evaluate(graph, devices, start)
+            start_evaluation = evaluate(graph, devices, start, timer=self.timer)
             self.full_evaluations += 1
         self.start_eval = start_evaluation
         self.start_value = self.start_eval.value_us
@@ -378,6 +385,9 @@ class _Search:
 
     def _trace(self) -> Timing:
         self.evaluations += 1
+        traced = self.traced
+        if traced is not None and traced[0] is self.device_of and traced[1] is self.sequence:
+            return traced[2]  # the memory check of the move just taken ran this very timeline
         order = None if self.sequence is None else device_order(self.sequence, self.device_of, self.ndev)
         return self.timer.timing(self.device_of, order)
 
@@ -386,12 +396,16 @@ class _Search:
         if self.memory_free or self._bound_fits(device_of):
             return True
         self.memory_checks += 1
-        # The evaluator's run, timeline and memory: 2.2-2.7 step times measured.
+        # The evaluator's run, timeline and memory (what evaluate() does, with the timing
+        # kept for the next pass's critical path).
         self.evaluations += MEMORY_CHECK_COST
         self.full_evaluations += 1
-        evaluation = evaluate(self.graph, self.devices, Placement(list(device_of), sequence))
-        self.checked = (sequence, evaluation)
-        return evaluation.feasible
+        order = None if sequence is None else device_order(sequence, device_of, self.ndev)
+        trace = self.timer.timing(device_of, order)
+        timeline = self.timer.result(device_of, trace)
+        self.checked = (sequence, Evaluation("makespan", timeline.step_time_us, timeline))
+        self.traced = (device_of, sequence, trace)
+        return timeline.feasible
 
     def _bound_fits(self, device_of: list[int]) -> bool:
         """Within memory by the ledger's count, which bounds the simulator's peak whatever the schedule."""
@@ -1014,7 +1028,7 @@ class _Search:
         if checked is not None and checked[0] is self.sequence and checked[1].timeline.device_of == device_of:
             evaluation = checked[1]  # the best placement was the last one whose memory was checked
         else:
-            evaluation = evaluate(self.graph, self.devices, placement)
+            evaluation = evaluate(self.graph, self.devices, placement, timer=self.timer)
             self.full_evaluations += 1
         if evaluation.value_us > self.best_value or not evaluation.feasible:  # StepTimer is exact
             raise AssertionError("the fast evaluator disagrees with the evaluator")

@@ -4,7 +4,11 @@ auto never trusts one setting. It runs, cheapest first:
 
 1. every placer auto uses (:func:`baechi_cli.placers.auto_candidates`) under
    the options given: one device, m-ETF, m-SCT (up to its node limit),
-   m-TOPO. These always run, whatever the budget;
+   m-TOPO. These always run, whatever the budget, but m-SCT's LP gets no
+   more simplex iterations than the budget buys by its cost model
+   (:func:`baechi_cli.placers.sct_lp.iteration_limit`): on a graph whose
+   LP needs more, m-SCT is listed as stopped, and the budget is not
+   overrun by seconds;
 2. the same placers under the other settings of the passes
    (:data:`SEARCH_SPACE`): forward-only placement flipped, co-placement off
    or with bigger groups, fusion off, and their combinations. A setting
@@ -29,7 +33,7 @@ Complexity: that of the placers and the evaluator, times the settings tried.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from baechi_cli import placers
@@ -167,7 +171,10 @@ def auto_search(prepared: Prepared, options: PlaceOptions) -> Search:
                 if spent + cost > budget * SETTINGS_SHARE:
                     continue
                 spent += cost
-            candidate = run_candidate(prepared, spec, options, variant)
+            placer_options = options.placer_options(spec)
+            if spec.name == "sct":  # its LP may take the budget's worth of work, counted, not timed
+                placer_options = replace(placer_options, lp_work_limit=budget)
+            candidate = run_candidate(prepared, spec, options, variant, placer_options)
             if spec.name == "single":
                 candidate.variant = None
             else:
@@ -197,6 +204,7 @@ def refine_stage(prepared: Prepared, options: PlaceOptions, search: Search) -> N
         max_evaluations=evaluations,
         seed=options.seed,
         start_evaluation=start.evaluation,
+        timer=prepared.timer,
     )
     search.spent_s += refined.evaluations * per_evaluation
     if not refined.evaluation.value_us < start.evaluation.value_us:  # type: ignore[union-attr]

@@ -353,7 +353,7 @@ def is_topological(graph: OpGraph, sequence: Sequence[int]) -> bool:
     )
 
 
-def check_timeline(graph: OpGraph, devices: DeviceSpec, r: SimResult, *, cache: bool = True) -> None:
+def check_timeline(graph: OpGraph, devices: DeviceSpec, r: SimResult) -> None:
     """Assert ``r`` is a valid schedule of ``graph``: every op once on its device for its
     duration, no overlap on a device (or, in sequential mode, on a channel), every input
     present on the consumer's device before it starts, and the step time the last end."""
@@ -379,8 +379,7 @@ def check_timeline(graph: OpGraph, devices: DeviceSpec, r: SimResult, *, cache: 
         else:
             got = arrivals.get((u, graph.edge_port[e], place[v]))
             assert got, ("input never sent", u, v)
-            if cache:
-                assert len(got) == 1 and got[0] <= r.start[v], ("input late", u, v, got, r.start[v])
+            assert len(got) == 1 and got[0] <= r.start[v], ("input late", u, v, got, r.start[v])
     if devices.interconnect.mode == "sequential":
         busy: list[list[tuple[float, float]]] = [[] for _ in range(devices.count)]
         for t in r.transfers:

@@ -40,31 +40,28 @@ def placed_cases(draw):
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(placed_cases())
-def test_step_timer_gives_simulates_step_time_exactly(case):
+def test_step_time_equals_the_traced_run(case):
+    # step_time runs the engine without tracing (start times share the end list, no copies
+    # recorded): the step time must not depend on that.
     graph, devices, device_of, order = case
     expected = simulate(graph, devices, device_of, order)
     timer = StepTimer(graph, devices)
     assert timer.step_time(device_of, order) == expected.step_time_us
     timing = timer.timing(device_of, order)
-    assert timing.step_time_us == expected.step_time_us
-    assert timing.start == expected.start
-    assert timing.end == expected.end
-    assert timing.order == expected.order
-    sent = {
-        (t.src_op, t.port, t.dst_device): (t.send_start, t.recv_start, t.end, t.length)
-        for t in expected.transfers
-    }
-    tensors = graph.tensors
-    copies = {
-        (tensors.src[tid], tensors.port[tid], dst): copy
-        for tid, dst, copy in ((k // devices.count, k % devices.count, c) for k, c in timing.copies.items())
-    }
-    assert copies == sent
+    assert (timing.step_time_us, timing.start, timing.end, timing.order) == (
+        expected.step_time_us,
+        expected.start,
+        expected.end,
+        expected.order,
+    )
 
 
-@pytest.mark.parametrize("mode", ["parallel", "sequential"])
-def test_step_timer_on_a_fan_out_with_contention(mode):
-    # One producer feeds three consumers on two other devices: one transfer per device.
+@pytest.mark.parametrize("mode, step", [("parallel", 43.0), ("sequential", 63.0)])
+def test_step_timer_on_a_fan_out_with_contention(mode, step):
+    # One producer feeds three consumers on two other devices: one transfer per device,
+    # each 10 + 1000 / 100 = 20 µs. a runs 0-10. Parallel: both copies arrive at 30; on
+    # GPU1 b 30-35; on GPU2 c 30-36, d 36-43. Sequential: GPU0's channel sends to GPU1
+    # over [10, 30), then to GPU2 over [30, 50); c runs 50-56, d 56-63.
     b = GraphBuilder()
     a = b.add_op("a", "A", [1000], compute_us=10)
     for i, d in enumerate("bcd"):
@@ -76,7 +73,7 @@ def test_step_timer_on_a_fan_out_with_contention(mode):
         Interconnect(mode, latency_us=10.0, bandwidth_bytes_per_us=100.0),
     )
     placement = [0, 1, 2, 2]
-    assert StepTimer(g, spec).step_time(placement) == simulate(g, spec, placement).step_time_us
+    assert StepTimer(g, spec).step_time(placement) == step == simulate(g, spec, placement).step_time_us
 
 
 def test_step_timer_rejects_a_deadlocking_order():

@@ -208,63 +208,6 @@ def test_fork_join_cached_transfer(mode):
     assert r.memory_curve[0] == [(0.0, 1000), (30.0, 0)]
 
 
-def test_fork_join_uncached_parallel():
-    # One transfer per edge, all 10 -> 30 (parallel mode never waits), so the
-    # timeline matches the cached one but 3000 bytes move.
-    # GPU1 copies: [10, 35) for c1, [10, 40) for c2, [10, 45) for c3.
-    #   10: 3000; 30: +100 = 3100; 35: -1000 +100 = 2200; 40: -1000 +100 = 1300;
-    #   45: -1000 = 300; 50: 0.
-    g, place = _fork_join()
-    r = simulate(g, spec(2, "parallel"), place, cache_transfers=False)
-    assert r.transfers == [Transfer(0, 0, 0, 1, 1000, 10.0, 10.0, 30.0)] * 3
-    assert r.comm_bytes == 3000
-    assert r.end == [10.0, 35.0, 40.0, 45.0, 50.0]
-    assert r.step_time_us == 50.0
-    assert r.memory_curve[1] == [
-        (0.0, 0),
-        (10.0, 3000),
-        (30.0, 3100),
-        (35.0, 2200),
-        (40.0, 1300),
-        (45.0, 300),
-        (50.0, 0),
-    ]
-    assert r.peak_bytes == [1000, 3100]
-
-
-def test_fork_join_uncached_sequential():
-    # The three copies queue on both channels:
-    #   #1 send [10, 30) recv [10, 30); #2 [30, 50); #3 [50, 70).
-    # c1 30-35, c2 50-55, c3 70-75, j 75-80.
-    # GPU1: copies [10, 35), [30, 55), [50, 75); c outputs [30, 80), [50, 80), [70, 80).
-    #   10: 1000; 30: 2100; 35: 1100; 50: 2200; 55: 1200; 70: 1300; 75: 300; 80: 0.
-    # GPU0: a's output lives until its last send ends: [0, 70).
-    g, place = _fork_join()
-    r = simulate(g, spec(2, "sequential"), place, cache_transfers=False)
-    assert r.transfers == [
-        Transfer(0, 0, 0, 1, 1000, 10.0, 10.0, 30.0),
-        Transfer(0, 0, 0, 1, 1000, 30.0, 30.0, 50.0),
-        Transfer(0, 0, 0, 1, 1000, 50.0, 50.0, 70.0),
-    ]
-    assert r.comm_bytes == 3000
-    assert r.start == [0.0, 30.0, 50.0, 70.0, 75.0]
-    assert r.end == [10.0, 35.0, 55.0, 75.0, 80.0]
-    assert r.step_time_us == 80.0
-    assert r.memory_curve[1] == [
-        (0.0, 0),
-        (10.0, 1000),
-        (30.0, 2100),
-        (35.0, 1100),
-        (50.0, 2200),
-        (55.0, 1200),
-        (70.0, 1300),
-        (75.0, 300),
-        (80.0, 0),
-    ]
-    assert r.peak_bytes == [1000, 2200]
-    assert r.memory_curve[0] == [(0.0, 1000), (70.0, 0)]
-
-
 # --------------------------------------------------------------------------
 # sequential-channel contention
 # --------------------------------------------------------------------------
@@ -804,15 +747,14 @@ def placed_graphs(draw):
     ndev = draw(st.integers(1, 3))
     place = draw(st.lists(st.integers(0, ndev - 1), min_size=g.num_ops, max_size=g.num_ops))
     mode = draw(st.sampled_from(["parallel", "sequential"]))
-    cache = draw(st.booleans())
-    return g, spec(ndev, mode), place, cache
+    return g, spec(ndev, mode), place
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(placed_graphs())
 def test_properties_on_random_dags(case):
-    g, sp, place, cache = case
-    r = simulate(g, sp, place, cache_transfers=cache)
+    g, sp, place = case
+    r = simulate(g, sp, place)
     n, ndev = g.num_ops, sp.count
     dur = op_durations(g, sp, place)
     rank = {v: i for i, v in enumerate(g.topo_order())}
@@ -853,12 +795,9 @@ def test_properties_on_random_dags(case):
         assert t.nbytes == max(g.edge_bytes[e] for e in tensor_edges)
         by_key.setdefault((t.src_op, t.port, t.dst_device), []).append(t)
     assert set(by_key) == set(groups)
-    for key, edges in groups.items():
-        assert len(by_key[key]) == (1 if cache else len(edges))
+    assert all(len(copies) == 1 for copies in by_key.values())  # one copy per tensor and device
 
     # Every op starts no earlier than each input is present on its device.
-    # (Without caching, some assignment of copies to consuming edges must work:
-    # sorted consumer starts dominate sorted arrival times.)
     ready = [0.0] * n
     for e in range(g.num_edges):
         u, v = g.edge_src[e], g.edge_dst[e]
@@ -867,27 +806,23 @@ def test_properties_on_random_dags(case):
             ready[v] = max(ready[v], r.end[u])
     for key, edges in groups.items():
         starts = sorted(r.start[g.edge_dst[e]] for e in edges)
-        arrivals = sorted(t.end for t in by_key[key])
-        if cache:
-            assert starts[0] >= arrivals[0]
-            for e in edges:
-                ready[g.edge_dst[e]] = max(ready[g.edge_dst[e]], arrivals[0])
-        else:
-            assert all(s >= a for s, a in zip(starts, arrivals, strict=True))
+        (arrival,) = (t.end for t in by_key[key])
+        assert starts[0] >= arrival
+        for e in edges:
+            ready[g.edge_dst[e]] = max(ready[g.edge_dst[e]], arrival)
 
     # Earliest-ready selection (positive transfer times make readiness at an
     # instant known before that instant's dispatch): each op starts as soon as
     # its device is free and it is ready, and no op that was already ready
     # and not yet started had a better (ready time, topological index).
-    if cache:
-        for seq in r.order:
-            free = 0.0
-            for i, v in enumerate(seq):
-                assert r.start[v] == max(free, ready[v])
-                for w in seq[i + 1 :]:
-                    if ready[w] <= r.start[v]:
-                        assert (ready[v], rank[v]) < (ready[w], rank[w])
-                free = r.end[v]
+    for seq in r.order:
+        free = 0.0
+        for i, v in enumerate(seq):
+            assert r.start[v] == max(free, ready[v])
+            for w in seq[i + 1 :]:
+                if ready[w] <= r.start[v]:
+                    assert (ready[v], rank[v]) < (ready[w], rank[w])
+            free = r.end[v]
 
     # Sequential mode: no two transfers overlap on any device's channel.
     if sequential:
@@ -920,7 +855,7 @@ def test_properties_on_random_dags(case):
         assert r.peak_bytes[d] == max(level for _, level in curve) >= persistent
 
     # Replaying the run order reproduces the timeline exactly.
-    again = simulate(g, sp, place, order=r.order, cache_transfers=cache)
+    again = simulate(g, sp, place, order=r.order)
     assert again.start == r.start
     assert again.end == r.end
     assert again.order == r.order

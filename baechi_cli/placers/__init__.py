@@ -163,11 +163,14 @@ def title(name: str) -> str:
 
 @dataclass(frozen=True)
 class SCTOptions:
-    """m-SCT's options: the LP's time limit (seconds, None: none) and the rounding threshold."""
+    """m-SCT's options: the LP's time limit (seconds, None: none), the rounding threshold, and the
+    LP's work limit (seconds by the cost model of :func:`~baechi_cli.placers.sct_lp.iteration_limit`,
+    deterministic; None: none; auto sets it from its budget)."""
 
     solver_time_limit: float | None = 60.0
     # sct_lp.DEFAULT_THRESHOLD (not imported: the registry loads with `baechi --help`; a test keeps them equal)
     sct_threshold: float = 0.5
+    lp_work_limit: float | None = None
 
 
 register(

@@ -40,12 +40,15 @@ from baechi_cli.placers import Placement, SCTOptions
 from baechi_cli.placers.listsched import list_schedule
 from baechi_cli.placers.memory import place_in_memory
 from baechi_cli.placers.sct_lp import favorite_children, solve_favorite_lp
+from baechi_cli.sim import StepTimer
 
 
 def place(graph: OpGraph, devices: DeviceSpec, options: SCTOptions) -> Placement:
     """Place ``graph`` with m-SCT (``options``: the LP's time limit and the rounding threshold)."""
     threshold = options.sct_threshold
-    lp = solve_favorite_lp(graph, devices, time_limit_s=options.solver_time_limit)
+    lp = solve_favorite_lp(
+        graph, devices, time_limit_s=options.solver_time_limit, work_limit_s=options.lp_work_limit
+    )
     favorite = favorite_children(lp, threshold)
     favorite_parent = [-1] * graph.num_ops
     for u, child in enumerate(favorite):
@@ -56,13 +59,15 @@ def place(graph: OpGraph, devices: DeviceSpec, options: SCTOptions) -> Placement
         parent = favorite_parent[v]
         return 0 if parent >= 0 and device_of[parent] == d else 1
 
+    timer = StepTimer(graph, devices)  # one engine judges both readings, every try
+
     def better_reading(budget: list[int] | None) -> Placement:
         """Both readings of the rule from the same LP; the one the evaluator judges faster (fitting first)."""
         schedules = [
             list_schedule(graph, devices, "m-SCT", preference, preference_first=first, budget=budget)
             for first in (False, True)
         ]
-        judged = [evaluate(graph, devices, p) for p in schedules]
+        judged = [evaluate(graph, devices, p, timer=timer) for p in schedules]
         best = min(range(2), key=lambda i: (not judged[i].feasible, judged[i].value_us, i))
         schedules[best].info["rule"] = "favorites first" if best == 1 else "favorites break ties"
         return schedules[best]

@@ -80,6 +80,13 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "clp": ("CLP", ""),
     "pdlp": ("PDLP", ""),
 }
+# HiGHS' deterministic iteration limit, as a line of its parameters.
+HIGHS_ITERATION_LIMIT = "\nsimplex_iteration_limit={}"
+# Seconds per simplex iteration per row and column of the LP: the cost model that turns a
+# work limit in seconds into iterations (:func:`iteration_limit`). HiGHS' dual simplex on
+# the 2-core CI machine: 1.3-1.5 ns on static GNMT's LP (5,704 iterations), 4.4-6.6 ns on
+# layered DAGs of 1k-8k ops (0.9-1.2 iterations per row), their late iterations the dearest.
+SECONDS_PER_ITERATION_ELEMENT = 5e-9
 DEFAULT_BACKEND = "highs"  # fastest in bench/lp_backends.md
 DEFAULT_THRESHOLD = 0.5
 
@@ -169,25 +176,43 @@ def solve_favorite_lp(
     devices: DeviceSpec,
     *,
     time_limit_s: float | None = None,
+    work_limit_s: float | None = None,
     backend: str | None = None,
 ) -> LPResult:
     """Build and solve the favorite-child LP of ``graph`` (see the module docstring).
 
     ``backend`` names one of :data:`BACKENDS` (case-insensitive; default
-    :data:`DEFAULT_BACKEND`). ``time_limit_s`` caps the solve's wall time.
-    Raises :class:`InputError` for an unknown backend or a non-positive time
-    limit, and :class:`SolverError` when the backend is missing from this
-    OR-Tools build, or the solve does not end optimal: infeasible, unbounded,
-    abnormal, or stopped by the time limit (even with a feasible solution in
-    hand: a non-optimal LP would make the rounding arbitrary).
+    :data:`DEFAULT_BACKEND`). ``time_limit_s`` caps the solve's wall time;
+    ``work_limit_s`` its simplex iterations, as many as that many seconds buy
+    by the cost model (:func:`iteration_limit`, fitted to HiGHS): unlike the
+    clock, the same LP then stops at the same point on any machine and at
+    any load. Only highs takes it: the other backends, whose iterations the
+    model does not fit (and GLOP, the default in a process that imported
+    TensorFlow first, where solver parameters crash), solve without it.
+    Raises :class:`InputError` for an unknown backend or a non-positive
+    limit, and
+    :class:`SolverError` when the backend is missing from this OR-Tools
+    build, or the solve does not end optimal: infeasible, unbounded,
+    abnormal, or stopped by a limit (even with a feasible solution in hand:
+    a non-optimal LP would make the rounding arbitrary).
     """
-    _check_time_limit(time_limit_s)
-    return FavoriteLP(graph, devices, backend).solve(time_limit_s)
+    _check_limit(time_limit_s)
+    _check_limit(work_limit_s, "work limit")
+    return FavoriteLP(graph, devices, backend).solve(time_limit_s, work_limit_s)
 
 
-def _check_time_limit(time_limit_s: float | None) -> None:
-    if time_limit_s is not None and not (time_limit_s > 0 and math.isfinite(time_limit_s)):
-        raise InputError(f"the solver time limit must be a positive number of seconds, got {time_limit_s}")
+def iteration_limit(work_limit_s: float, variables: int, constraints: int) -> int:
+    """The simplex iterations ``work_limit_s`` seconds buy on an LP of this size (at least 1).
+
+    >>> iteration_limit(1.0, 11884, 11240)  # static GNMT's LP; it needs 5,704
+    8649
+    """
+    return max(1, int(work_limit_s / (SECONDS_PER_ITERATION_ELEMENT * (variables + constraints))))
+
+
+def _check_limit(limit_s: float | None, what: str = "time limit") -> None:
+    if limit_s is not None and not (limit_s > 0 and math.isfinite(limit_s)):
+        raise InputError(f"the solver {what} must be a positive number of seconds, got {limit_s}")
 
 
 def _highs_safe() -> bool:
@@ -216,7 +241,7 @@ class FavoriteLP:
 
     def __init__(self, graph: OpGraph, devices: DeviceSpec, backend: str | None = None) -> None:
         highs_safe = _highs_safe()
-        from ortools.linear_solver import pywraplp
+        from ortools.linear_solver import linear_solver_pb2, pywraplp
 
         name = (backend or (DEFAULT_BACKEND if highs_safe else "glop")).lower()
         if name not in BACKENDS:
@@ -239,48 +264,69 @@ class FavoriteLP:
             # The return value is useless: False even when HiGHS applies the
             # parameters; a rejected one shows up as the solve's status instead.
             solver.SetSolverSpecificParametersAsString(parameters)
-        inf = solver.infinity()
-        # Unnamed variables and rows: OR-Tools makes names only if a model is exported.
-        s = [solver.NumVar(0.0, inf, "") for _ in range(n)]
-        w = solver.NumVar(0.0, inf, "")
-        x = [solver.NumVar(0.0, 1.0, "") for _ in range(m)]
+        # Built as one MPModelProto and loaded at once: a third of the time of a call into
+        # the solver per variable and coefficient. Columns: s_0..s_{n-1}, w, then x_e.
+        model = linear_solver_pb2.MPModelProto()
+        inf = math.inf
+        columns = model.variable
+        for _ in range(n):
+            columns.add(lower_bound=0.0, upper_bound=inf)
+        columns.add(lower_bound=0.0, upper_bound=inf, objective_coefficient=1.0)  # w, minimised
+        for _ in range(m):
+            columns.add(lower_bound=0.0, upper_bound=1.0)
+        rows = model.constraint
+        w = n
         out_x: list[list[int]] = [[] for _ in range(n)]
         in_x: list[list[int]] = [[] for _ in range(n)]
         for e in range(m):
             u, v = src[e], dst[e]
             out_x[u].append(e)
             in_x[v].append(e)
-            row = solver.Constraint(-inf, -p[u])  # s_u - s_v + c_e x_e <= -p_u
-            row.SetCoefficient(s[u], 1.0)
-            row.SetCoefficient(s[v], -1.0)
+            # s_u - s_v + c_e x_e <= -p_u
             if comm[e]:
-                row.SetCoefficient(x[e], comm[e])
+                rows.add(
+                    upper_bound=-p[u],
+                    lower_bound=-inf,
+                    var_index=(u, v, w + 1 + e),
+                    coefficient=(1.0, -1.0, comm[e]),
+                )
+            else:
+                rows.add(upper_bound=-p[u], lower_bound=-inf, var_index=(u, v), coefficient=(1.0, -1.0))
         for v in range(n):
             for incident in (out_x[v], in_x[v]):
                 if len(incident) >= 2:
-                    row = solver.Constraint(len(incident) - 1.0, inf)
-                    for e in incident:
-                        row.SetCoefficient(x[e], 1.0)
+                    rows.add(
+                        lower_bound=len(incident) - 1.0,
+                        upper_bound=inf,
+                        var_index=[w + 1 + e for e in incident],
+                        coefficient=[1.0] * len(incident),
+                    )
             if not out_x[v]:  # only sinks bound w: any other op ends before its successors start
-                row = solver.Constraint(-inf, -p[v])  # s_v - w <= -p_v
-                row.SetCoefficient(s[v], 1.0)
-                row.SetCoefficient(w, -1.0)
-        objective = solver.Objective()
-        objective.SetCoefficient(w, 1.0)
-        objective.SetMinimization()
+                rows.add(upper_bound=-p[v], lower_bound=-inf, var_index=(v, w), coefficient=(1.0, -1.0))
+        problem = solver.LoadModelFromProto(model)
+        if problem:
+            raise SolverError(f"LP backend '{name}' rejected the favorite-child LP: {problem}")
         self.backend = name
+        self._parameters = parameters
         self.num_ops = n
         self.src, self.dst, self.comm_us = src, dst, comm
-        self._solver, self._s, self._x = solver, s, x
+        self._solver = solver
         self.build_seconds = time.perf_counter() - t0
 
-    def solve(self, time_limit_s: float | None = None) -> LPResult:
+    def solve(self, time_limit_s: float | None = None, work_limit_s: float | None = None) -> LPResult:
         """Solve to optimality or raise :class:`SolverError` (see :func:`solve_favorite_lp`)."""
-        _check_time_limit(time_limit_s)
+        _check_limit(time_limit_s)
+        _check_limit(work_limit_s, "work limit")
         solver = self._solver
         if time_limit_s is not None:
             # Milliseconds, at least 1 so that a tiny limit never rounds to 0.
             solver.SetTimeLimit(max(1, round(time_limit_s * 1000)))
+        iterations = None
+        if work_limit_s is not None and self.backend == "highs":
+            iterations = iteration_limit(work_limit_s, solver.NumVariables(), solver.NumConstraints())
+            solver.SetSolverSpecificParametersAsString(
+                self._parameters + HIGHS_ITERATION_LIMIT.format(iterations)
+            )
         t0 = time.perf_counter()
         status = solver.Solve()
         seconds = time.perf_counter() - t0
@@ -289,14 +335,27 @@ class FavoriteLP:
                 f"{self.num_ops} ops, {len(self.src)} LP edges: {solver.NumVariables()} variables, "
                 f"{solver.NumConstraints()} constraints"
             )
+            if iterations is not None:
+                raise SolverError(
+                    f"m-SCT's favorite-child LP: backend '{self.backend}' did not solve it within "
+                    f"{iterations:,} simplex iterations, the work {work_limit_s:g} s buys by the cost model "
+                    f"(status {status}; {size}); --budget buys auto more, --algo sct has no such limit"
+                )
             raise _failure(status, self.backend, time_limit_s, seconds, size)
+        # Every value in one response, not one call per variable.
+        from ortools.linear_solver import linear_solver_pb2
+
+        response = linear_solver_pb2.MPSolutionResponse()
+        solver.FillSolutionResponseProto(response)
+        values = list(response.variable_value)
+        n = self.num_ops
         return LPResult(
-            num_ops=self.num_ops,
+            num_ops=n,
             src=self.src,
             dst=self.dst,
             comm_us=self.comm_us,
-            x=[var.solution_value() for var in self._x],
-            start_us=[var.solution_value() for var in self._s],
+            x=values[n + 1 :],
+            start_us=values[:n],
             objective_us=solver.Objective().Value(),
             status="OPTIMAL",
             backend=self.backend,
