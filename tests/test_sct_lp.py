@@ -224,6 +224,30 @@ def test_a_tiny_time_limit_raises_a_solver_error():
     assert info.value.exit_code == EXIT_SOLVER
 
 
+def test_a_work_limit_stops_at_the_same_iteration_every_time():
+    # layered_dag(1000)'s LP needs about 3,000 dual simplex iterations (bench/search.md):
+    # 1 ms of work buys 1e-3 / (5e-9 * (rows + columns)) of them, about 30.
+    g = layered_dag(1000, seed=0)
+    messages = set()
+    for _ in range(2):
+        with pytest.raises(SolverError, match="simplex iterations, the work 0.001 s buys") as info:
+            solve_favorite_lp(g, SPEC, work_limit_s=0.001)
+        messages.add(str(info.value))
+        assert info.value.exit_code == EXIT_SOLVER and "--budget" in str(info.value)
+    assert len(messages) == 1
+    # Enough work: the same answer as with no limit at all.
+    free, limited = solve_favorite_lp(g, SPEC), solve_favorite_lp(g, SPEC, work_limit_s=10.0)
+    assert (limited.x, limited.start_us, limited.objective_us) == (free.x, free.start_us, free.objective_us)
+    with pytest.raises(InputError, match="work limit"):
+        solve_favorite_lp(g, SPEC, work_limit_s=0.0)
+
+
+def test_a_work_limit_buys_iterations_by_the_lps_size():
+    assert sct_lp.iteration_limit(1.0, 11884, 11240) == 8649
+    assert sct_lp.iteration_limit(2.0, 11884, 11240) == 17298  # floor(2 / (5e-9 * 23124))
+    assert sct_lp.iteration_limit(1e-12, 10, 10) == 1  # never 0: HiGHS reads 0 as no iterations
+
+
 @pytest.mark.parametrize(
     ("status", "limit", "words"),
     [

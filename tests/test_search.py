@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -78,6 +79,23 @@ def test_a_small_budget_tries_fewer_settings_but_always_the_given_one():
     assert min(c.evaluation.value_us for c in large.candidates if c.ok) <= min(
         c.evaluation.value_us for c in small.candidates if c.ok
     )
+
+
+def test_m_sct_s_lp_gets_the_work_the_budget_buys(tmp_path):
+    # layered_dag(1000)'s LP needs about 3,000 simplex iterations; a 0.01 s budget buys
+    # about 320 (sct_lp.iteration_limit), so m-SCT is listed as stopped, every time, and
+    # auto still answers; a 10 s budget buys enough.
+    sys.path.append(os.path.join(ROOT, "bench"))
+    from synthetic import write_workload_json
+
+    path = str(tmp_path / "dag.json")
+    write_workload_json(path, 1000)
+    small = auto_search(prepared(path, "4x8GB"), PlaceOptions(budget=0.01))
+    (sct,) = [c for c in small.candidates if c.algorithm == "sct"]
+    assert not sct.ok and "simplex iterations, the work 0.01 s buys" in sct.problem
+    assert any(c.ok for c in small.candidates)
+    large = auto_search(prepared(path, "4x8GB"), PlaceOptions(budget=10.0))
+    assert [c.ok for c in large.candidates if c.algorithm == "sct"][0]
 
 
 def test_default_budget_grows_with_size():
