@@ -16,7 +16,8 @@ auto never trusts one setting. It runs, cheapest first:
    option the user pinned (``--no-fusion``, ``--forward-only``, ...) is
    not varied;
 3. local search from the best plan (:func:`baechi_cli.refine.refine`),
-   judged move by move by the simulator;
+   judged move by move by the simulator, with what is left of the budget
+   after its setup (:data:`baechi_cli.refine.SETUP_EVALUATIONS`);
 4. on a placement graph small enough, CP-SAT (:mod:`baechi_cli.placers.exact`),
    which returns an optimal plan or the best it found with a proven bound.
 
@@ -188,13 +189,14 @@ def auto_search(prepared: Prepared, options: PlaceOptions) -> Search:
 
 def refine_stage(prepared: Prepared, options: PlaceOptions, search: Search) -> None:
     """Local search from the best plan so far with what is left of the budget (a candidate when it ran)."""
-    from baechi_cli.refine import evaluation_cost, refine
+    from baechi_cli.refine import SETUP_EVALUATIONS, evaluation_cost, refine
 
     start = fastest(search.candidates)
     if start is None or start.placement is None or prepared.bounds.gap(start.evaluation.value_us) == 0:
         return
     per_evaluation = evaluation_cost(prepared.graph)
-    evaluations = int(max(0.0, search.budget_s - search.spent_s) / per_evaluation)
+    # Its setup is charged too, so that the budget bounds what refinement takes in all.
+    evaluations = int(max(0.0, search.budget_s - search.spent_s) / per_evaluation) - SETUP_EVALUATIONS
     if evaluations < 1:
         return
     refined = refine(
@@ -206,7 +208,7 @@ def refine_stage(prepared: Prepared, options: PlaceOptions, search: Search) -> N
         start_evaluation=start.evaluation,
         timer=prepared.timer,
     )
-    search.spent_s += refined.evaluations * per_evaluation
+    search.spent_s += (SETUP_EVALUATIONS + refined.evaluations) * per_evaluation
     if not refined.evaluation.value_us < start.evaluation.value_us:  # type: ignore[union-attr]
         return  # nothing better found: the start stays the plan
     placement = refined.placement
