@@ -149,9 +149,9 @@ FAMILIES = {
 TRUST_PRIOR = 0.002
 # What a memory check (a full evaluation) is charged, in evaluations.
 MEMORY_CHECK_COST = 3
-# A cluster's boundary is found in numpy when its units' tensors (made and used) number more
-# than this: a Python loop takes about 0.4 µs per tensor, the numpy steps 0.3 ms in all on the
-# 26,786-op GNMT graph.
+# A cluster's boundary is found in numpy, straight into the flat form its transfers are summed
+# from, when its units' tensors (made and used) number more than this: a Python loop takes
+# about 0.4 µs per tensor, the numpy steps 0.3 ms in all on the 26,786-op GNMT graph.
 VECTOR_BOUNDARY = 1000
 # Where a cluster is (:meth:`_Search._where`) is found in numpy when it has more units than
 # this, its transfers when its boundary has more tensors (0.15-0.3 µs each in Python, some
@@ -243,7 +243,7 @@ class _Cluster:
     units: tuple[int, ...]
     comp: list[float]  # per device kind (_Search.kind_of): the units' compute on it
     # Tensors crossing the cluster's edge: (tensor, made inside?, outside units: the
-    # consumers, after the producer when it is made outside).
+    # consumers, after the producer when it is made outside). A big cluster's is only flat.
     boundary: list[tuple[int, bool, list[int]]] | None = None
     # For big clusters, in numpy (made on first use): the units, and the boundary flat (per
     # outside unit: its tensor's index in the boundary) with each tensor's µs and made-inside flag.
@@ -485,7 +485,7 @@ class _Search:
         self.kind_of_array = np.array(self.kind_of, dtype=np.int64)
         self.dev_array = np.zeros(0, dtype=np.int64)
         self.dev_array_of: list[int] | None = None
-        self.pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # for _boundary_vectorized
+        self.pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # for _boundary_flat
         self.total_compute = sum(self.comp[0])
         self.adj_total = [sum(a.values()) for a in adj]
 
@@ -618,8 +618,6 @@ class _Search:
             return [(tid, True, t_cons[tid]) for tid in self.made[u]] + [
                 (tid, False, [t_prod[tid], *(c for c in t_cons[tid] if c != u)]) for tid in self.used[u]
             ]
-        if sum(map(self.degree.__getitem__, units)) > VECTOR_BOUNDARY:
-            return self._boundary_vectorized(units)
         inside = set(units)
         out: list[tuple[int, bool, list[int]]] = []
         seen: set[int] = set()
@@ -635,19 +633,23 @@ class _Search:
                     out.append((tid, False, [p, *(c for c in t_cons[tid] if c not in inside)]))
         return out
 
-    def _boundary_vectorized(self, units: Sequence[int]) -> list[tuple[int, bool, list[int]]]:
-        """:meth:`_boundary` of a big cluster, the same list: O(P) numpy steps over the P
-        (tensor, consuming unit) pairs of the graph, then O(the boundary) to build it.
+    def _boundary_flat(self, units: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_boundary` of a big cluster as :attr:`_Cluster.flat` holds it, built in numpy:
+        O(P) steps over the P (tensor, consuming unit) pairs of the graph, no list in between.
 
-        The loop visits the units in order, each one's tensors made (by id) before its
-        tensors used: so a tensor made inside sorts by (its producer, 0, id), one made
-        outside by (its first consumer inside, 1, id).
+        The tensors come in the loop's order: it visits the units in order, each one's
+        tensors made (by id) before its tensors used, so a tensor made inside sorts by (its
+        producer, 0, id), one made outside by (its first consumer inside, 1, id). Each
+        tensor's outside units (its consumers there, and its producer when that is outside)
+        are a set to :meth:`_transfers_vectorized`, so their order is left as it falls.
         """
         if self.pairs is None:
             t_cons = self.t_cons
             tensor = np.fromiter((t for t, cons in enumerate(t_cons) for _ in cons), dtype=np.int64)
             consumer = np.fromiter((c for cons in t_cons for c in cons), dtype=np.int64)
-            self.pairs = tensor, consumer, np.array(self.t_prod, dtype=np.int64)[tensor]
+            self.t_prod_array = np.array(self.t_prod, dtype=np.int64)
+            self.t_len_array = np.array(self.t_len, dtype=np.float64)
+            self.pairs = tensor, consumer, self.t_prod_array[tensor]
         tensor, consumer, producer = self.pairs
         inside = np.zeros(len(self.unit_ops), dtype=bool)
         inside[np.fromiter(units, dtype=np.int64, count=len(units))] = True
@@ -663,22 +665,14 @@ class _Search:
         # Each tensor once, at its first (least) key; then back in key order.
         _, first = np.unique(tid[ranked], return_index=True)
         ranked = ranked[np.sort(first)]
-        # The units outside reading each boundary tensor, in consumer order.
-        crossing = np.zeros(len(self.t_cons), dtype=bool)
-        crossing[tid] = True
-        outside = ~used_in & crossing[tensor]
-        others: dict[int, list[int]] = {}
-        for t, c in zip(tensor[outside].tolist(), consumer[outside].tolist()):
-            found = others.get(t)
-            if found is None:
-                others[t] = [c]
-            else:
-                found.append(c)
-        t_prod = self.t_prod
-        return [
-            (t, True, others[t]) if not f else (t, False, [t_prod[t], *others.get(t, ())])
-            for t, f in zip(tid[ranked].tolist(), flag[ranked].tolist())
-        ]
+        tids, made_outside = tid[ranked], flag[ranked] == 1
+        position = np.full(len(self.t_cons), -1, dtype=np.int64)
+        position[tids] = np.arange(len(tids), dtype=np.int64)
+        # The units outside reading each boundary tensor, and the producers outside.
+        outside = ~used_in & (position[tensor] >= 0)
+        index = np.concatenate((position[tensor[outside]], np.flatnonzero(made_outside)))
+        units_outside = np.concatenate((consumer[outside], self.t_prod_array[tids[made_outside]]))
+        return index, units_outside, self.t_len_array[tids], ~made_outside
 
     # ------------------------------------------------------------------ candidates
 
@@ -754,9 +748,12 @@ class _Search:
         Each tensor counts once per receiving device, as the simulator sends it.
         O(the boundary's size); the boundary is computed on first use.
         """
-        if cl.boundary is None:
-            cl.boundary = self._boundary(cl.units)
-        if len(cl.boundary) > VECTOR_MIN:
+        if cl.flat is None and cl.boundary is None:
+            if len(cl.units) > 1 and sum(map(self.degree.__getitem__, cl.units)) > VECTOR_BOUNDARY:
+                cl.flat = self._boundary_flat(cl.units)
+            else:
+                cl.boundary = self._boundary(cl.units)
+        if cl.flat is not None or len(cl.boundary) > VECTOR_MIN:  # type: ignore[arg-type]
             return self._transfers_vectorized(cl)
         dev, t_len = self.dev, self.t_len
         # Its tensors reach every device of their outside consumers but d, and outside
@@ -779,8 +776,8 @@ class _Search:
     def _transfers_vectorized(self, cl: _Cluster) -> tuple[float, dict[int, float]]:
         """:meth:`_transfers` of a big boundary, in numpy: the same sums in the same order (the
         total by a running sum over the tensors, each device's by bincount in tensor order)."""
-        assert cl.boundary is not None
         if cl.flat is None:
+            assert cl.boundary is not None
             sizes = [len(others) for _, _, others in cl.boundary]
             index = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
             outside = np.fromiter(
@@ -795,7 +792,8 @@ class _Search:
         pairs = np.unique(index * ndev + self._dev_array()[outside])
         tensor, device = np.divmod(pairs, ndev)
         reached = np.bincount(tensor, minlength=len(length))
-        total = float(np.cumsum(np.where(made, length * reached, length))[-1])
+        sums = np.cumsum(np.where(made, length * reached, length))
+        total = float(sums[-1]) if len(sums) else 0.0  # a cluster nothing crosses the edge of
         there = np.bincount(device, weights=length[tensor]).tolist()
         return total, {d: there[d] for d in np.unique(device).tolist()}
 

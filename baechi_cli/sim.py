@@ -364,21 +364,17 @@ class ListSchedule:
         compute = [0.0] * ndev
         for v in range(n):
             compute[device_of[v]] += self.end[v] - self.start[v]
-        peak, persistent, curve = _memory(
-            self.graph, self.devices, device_of, self.start, self.end, self.transfers, self.edge_transfer
-        )
-        return SimResult(
-            device_of=list(device_of),
-            start=self.start,
-            end=self.end,
-            order=ran,
-            transfers=self.transfers,
-            step_time_us=step,
-            compute_us=compute,
-            peak_bytes=peak,
-            persistent_bytes=persistent,
-            memory_curve=curve,
-            memory_limits=[d.memory_bytes for d in self.devices.devices],
+        return _counted(
+            self.graph,
+            self.devices,
+            device_of,
+            self.start,
+            self.end,
+            ran,
+            self.transfers,
+            self.edge_transfer,
+            step,
+            compute,
         )
 
 
@@ -393,6 +389,35 @@ def _check_order(order: Sequence[Sequence[int]], device_of: Sequence[int], ndev:
             seen[v] = True
     if not all(seen):
         raise ValueError("order leaves some ops out")
+
+
+def _counted(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    device_of: Sequence[int],
+    start: list[float],
+    end: list[float],
+    order: list[list[int]],
+    transfers: list[Transfer],
+    edge_transfer: list[int],
+    step_time_us: float,
+    compute_us: list[float],
+) -> SimResult:
+    """A timeline (the evaluator's or a placer's plan) as a SimResult, its memory counted."""
+    peak, persistent, curve = _memory(graph, devices, device_of, start, end, transfers, edge_transfer)
+    return SimResult(
+        device_of=list(device_of),
+        start=start,
+        end=end,
+        order=order,
+        transfers=transfers,
+        step_time_us=step_time_us,
+        compute_us=compute_us,
+        peak_bytes=peak,
+        persistent_bytes=persistent,
+        memory_curve=curve,
+        memory_limits=[d.memory_bytes for d in devices.devices],
+    )
 
 
 def _memory(
@@ -680,21 +705,17 @@ class StepTimer:
         durs = self.dur_by_device
         for v, d in enumerate(device_of):
             compute[d] += durs[d][v]
-        peak, persistent, curve = _memory(
-            graph, self.devices, device_of, trace.start, trace.end, transfers, edge_transfer
-        )
-        return SimResult(
-            device_of=list(device_of),
-            start=trace.start,
-            end=trace.end,
-            order=trace.order,
-            transfers=transfers,
-            step_time_us=trace.step_time_us,
-            compute_us=compute,
-            peak_bytes=peak,
-            persistent_bytes=persistent,
-            memory_curve=curve,
-            memory_limits=[d.memory_bytes for d in self.devices.devices],
+        return _counted(
+            graph,
+            self.devices,
+            device_of,
+            trace.start,
+            trace.end,
+            trace.order,
+            transfers,
+            edge_transfer,
+            trace.step_time_us,
+            compute,
         )
 
     def _run(

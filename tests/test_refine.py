@@ -17,7 +17,7 @@ from baechi_cli.devices import Device, DeviceSpec, Interconnect, parse_devices
 from baechi_cli.evaluate import device_order, evaluate
 from baechi_cli.graph import GraphBuilder, OpGraph
 from baechi_cli.placers import Placement
-from baechi_cli.refine import evaluation_cost, refine, scope_keys
+from baechi_cli.refine import LEVELS, evaluation_cost, refine, scope_keys
 from baechi_cli.sim import StepTimer, simulate
 
 # --------------------------------------------------------------------------- StepTimer
@@ -265,13 +265,19 @@ def test_numpy_paths_give_the_python_loops_results_exactly(case, data):
         for v in ops:
             device_of[v] = device_of[ops[0]]
     search = _Search(graph, devices, Placement(device_of), 0, None)
+    search._close_scopes(len(LEVELS) - 1)  # every scope closed, as the finest pass has them
     search.dev = [data.draw(st.integers(0, devices.count - 1)) for _ in search.dev]
     never = 10**9
     for cl in search.clusters:
         if len(cl.units) < 2:
             continue
-        loop = _with_thresholds(never, never, lambda cl=cl: search._boundary(cl.units))
-        assert search._boundary_vectorized(cl.units) == loop
+        loop = search._boundary(cl.units)
+        index, outside, length, made = search._boundary_flat(cl.units)
+        assert length.tolist() == [search.t_len[t] for t, _, _ in loop]
+        assert made.tolist() == [m for _, m, _ in loop]
+        assert sorted(zip(index.tolist(), outside.tolist())) == sorted(
+            (i, c) for i, (_, _, others) in enumerate(loop) for c in others
+        )
         cl.boundary = loop
         expected = _with_thresholds(never, never, lambda cl=cl: search._where(cl))
         got = _with_thresholds(never, 0, lambda cl=cl: search._where(cl))
@@ -282,6 +288,13 @@ def test_numpy_paths_give_the_python_loops_results_exactly(case, data):
             expected.total,
         )
         assert [got.transfers(d) for d in range(devices.count)] == [
+            expected.transfers(d) for d in range(devices.count)
+        ]
+        # And from the flat boundary built in numpy, as a big cluster has only that.
+        cl.boundary, cl.flat = None, search._boundary_flat(cl.units)
+        flat = search._where(cl)
+        assert flat.total == expected.total
+        assert [flat.transfers(d) for d in range(devices.count)] == [
             expected.transfers(d) for d in range(devices.count)
         ]
 
