@@ -35,10 +35,10 @@ bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/passes.py
 	$(BIN)/python bench/profile.py
 	$(BIN)/python bench/onnx_place.py
-	$(BIN)/python bench/search.py
+	$(BIN)/python bench/framework.py  # needs pip install -e '.[bench]'; without it, says so and exits 0
+	$(BIN)/python bench/search.py  # after framework.py: it places the ONNX exports that leaves in bench/cache
 	$(BIN)/python bench/pipeline.py > bench/pipeline.md
 	$(BIN)/python bench/latency.py > bench/latency.md
-	$(BIN)/python bench/framework.py  # needs pip install -e '.[bench]'; without it, says so and exits 0
 
 FUZZ_CASES ?= 100000
 FUZZ_SEED  ?= 0
