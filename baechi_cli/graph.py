@@ -58,15 +58,15 @@ class MemoryTable:
     """What the simulator's memory count needs of a graph, as numpy arrays (``OpGraph.memory_table``).
 
     The allocations that do not depend on the placement: the ops with
-    temporary bytes, and the outputs that
-    allocate (a positive size, not a view's), each with its *slot*: the
-    output's free time as the count tracks it, one per tensor (tensor ids
-    first) and one per view source no edge carries (-1: none, the output is
-    freed when its op ends). The data edges (control edges free nothing)
-    with their consumer and tensor. And the views in reverse topological
-    order, as (view, its source's producer, the source's slot, the slots of
-    the view's outputs, its in-edges carrying the source), so that a view of
-    a view hands its lifetime down the chain.
+    temporary bytes, and the outputs that allocate (a positive size, not a
+    view's), each with its *slot*: the output's free time as the count
+    tracks it, one per tensor (tensor ids first) and one per view source no
+    edge carries (-1: none, the output is freed when its op ends). The data
+    edges (control edges free nothing) with their consumer and tensor. And
+    the views in reverse topological order, as (view, its source's producer,
+    the source's slot, the slots of the view's outputs, its in-edges
+    carrying the source), so that a view of a view hands its lifetime down
+    the chain.
     """
 
     total_bytes: int  # of every op's persistent, output and temporary bytes (exact)
@@ -165,10 +165,7 @@ class OpGraph:
 
         Tensors are numbered in the order of their first edge.
         """
-        # A tensor's key is one int, src * stride + port + 1 (ports >= CONTROL_PORT):
-        # ints hash several times faster than (src, port) tuples on 1M-edge graphs.
-        stride = max((len(b) for b in self.output_bytes), default=0) + 2
-        stride = max(stride, max(self.edge_port, default=0) + 2)
+        stride = self._port_stride
         ids: dict[int, int] = {}
         edge_tensor = [0] * self.num_edges
         src: list[int] = []
@@ -195,6 +192,13 @@ class OpGraph:
         return TensorTable(edge_tensor, src, port, nbytes, measured)
 
     @functools.cached_property
+    def _port_stride(self) -> int:
+        """Keys a tensor (src, port) as one int, ``src * stride + port + 1`` (ports >= CONTROL_PORT):
+        ints hash several times faster than (src, port) tuples on 1M-edge graphs."""
+        stride = max((len(b) for b in self.output_bytes), default=0) + 2
+        return max(stride, max(self.edge_port, default=0) + 2)
+
+    @functools.cached_property
     def memory_table(self) -> MemoryTable:
         """The placement-independent facts of the simulator's memory count (built once per graph). O(V + E)."""
         import numpy as np
@@ -202,9 +206,7 @@ class OpGraph:
         tensors = self.tensors
         # A slot per output whose free time the count tracks: each tensor, and each view source
         # that no edge carries (a fused graph's view of an output inside its own node).
-        # Keyed by one int, as in :attr:`tensors` (tuples hash several times slower).
-        stride = max((len(b) for b in self.output_bytes), default=0) + 2
-        stride = max(stride, max(self.edge_port, default=0) + 2)
+        stride = self._port_stride
         slot_of = {u * stride + p + 1: t for t, (u, p) in enumerate(zip(tensors.src, tensors.port))}
         slot_src = list(tensors.src)
         views = []
