@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,10 +208,15 @@ class OpGraph:
         # A slot per output whose free time the count tracks: each tensor, and each view source
         # that no edge carries (a fused graph's view of an output inside its own node).
         stride = self._port_stride
-        slot_of = {u * stride + p + 1: t for t, (u, p) in enumerate(zip(tensors.src, tensors.port))}
         slot_src = list(tensors.src)
+        extra_keys: list[int] = []  # of the slots after the tensors'
         views = []
         view_of = self.view_of
+        slot_of = (
+            {u * stride + p + 1: t for t, (u, p) in enumerate(zip(tensors.src, tensors.port))}
+            if view_of
+            else {}
+        )
         for v in reversed(self.topo_order()) if view_of else ():
             if v not in view_of or view_of[v][0] < 0:  # not a view, or a view of resident storage
                 continue
@@ -219,27 +225,40 @@ class OpGraph:
             if source not in slot_of:
                 slot_of[source] = len(slot_src)
                 slot_src.append(src)
+                extra_keys.append(source)
             own = [slot_of.get(v * stride + p + 1, -1) for p in range(len(self.output_bytes[v]))]
             reads = [e for e in self.in_edges[v] if self.edge_src[e] == src and self.edge_port[e] == port]
             views.append((v, src, slot_of[source], own, reads))
-        out_ops: list[int] = []
-        out_bytes: list[int] = []
-        out_slot: list[int] = []
-        for u, sizes in enumerate(self.output_bytes):
-            if u in self.view_of:
-                continue  # a view's outputs live in its source's storage
-            for port, nbytes in enumerate(sizes):
-                if nbytes:
-                    out_ops.append(u)
-                    out_bytes.append(nbytes)
-                    out_slot.append(slot_of.get(u * stride + port + 1, -1))
-        data = [e for e, port in enumerate(self.edge_port) if port != CONTROL_PORT]
+        # The outputs that allocate, flat: a positive size, not a view's.
+        counts = np.fromiter(map(len, self.output_bytes), dtype=np.int64, count=self.num_ops)
+        flat = list(itertools.chain.from_iterable(self.output_bytes))
+        op = np.repeat(np.arange(self.num_ops, dtype=np.int64), counts)
+        port = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        keep = np.fromiter((b != 0 for b in flat), dtype=bool, count=len(flat))
+        if view_of:
+            is_view = np.zeros(self.num_ops, dtype=bool)
+            is_view[list(view_of)] = True
+            keep &= ~is_view[op]
+        kept = np.flatnonzero(keep)
+        out_ops = op[kept]
+        out_bytes = [flat[i] for i in kept.tolist()]  # Python ints: exact at any size
+        # Each output's slot: the one with its key, if any (keys are distinct).
+        slot_keys = np.array(
+            [u * stride + p + 1 for u, p in zip(tensors.src, tensors.port)] + extra_keys, dtype=np.int64
+        )
+        ranked = np.argsort(slot_keys)
+        wanted = out_ops * stride + port[kept] + 1
+        at = np.minimum(np.searchsorted(slot_keys[ranked], wanted), max(len(ranked) - 1, 0))
+        hit = slot_keys[ranked][at] == wanted if len(ranked) else np.zeros(len(wanted), dtype=bool)
+        out_slot = np.where(hit, ranked[at] if len(ranked) else 0, -1)
+        edge_port = np.array(self.edge_port, dtype=np.int64)
+        data = np.flatnonzero(edge_port != CONTROL_PORT)
         temporary = [v for v, nbytes in enumerate(self.temporary_bytes) if nbytes]
 
         temporary_bytes = [self.temporary_bytes[v] for v in temporary]
         total = sum(self.persistent_bytes) + sum(out_bytes) + sum(temporary_bytes)
 
-        def ints(values: list[int]) -> Any:
+        def ints(values: Any) -> Any:
             return np.array(values, dtype=np.int64)
 
         # Bytes as Python ints where int64 could overflow (absurd sizes must stay exact).
@@ -253,9 +272,9 @@ class OpGraph:
             output_ops=ints(out_ops),
             output_bytes=byte_counts(out_bytes),
             output_slot=ints(out_slot),
-            data_edges=ints(data),
-            data_dst=ints([self.edge_dst[e] for e in data]),
-            data_tensor=ints([tensors.edge_tensor[e] for e in data]),
+            data_edges=data,
+            data_dst=ints(self.edge_dst)[data],
+            data_tensor=ints(tensors.edge_tensor)[data],
             slot_src=ints(slot_src),
             views=views,
         )

@@ -645,12 +645,13 @@ class StepTimer:
         self.tensors = tensors
         # Per op: its tensors in port order (control first, as simulate sorts them), each
         # with the consumer of every edge that carries it, in edge order.
-        by_tensor: dict[int, list[int]] = {}
-        for e in range(graph.num_edges):
-            by_tensor.setdefault(tensors.edge_tensor[e], []).append(graph.edge_dst[e])
+        by_tensor: list[list[int]] = [[] for _ in tensors.src]  # every tensor has an edge
+        for tid, w in zip(tensors.edge_tensor, graph.edge_dst):
+            by_tensor[tid].append(w)
         outs: list[list[tuple[int, list[int]]]] = [[] for _ in range(n)]
-        for tid in sorted(by_tensor, key=lambda t: (tensors.src[t], tensors.port[t])):
-            outs[tensors.src[tid]].append((tid, by_tensor[tid]))
+        src = tensors.src
+        for tid in np.lexsort((tensors.port, src)).tolist():  # by (producer, port)
+            outs[src[tid]].append((tid, by_tensor[tid]))
         self.outs = outs
         self.in_degree = [len(x) for x in graph.in_edges]
         self.source_ranks = sorted(rank[v] for v in range(n) if not graph.in_edges[v])
