@@ -80,8 +80,8 @@ def evaluate(
     graph and these devices, for a caller judging many placements (it saves
     building one per call: a twentieth of a second at 27k ops).
     """
-    if timer is not None and (timer.graph is not graph or timer.devices is not devices):
-        raise ValueError("the timer was built for another graph or other devices")
+    if timer is not None:
+        timer.check_serves(graph, devices)
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
     order = None
@@ -95,4 +95,9 @@ def evaluate(
         timeline = simulate(graph, devices, placement.device_of, order)
     else:
         timeline = timer.simulate(placement.device_of, order)
+    return judged(timeline, objective)
+
+
+def judged(timeline: SimResult, objective: str = "makespan") -> Evaluation:
+    """A timeline the evaluator ran, scored by ``objective`` (for callers that ran it themselves)."""
     return Evaluation(objective, timeline.step_time_us, timeline)

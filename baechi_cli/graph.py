@@ -208,15 +208,11 @@ class OpGraph:
         # A slot per output whose free time the count tracks: each tensor, and each view source
         # that no edge carries (a fused graph's view of an output inside its own node).
         stride = self._port_stride
+        slot_keys = [u * stride + p + 1 for u, p in zip(tensors.src, tensors.port)]  # then the views'
         slot_src = list(tensors.src)
-        extra_keys: list[int] = []  # of the slots after the tensors'
         views = []
         view_of = self.view_of
-        slot_of = (
-            {u * stride + p + 1: t for t, (u, p) in enumerate(zip(tensors.src, tensors.port))}
-            if view_of
-            else {}
-        )
+        slot_of = {key: t for t, key in enumerate(slot_keys)} if view_of else {}
         for v in reversed(self.topo_order()) if view_of else ():
             if v not in view_of or view_of[v][0] < 0:  # not a view, or a view of resident storage
                 continue
@@ -225,7 +221,7 @@ class OpGraph:
             if source not in slot_of:
                 slot_of[source] = len(slot_src)
                 slot_src.append(src)
-                extra_keys.append(source)
+                slot_keys.append(source)
             own = [slot_of.get(v * stride + p + 1, -1) for p in range(len(self.output_bytes[v]))]
             reads = [e for e in self.in_edges[v] if self.edge_src[e] == src and self.edge_port[e] == port]
             views.append((v, src, slot_of[source], own, reads))
@@ -243,14 +239,15 @@ class OpGraph:
         out_ops = op[kept]
         out_bytes = [flat[i] for i in kept.tolist()]  # Python ints: exact at any size
         # Each output's slot: the one with its key, if any (keys are distinct).
-        slot_keys = np.array(
-            [u * stride + p + 1 for u, p in zip(tensors.src, tensors.port)] + extra_keys, dtype=np.int64
-        )
-        ranked = np.argsort(slot_keys)
-        wanted = out_ops * stride + port[kept] + 1
-        at = np.minimum(np.searchsorted(slot_keys[ranked], wanted), max(len(ranked) - 1, 0))
-        hit = slot_keys[ranked][at] == wanted if len(ranked) else np.zeros(len(wanted), dtype=bool)
-        out_slot = np.where(hit, ranked[at] if len(ranked) else 0, -1)
+        out_slot = np.full(len(kept), -1, dtype=np.int64)
+        if slot_keys:
+            keys = np.array(slot_keys, dtype=np.int64)
+            ranked = np.argsort(keys)
+            in_order = keys[ranked]
+            wanted = out_ops * stride + port[kept] + 1
+            at = np.minimum(np.searchsorted(in_order, wanted), len(ranked) - 1)
+            hit = in_order[at] == wanted
+            out_slot[hit] = ranked[at[hit]]
         edge_port = np.array(self.edge_port, dtype=np.int64)
         data = np.flatnonzero(edge_port != CONTROL_PORT)
         temporary = [v for v, nbytes in enumerate(self.temporary_bytes) if nbytes]
@@ -271,7 +268,7 @@ class OpGraph:
             temporary_bytes=byte_counts(temporary_bytes),
             output_ops=ints(out_ops),
             output_bytes=byte_counts(out_bytes),
-            output_slot=ints(out_slot),
+            output_slot=out_slot,
             data_edges=data,
             data_dst=ints(self.edge_dst)[data],
             data_tensor=ints(tensors.edge_tensor)[data],

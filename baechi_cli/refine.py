@@ -90,6 +90,7 @@ Example: two independent chains on one device; the search splits them.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -101,7 +102,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from baechi_cli.devices import DeviceSpec
-from baechi_cli.evaluate import Evaluation, device_order, evaluate
+from baechi_cli.evaluate import Evaluation, device_order, evaluate, judged
 from baechi_cli.graph import OpGraph
 from baechi_cli.placers import Placement
 from baechi_cli.placers.memory import ample, safe_peaks
@@ -329,8 +330,8 @@ class _Search:
         self.devices = devices
         self.ndev = devices.count
         self.rng = random.Random(seed)
-        if timer is not None and (timer.graph is not graph or timer.devices is not devices):
-            raise ValueError("the timer was built for another graph or other devices")
+        if timer is not None:
+            timer.check_serves(graph, devices)
         self.timer = timer or StepTimer(graph, devices)
         # One unit per colocation group, in order of the group's first op.
         self.unit_ops: list[list[int]] = list(graph.group_members().values())
@@ -377,6 +378,7 @@ class _Search:
         self.clusters: list[_Cluster] = []
         self.found: dict[tuple[int, ...], None] = {}  # the units of every cluster in it
         self.unclosed: list[tuple[str, tuple[int, ...], float]] = []  # scopes: (label, units, compute)
+        self.closed_down_to = math.inf  # every scope holding at least this much compute is closed
         self._clusters()
         self.failed: set[tuple] = set()  # moves that did not improve on some state
         # family -> (moves tried, µs they saved, µs their estimates claimed)
@@ -413,7 +415,7 @@ class _Search:
         order = None if sequence is None else device_order(sequence, device_of, self.ndev)
         trace = self.timer.timing(device_of, order)
         timeline = self.timer.result(device_of, trace)
-        self.checked = (sequence, Evaluation("makespan", timeline.step_time_us, timeline))
+        self.checked = (sequence, judged(timeline))
         self.traced = (device_of, sequence, trace)
         return timeline.feasible
 
@@ -505,6 +507,9 @@ class _Search:
         second on static GNMT's 9,749 scopes) while a coarse pass ranks only the big ones.
         """
         least = LEVELS[level] * self.total_compute
+        if least >= self.closed_down_to:
+            return  # every scope this big is closed already
+        self.closed_down_to = least
         waiting = []
         for label, units, comp in self.unclosed:
             if comp < least:

@@ -114,12 +114,6 @@ class SimResult:
         return [d for d, (p, m) in enumerate(zip(self.peak_bytes, self.memory_limits)) if p > m]
 
 
-def op_durations(graph: OpGraph, devices: DeviceSpec, device_of: Sequence[int]) -> list[float]:
-    """Compute time of each op on the device it is placed on. O(V), whatever the devices left idle."""
-    by_device = {d: graph.durations(devices.devices[d].kind) for d in set(device_of)}
-    return [by_device[d][v] for v, d in enumerate(device_of)]
-
-
 def simulate(
     graph: OpGraph,
     devices: DeviceSpec,
@@ -643,8 +637,8 @@ class StepTimer:
         self.sequential = self.ic.mode == "sequential"
         tensors = graph.tensors
         self.tensors = tensors
-        # Per op: its tensors in port order (control first, as simulate sorts them), each
-        # with the consumer of every edge that carries it, in edge order.
+        # Per op: its tensors in port order (control first: the order transfers are issued
+        # in), each with the consumer of every edge that carries it, in edge order.
         by_tensor: list[list[int]] = [[] for _ in tensors.src]  # every tensor has an edge
         for tid, w in zip(tensors.edge_tensor, graph.edge_dst):
             by_tensor[tid].append(w)
@@ -664,6 +658,11 @@ class StepTimer:
                 for m, b in zip(tensors.measured_us, tensors.nbytes)
             ]
         )
+
+    def check_serves(self, graph: OpGraph, devices: DeviceSpec) -> None:
+        """ValueError unless this timer was built for ``graph`` on ``devices`` (the same objects)."""
+        if self.graph is not graph or self.devices is not devices:
+            raise ValueError("the timer was built for another graph or other devices")
 
     def step_time(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None) -> float:
         """The step time :func:`simulate` gives this placement (and per-device order)."""

@@ -40,7 +40,7 @@ from baechi_cli.devices import DEFAULT_FLOPS, Device, DeviceSpec, Interconnect
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.passes.unionfind import UnionFind
 from baechi_cli.placers.memory import own_bytes
-from baechi_cli.sim import SimResult, Transfer, op_durations
+from baechi_cli.sim import SimResult, Transfer
 
 COMPUTE_US = (10.0, 0.0, 1.0, 50.0, 200.0)
 OUTPUT_BYTES = (100, 0, 1000, 20000)
@@ -53,6 +53,12 @@ MODES = ("parallel", "sequential")
 COMM = ((10.0, 100.0), (134.0, 1 / 0.0001754), (1.0, 10_000.0))
 # Device memory as a share of memory_need(graph); None: plenty (1 TB).
 MEMORY_SHARES = (None, 1.0, 0.5, 0.3, 0.15)
+
+
+def op_durations(graph: OpGraph, devices: DeviceSpec, device_of: Sequence[int]) -> list[float]:
+    """Compute time of each op on the device it is placed on (the oracle the timeline checks use)."""
+    by_device = {d: graph.durations(devices.devices[d].kind) for d in set(device_of)}
+    return [by_device[d][v] for v, d in enumerate(device_of)]
 
 
 @functools.cache

@@ -13,11 +13,11 @@ from itertools import pairwise
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import dags
+from strategies import dags, op_durations
 
 from baechi_cli.devices import Device, DeviceSpec, Interconnect
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder
-from baechi_cli.sim import Transfer, lower_bound, op_durations, simulate
+from baechi_cli.sim import Transfer, lower_bound, simulate
 
 LAT, BW = 10.0, 100.0
 

@@ -190,11 +190,10 @@ def solve_favorite_lp(
     model does not fit (and GLOP, the default in a process that imported
     TensorFlow first, where solver parameters crash), solve without it.
     Raises :class:`InputError` for an unknown backend or a non-positive
-    limit, and
-    :class:`SolverError` when the backend is missing from this OR-Tools
-    build, or the solve does not end optimal: infeasible, unbounded,
-    abnormal, or stopped by a limit (even with a feasible solution in hand:
-    a non-optimal LP would make the rounding arbitrary).
+    limit, and :class:`SolverError` when the backend is missing from this
+    OR-Tools build, or the solve does not end optimal: infeasible,
+    unbounded, abnormal, or stopped by a limit (even with a feasible
+    solution in hand: a non-optimal LP would make the rounding arbitrary).
     """
     _check_limit(time_limit_s)
     _check_limit(work_limit_s, "work limit")
