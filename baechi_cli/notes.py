@@ -107,7 +107,7 @@ def placement_notes(
         idle = [devices.devices[d].name for d in range(devices.count) if not sim.order[d]]
         if not idle:
             return notes
-        verb = "runs" if len(idle) == 1 else "run"
+        verb, it = ("runs", "it") if len(idle) == 1 else ("run", "them")
         return [
             f"{_names(idle)} {verb} no ops: the split's objective is best with fewer stages than devices "
             "(a stage more would cost more in transfers, or contiguity and memory leave no better cut)"
@@ -122,7 +122,7 @@ def placement_notes(
     if not idle:
         return notes
     which = _names(idle)
-    verb = "runs" if len(idle) == 1 else "run"
+    verb, it = ("runs", "it") if len(idle) == 1 else ("run", "them")
     if algo == "single":
         why = "--algo single puts every op on one device"
         if single is not None:
@@ -144,9 +144,9 @@ def placement_notes(
             "and the earlier devices took all of it"
         )
     elif algo == "refine":
-        why = "refinement found no move of a group onto it that shortens the step"
+        why = f"refinement found no move of a group onto {it} that shortens the step"
     elif algo == "exact":
-        why = "the exact solver's plan needs it for nothing"
+        why = f"the exact solver's plan is no faster with {it}"
     else:
         why = (
             f"{placers.title(algo)} never found an op that could start earlier there, "
