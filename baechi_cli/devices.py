@@ -349,6 +349,16 @@ PRESETS: dict[str, tuple[DeviceSpec, str]] = {
         300e3,
         "8x A100 80 GiB over NVSwitch (8 us + 300 GB/s, parallel)",
     ),
+    "h100x8": _preset(
+        8,
+        80 * 2**30,
+        67e12,
+        3.35e12,
+        "parallel",
+        8.0,
+        450e3,
+        "8x H100 SXM 80 GiB over NVSwitch (8 us + 450 GB/s, parallel)",
+    ),
 }
 
 

@@ -157,3 +157,22 @@ def test_splits_place_each_row_on_every_device_count_and_render_the_counts(tmp_p
 def test_only_splits_needs_a_measured_framework_json(tmp_path, capsys):
     assert framework.main(["--only", "splits", "--out", str(tmp_path)]) == 2
     assert "run bench/framework.py without --only first" in capsys.readouterr().err
+
+
+def test_h100_bench_places_on_one_preset_device_and_judges_both_ways():
+    import h100
+
+    device = h100.one_device()
+    assert (
+        device.count == 1
+        and device.devices[0].flops == 67e12
+        and device.devices[0].memory_bandwidth == 3.35e12
+    )
+    row = {"model": "gpt2", "run": "SGD", "export": "g.onnx", "measured_step_ms": 100.0,
+           "measured_peak_bytes": 10e9, "peak_bytes": 8.4e9, "step_ms": 126.0}  # fmt: skip
+    text = h100.render({"date": "2026-11-24", "rows": [row]})
+    assert (
+        "| gpt2 | SGD | `g.onnx` | 10.000 / 8.400 GB | MISS (0.84) | 100.0 / 126.0 ms | MISS (1.26) |" in text
+    )
+    row |= {"peak_bytes": 8.6e9, "step_ms": 124.0}
+    assert "PASS (0.86) | 100.0 / 124.0 ms | PASS (1.24)" in h100.render({"date": "d", "rows": [row]})
