@@ -53,6 +53,9 @@ import numpy as np
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.graph import OpGraph
 
+# A step within this relative distance of the best bound meets it (LowerBounds.gap).
+ROUNDING = 1e-9
+
 
 @dataclass
 class LowerBounds:
@@ -86,9 +89,17 @@ class LowerBounds:
         return next(source for value, source in self._by_source() if value == best)
 
     def gap(self, step_us: float) -> float | None:
-        """``step / best - 1`` (None when the bound is 0: an empty graph)."""
+        """``step / best - 1`` (None when the bound is 0: an empty graph); 0 within :data:`ROUNDING`.
+
+        The bounds are sums in another order than the simulator's, so a step that meets its
+        bound can read a rounding below it (keras_cnn's training step: 2.2e-16): that is 0,
+        a proven optimum, not a negative gap.
+        """
         best = self.best_us
-        return step_us / best - 1 if best > 0 else None
+        if best <= 0:
+            return None
+        gap = step_us / best - 1
+        return 0.0 if abs(gap) <= ROUNDING else gap
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import dags, device_specs, with_kind_times
 
-from baechi_cli.bounds import lower_bounds
+from baechi_cli.bounds import LowerBounds, lower_bounds
 from baechi_cli.devices import Interconnect, parse_devices
 from baechi_cli.graph import GraphBuilder, OpGraph
 from baechi_cli.sim import simulate
@@ -127,3 +127,12 @@ def test_on_a_real_training_graph_the_bound_charges_transfers():
     assert bounds.best_source == "transfer cuts"
     assert bounds.transfer_cut_us > 2 * bounds.critical_path_us
     assert bounds.transfer_cut_us < prepared.single_device.step_time_us
+
+
+def test_a_step_a_rounding_below_its_bound_has_no_gap():
+    # keras_cnn's training step read 302.65024280039717 against a transfer-cut bound of
+    # 302.6502428003972: the same sum in another order, not a plan beating its bound
+    bounds = LowerBounds(critical_path_us=277.0, work_us=75.7, transfer_cut_us=302.6502428003972)
+    assert bounds.gap(302.65024280039717) == 0.0
+    assert bounds.gap(302.6502428003972 * 1.01) > 0.0099
+    assert LowerBounds(0.0, 0.0).gap(1.0) is None
