@@ -168,7 +168,7 @@ def test_h100_bench_places_on_one_preset_device_and_judges_both_ways():
         and device.devices[0].flops == 67e12
         and device.devices[0].memory_bandwidth == 3.35e12
     )
-    row = {"model": "gpt2", "run": "SGD", "export": "g.onnx", "measured_step_ms": 100.0,
+    row = {"model": "gpt2", "run": "SGD", "export": "g.onnx", "measured_step_ms": 100.0, "output_bytes": 1e9,
            "measured_peak_bytes": 10e9, "peak_bytes": 8.4e9, "step_ms": 126.0}  # fmt: skip
     text = h100.render({"date": "2026-11-24", "rows": [row]})
     assert (
