@@ -305,19 +305,23 @@ def distinct_values(model: Any) -> None:
                 module.running_var.mul_(1 + 0.1 * torch.rand(module.running_var.shape, generator=generator))
 
 
-def export_onnx(model: Any, x: Any, path: str) -> None:
-    """README.md's export: inference graph, batch dims fixed, batch norm kept, dropout dropped."""
+def export_onnx(model: Any, x: Any, path: str, train_mode: bool = False) -> None:
+    """README.md's export: inference graph, batch dims fixed, batch norm kept, dropout dropped.
+
+    ``train_mode``: the model in ``train()`` mode instead (``TrainingMode.TRAINING``), its
+    Dropout nodes kept with their masks, as a training step with dropout runs them.
+    """
     import torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings
         torch.onnx.export(
-            model.eval(),
+            model.train() if train_mode else model.eval(),
             (x,),
             path,
             dynamo=False,
             opset_version=17,
-            training=torch.onnx.TrainingMode.PRESERVE,
+            training=torch.onnx.TrainingMode.TRAINING if train_mode else torch.onnx.TrainingMode.PRESERVE,
             do_constant_folding=False,
         )
 

@@ -46,7 +46,6 @@ import json
 import os
 import sys
 import time
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -130,7 +129,6 @@ def one_device() -> DeviceSpec:
 
 def export(name: str, cache: str, train_mode: bool) -> str:
     """The model's ONNX export at the reference's input (cached): the README's, or made in train() mode."""
-    import torch
 
     m = MEASURED[name]
     case = framework.CASE_BY_NAME[m.case]
@@ -144,20 +142,7 @@ def export(name: str, cache: str, train_mode: bool) -> str:
         return path
     model, x = framework.build(case, quick=False)
     tmp = path + ".tmp"
-    if train_mode:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                model.train(),
-                (x,),
-                tmp,
-                dynamo=False,
-                opset_version=17,
-                training=torch.onnx.TrainingMode.TRAINING,
-                do_constant_folding=False,
-            )
-    else:
-        framework.export_onnx(model, x, tmp)
+    framework.export_onnx(model, x, tmp, train_mode)
     os.replace(tmp, path)
     return path
 
