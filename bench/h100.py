@@ -62,6 +62,7 @@ import framework  # noqa: E402
 
 from baechi_cli.devices import PRESETS, DeviceSpec  # noqa: E402
 from baechi_cli.errors import BaechiError  # noqa: E402
+from baechi_cli.passes.training import LOSS_BUFFERS  # noqa: E402
 from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
 
 PRESET = "h100x8"
@@ -246,7 +247,8 @@ def render(results: dict[str, Any]) -> str:
         "The loss is not in the export: the measured step computes `out.float().pow(2).mean()` on the "
         "model's output, and its backward allocates output-sized buffers (the mean's gradient, "
         "`pow`'s temporaries and its result) while the forward pass's activations are still held; "
-        "baechi starts the backward pass from one output-sized gradient. The model's outputs:",
+        f"baechi counts {LOSS_BUFFERS} such buffers (`passes/training.py`'s `LOSS_BUFFERS`) as scratch "
+        "of the output's backward op. The model's outputs:",
         "",
     ]
     for name in MEASURED:

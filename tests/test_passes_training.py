@@ -14,6 +14,7 @@ from baechi_cli.errors import InputError
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.passes.forward_only import forward_only
 from baechi_cli.passes.training import (
+    LOSS_BUFFERS,
     OPTIMIZER_SLOTS,
     STEP_OP,
     UPDATE_OP,
@@ -306,3 +307,15 @@ def test_training_step_of_drawn_models(case, optimizer):
     f = forward_only(t)
     assert f.names == g.names
     assert sum(f.compute_us) == pytest.approx(sum(t.compute_us))
+
+
+def test_the_loss_buffers_are_scratch_of_the_outputs_backward():
+    g, kinds = cnn()
+    t = synthesize_training(g, DEVICES, kinds, "sgd")
+    names = t.index()
+    # fc's 400-byte output is the model's: its backward holds the loss's buffers; relu's
+    # output is read (by shape and flat), and shape's int64 output needs no gradient
+    assert t.temporary_bytes[names["gradients/fc"]] == LOSS_BUFFERS * 400
+    assert t.temporary_bytes[names["gradients/relu"]] == 0 and t.temporary_bytes[names["gradients/conv"]] == 0
+    step = simulate(t, DEVICES, [0] * t.num_ops)
+    assert step.peak_bytes[0] >= LOSS_BUFFERS * 400 + 400 + 1200  # the buffers, fc's output, conv's weights

@@ -53,7 +53,9 @@ writes:
   The gradient of a view (:attr:`OpGraph.view_of`) with one incoming
   gradient is a view of it. A control edge ``v -> gradients/v`` orders a
   backward op after its forward op (for the graph's outputs, the loss
-  gradient starts there).
+  gradient starts there). The loss itself is not in the model: its backward's
+  buffers count as :data:`LOSS_BUFFERS` times the outputs' bytes of scratch
+  of the output's backward op.
 * **Optimizer step.** ``opt.step()`` runs once ``backward()`` has
   returned: an ``optimizer/step`` op (``OptimizerStep``, 0 µs) waits for
   the last backward ops (control edges) and every update waits for it, so
@@ -140,6 +142,13 @@ UPDATE_KERNELS: dict[str, tuple[tuple[str, int, int, int], ...]] = {
 # out of place (bench/framework.md: BERT's Adam peak lacked two word-embedding-sized
 # temporaries); SGD and momentum update in place.
 UPDATE_TEMPORARIES = {"sgd": 0, "momentum": 0, "adam": 2}
+# The loss is not in the model. The backward of a loss on an output holds about four
+# output-sized buffers at once while the forward pass's activations are still alive:
+# out.pow(2).mean()'s (the benches' and the H100 reference's loss) holds the mean's gradient,
+# pow_backward's two temporaries and its result; cross-entropy's log_softmax output, its
+# gradient, exp's temporary and the result alike. They count as scratch of the output's own
+# backward op, the first to run (bench/h100.md: GPT-2's 823 MB logits at 8x512 tokens).
+LOSS_BUFFERS = 4
 # The barrier between the backward pass and the updates (a 0 µs op, no cost rule needed).
 STEP_OP, STEP_OP_NAME = "OptimizerStep", "optimizer/step"
 
@@ -224,6 +233,9 @@ def synthesize_training(
     grad_op: dict[int, int] = {}
     feeds_backward: set[int] = set()  # backward ops that send a gradient to another one
     composite = gelu_saved(graph)  # exported composites that autograd runs as one op
+    read_ports: list[set[int]] = [set() for _ in range(graph.num_ops)]
+    for u, p in zip(graph.edge_src, graph.edge_port):
+        read_ports[u].add(p)
     contributions: list[tuple[int, int]] = []  # (backward op, port): gradients of a shared weight
     for v in reversed(order):
         if not need[v]:
@@ -254,6 +266,14 @@ def synthesize_training(
         if shared:
             contributions.append((b, builder.add_output(b, shared, None, "float32")))
         builder.add_temporary(b, graph.attrs[v].get("_accumulated_parameter_bytes", 0))
+        # v's float outputs nothing reads are the model's: the loss is taken of them.
+        outputs = zip(graph.output_bytes[v], graph.output_dtypes[v])
+        unread = sum(
+            nbytes
+            for port, (nbytes, dtype) in enumerate(outputs)
+            if port not in read_ports[v] and _is_float(dtype)
+        )
+        builder.add_temporary(b, LOSS_BUFFERS * unread)
         builder.add_edge(v, b, CONTROL_PORT)
         # The gradients of v's outputs, from the backward ops of its consumers.
         incoming = []
