@@ -107,7 +107,7 @@ def placement_notes(
         idle = [devices.devices[d].name for d in range(devices.count) if not sim.order[d]]
         if not idle:
             return notes
-        verb, it = ("runs", "it") if len(idle) == 1 else ("run", "them")
+        verb = "runs" if len(idle) == 1 else "run"
         return [
             f"{_names(idle)} {verb} no ops: the split's objective is best with fewer stages than devices "
             "(a stage more would cost more in transfers, or contiguity and memory leave no better cut)"

@@ -233,9 +233,6 @@ def synthesize_training(
     grad_op: dict[int, int] = {}
     feeds_backward: set[int] = set()  # backward ops that send a gradient to another one
     composite = gelu_saved(graph)  # exported composites that autograd runs as one op
-    read_ports: list[set[int]] = [set() for _ in range(graph.num_ops)]
-    for u, p in zip(graph.edge_src, graph.edge_port):
-        read_ports[u].add(p)
     contributions: list[tuple[int, int]] = []  # (backward op, port): gradients of a shared weight
     for v in reversed(order):
         if not need[v]:
@@ -267,11 +264,10 @@ def synthesize_training(
             contributions.append((b, builder.add_output(b, shared, None, "float32")))
         builder.add_temporary(b, graph.attrs[v].get("_accumulated_parameter_bytes", 0))
         # v's float outputs nothing reads are the model's: the loss is taken of them.
+        read = {graph.edge_port[e] for e in graph.out_edges[v]}
         outputs = zip(graph.output_bytes[v], graph.output_dtypes[v])
         unread = sum(
-            nbytes
-            for port, (nbytes, dtype) in enumerate(outputs)
-            if port not in read_ports[v] and _is_float(dtype)
+            nbytes for port, (nbytes, dtype) in enumerate(outputs) if port not in read and _is_float(dtype)
         )
         builder.add_temporary(b, LOSS_BUFFERS * unread)
         builder.add_edge(v, b, CONTROL_PORT)
