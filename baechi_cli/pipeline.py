@@ -221,6 +221,7 @@ class TrainingInfo:
 
     optimizer: str
     backward_ops: int
+    loss_ops: int
     update_ops: int
     optimizer_state_bytes: int
 
@@ -230,6 +231,7 @@ class TrainingInfo:
         return {
             "optimizer": self.optimizer,
             "backward_ops": self.backward_ops,
+            "loss_ops": self.loss_ops,
             "update_ops": self.update_ops,
             "optimizer_slots": OPTIMIZER_SLOTS[self.optimizer],
             "optimizer_state_bytes": self.optimizer_state_bytes,
@@ -648,7 +650,7 @@ def training_pass(
 ) -> tuple[OpGraph, TrainingInfo, PassRecord]:
     """``--training``: synthesize the backward pass and optimizer (:mod:`baechi_cli.passes.training`)."""
     from baechi_cli.costs.registry import rule_for
-    from baechi_cli.passes.training import STEP_OP, UPDATE_OP, synthesize_training
+    from baechi_cli.passes.training import LOSS_OP, STEP_OP, UPDATE_OP, synthesize_training
 
     op_set = OP_SETS[fmt]
     kinds = [rule_for(t, op_set).kind for t in graph.op_types]
@@ -659,9 +661,11 @@ def training_pass(
     n = graph.num_ops
     update_ops = sum(1 for v in range(n, out.num_ops) if out.op_types[v] == UPDATE_OP[optimizer])
     steps = sum(1 for v in range(n, out.num_ops) if out.op_types[v] == STEP_OP)
+    losses = sum(1 for v in range(n, out.num_ops) if out.op_types[v] == LOSS_OP)
     info = TrainingInfo(
         optimizer,
-        backward_ops=out.num_ops - n - update_ops - steps,
+        backward_ops=out.num_ops - n - update_ops - steps - losses,
+        loss_ops=losses,
         update_ops=update_ops,
         optimizer_state_bytes=sum(out.persistent_bytes[n:]),
     )

@@ -62,7 +62,7 @@ import framework  # noqa: E402
 
 from baechi_cli.devices import PRESETS, DeviceSpec  # noqa: E402
 from baechi_cli.errors import BaechiError  # noqa: E402
-from baechi_cli.passes.training import LOSS_BUFFERS  # noqa: E402
+from baechi_cli.passes.training import LOSS_TEMPORARIES  # noqa: E402
 from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
 
 PRESET = "h100x8"
@@ -245,8 +245,9 @@ def render(results: dict[str, Any]) -> str:
         "The loss is not in the export: the measured step computes `out.float().pow(2).mean()` on the "
         "model's output, and its backward allocates output-sized buffers (the mean's gradient, "
         "`pow`'s temporaries and its result) while the forward pass's activations are still held; "
-        f"baechi counts {LOSS_BUFFERS} such buffers (`passes/training.py`'s `LOSS_BUFFERS`) as scratch "
-        "of the output's backward op. The model's outputs:",
+        "baechi's `--training` adds a `loss/...` op that reads the outputs, holds "
+        f"{LOSS_TEMPORARIES} output-sized temporaries (`passes/training.py`'s `LOSS_TEMPORARIES`) and "
+        "sends the outputs' gradients to their backward ops. The model's outputs:",
         "",
     ]
     for name in MEASURED:

@@ -130,6 +130,7 @@ def run_case(name: str, path: str, devices: str, options: PlaceOptions) -> dict[
         "single_us": single.step_time_us if single else None,
         "original": None if original is None else {"column": original[0], "step_us": original[1] * 1000},
         "bounds": prepared.bounds.to_json(),
+        "gap": prepared.bounds.gap(outcome.sim.step_time_us),
         "chosen": outcome.chosen.label,
         "candidates": len(outcome.candidates),
         "settings_tried": search.settings_tried,
@@ -232,7 +233,7 @@ def render(records: list[dict[str, Any]], seconds: float) -> str:
             f"| {r['name']} | {r['devices']} | {r['ops']:,} | {r['nodes']:,} | {ms(r['step_us'])} | {r['chosen']} "
             f"| {ms(r['single_us'])} | "
             + ("-" if original is None else f"{original['step_us'] / 1000:.1f} ({original['column']})")
-            + f" | {ms(b['best_us'])} ({b['best']}) | {r['step_us'] / b['best_us'] - 1:+.1%} "
+            + f" | {ms(b['best_us'])} ({b['best']}) | {r['gap']:+.1%} "
             f"| {r['settings_tried']} | {r['place_s']:.2f} | {r['estimated_s']:.2f} |"
         )
     return "\n".join(lines) + "\n"

@@ -84,9 +84,9 @@ def test_place_training_writes_a_placed_model_the_checker_accepts(model: OnnxMod
     assert {k: report["placement"][k] for k in nodes} == nodes
     # the report: the input's ops in `placement`, the synthesized ones under `training`
     training = report["training"]
-    assert training["backward_ops"] > 0 and training["update_ops"] > 0
+    assert training["loss_ops"] > 0 and training["backward_ops"] > 0 and training["update_ops"] > 0
     assert set(training["placement"]).isdisjoint(report["placement"])
-    assert all(name.startswith(("gradients/", "optimizer/")) for name in training["placement"])
+    assert all(name.startswith(("loss/", "gradients/", "optimizer/")) for name in training["placement"])
     assert report["input"]["format"] == "onnx"
     assert report["passes"][0]["name"] == "training"
     if model.external:

@@ -294,8 +294,9 @@ def test_a_graph_over_the_size_guard_is_refused_before_any_model():
     with pytest.raises(InputError) as info:
         solve(g, spec(2), time_limit=10.0)
     assert str(info.value) == (
-        "exact solves graphs of up to 200 nodes after fusion; this one has 201: "
-        "use --algo auto (which uses exact on small graphs), or coarser fusion"
+        "exact solves graphs of up to 200 nodes after the passes; this one has 201: "
+        "use --algo auto (m-TOPO, m-ETF and m-SCT, refined; exact where the graph is small enough), "
+        "or shrink the graph with --forward-only, --coplace and --fusion where one is off"
     )
     with pytest.raises(InputError, match="up to 10 nodes"):
         placers.get("exact").place(random_dag(11, 1), spec(2), ExactOptions(max_nodes=10))

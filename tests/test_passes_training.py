@@ -14,7 +14,8 @@ from baechi_cli.errors import InputError
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.passes.forward_only import forward_only
 from baechi_cli.passes.training import (
-    LOSS_BUFFERS,
+    LOSS_OP,
+    LOSS_TEMPORARIES,
     OPTIMIZER_SLOTS,
     STEP_OP,
     UPDATE_OP,
@@ -56,8 +57,10 @@ def test_backward_ops_mirror_the_forward_graph():
     n = g.num_ops
     assert t.names[:n] == g.names and t.op_types[:n] == g.op_types
     names = t.index()
-    # one backward op per op that needs a gradient, in reverse topological order, then the updates
+    # the loss on the model's output, one backward op per op that needs a gradient, in reverse
+    # topological order, then the updates
     assert t.names[n:] == [
+        "loss/fc",
         "gradients/fc",
         "gradients/flat",
         "gradients/relu",
@@ -81,7 +84,8 @@ def test_backward_ops_mirror_the_forward_graph():
     # reversed data edges carry gradients the size of the activations; what autograd saves is
     # kept alive until the backward op: Gemm and Conv their data input, Relu its output, views
     # (Reshape) nothing; a control edge orders each backward op after its forward op.
-    assert edges_into("gradients/fc") == [("fc", CONTROL_PORT, 0), ("flat", 0, 8000)]
+    assert edges_into("loss/fc") == [("fc", 0, 400)]
+    assert edges_into("gradients/fc") == [("fc", CONTROL_PORT, 0), ("flat", 0, 8000), ("loss/fc", 0, 400)]
     assert edges_into("gradients/flat") == [("flat", CONTROL_PORT, 0), ("gradients/fc", 0, 8000)]
     assert edges_into("gradients/relu") == [
         ("gradients/flat", 0, 8000),
@@ -189,7 +193,7 @@ def test_names_stay_unique():
 def test_refuses_a_training_graph_and_a_model_without_weights():
     g, kinds = cnn()
     t = synthesize_training(g, DEVICES, kinds, "sgd")
-    with pytest.raises(InputError, match="already has 7 backward ops"):
+    with pytest.raises(InputError, match="already has 8 backward ops"):
         synthesize_training(t, DEVICES, kinds + ["flops"] * 7, "sgd")
     with pytest.raises(InputError, match="nothing to train"):
         synthesize_training(g.replace(persistent_bytes=[0] * g.num_ops), DEVICES, kinds, "sgd")
@@ -270,13 +274,16 @@ def test_training_step_of_drawn_models(case, optimizer):
     assert is_topological(t, t.topo_order())
     # One backward op per op that needs a gradient, one update per such op owning
     # parameters; each beside its forward op and after it; one optimizer step between them.
-    grad, update, steps = {}, {}, []
+    grad, update, steps, losses = {}, {}, [], {}
     for x in range(n, t.num_ops):
         v = t.forward_op[x]
         assert t.is_backward[x] and 0 <= v < n and t.group[x] == g.group[v]
         if t.op_types[x] == f"{g.op_types[v]}Grad":
             assert v not in grad
             grad[v] = x
+        elif t.op_types[x] == LOSS_OP:
+            assert v not in losses
+            losses[v] = x
         elif t.op_types[x] == STEP_OP:
             steps.append(x)
         else:
@@ -284,6 +291,24 @@ def test_training_step_of_drawn_models(case, optimizer):
             update[v] = x
     assert len(steps) == (1 if grad else 0)
     assert sorted(grad) == [v for v in range(n) if need[v]]
+    # A loss on each such op's float outputs that nothing reads, sending their gradients to it.
+    read = {(g.edge_src[e], g.edge_port[e]) for e in range(g.num_edges)}
+    outputs = {
+        v: [
+            p
+            for p, (nbytes, dtype) in enumerate(zip(g.output_bytes[v], g.output_dtypes[v]))
+            if nbytes and (v, p) not in read and (dtype == "" or dtype.startswith("float"))
+        ]
+        for v in range(n)
+        if need[v]
+    }
+    assert sorted(losses) == [v for v, ports in outputs.items() if ports]
+    for v, x in losses.items():
+        assert t.output_bytes[x] == [g.output_bytes[v][p] for p in outputs[v]]
+        assert [t.edge_port[e] for e in t.in_edges[x]] == outputs[v]
+        assert {(t.edge_dst[e], t.edge_port[e]) for e in t.out_edges[x]} == {
+            (grad[v], k) for k in range(len(outputs[v]))
+        }
     assert sorted(update) == [v for v in range(n) if need[v] and g.persistent_bytes[v]]
     edges = set(zip(t.edge_src, t.edge_port, t.edge_dst))
     for v, x in grad.items():
@@ -309,13 +334,34 @@ def test_training_step_of_drawn_models(case, optimizer):
     assert sum(f.compute_us) == pytest.approx(sum(t.compute_us))
 
 
-def test_the_loss_buffers_are_scratch_of_the_outputs_backward():
+def test_the_loss_reads_the_outputs_and_sends_their_gradients_to_their_backward():
     g, kinds = cnn()
     t = synthesize_training(g, DEVICES, kinds, "sgd")
     names = t.index()
-    # fc's 400-byte output is the model's: its backward holds the loss's buffers; relu's
-    # output is read (by shape and flat), and shape's int64 output needs no gradient
-    assert t.temporary_bytes[names["gradients/fc"]] == LOSS_BUFFERS * 400
-    assert t.temporary_bytes[names["gradients/relu"]] == 0 and t.temporary_bytes[names["gradients/conv"]] == 0
+    # fc's 400-byte output is the model's, the only one: relu's output is read (by shape and
+    # flat), and shape's int64 output needs no gradient
+    assert [t.names[v] for v in range(t.num_ops) if t.op_types[v] == LOSS_OP] == ["loss/fc"]
+    loss, fc, grad_fc = names["loss/fc"], names["fc"], names["gradients/fc"]
+    assert t.output_bytes[loss] == [400] and t.temporary_bytes[loss] == LOSS_TEMPORARIES * 400
+    assert t.is_backward[loss] and t.forward_op[loss] == fc and t.group[loss] == t.group[fc]
+    edges = set(zip(t.edge_src, t.edge_dst, t.edge_port))
+    assert (fc, loss, 0) in edges and (loss, grad_fc, 0) in edges
+    # the loss's scratch is the loss op's, not the output's backward's
+    assert t.temporary_bytes[grad_fc] == 0
+    # the loss's time is its passes over the output
+    assert 0 < t.compute_us[loss]
     step = simulate(t, DEVICES, [0] * t.num_ops)
-    assert step.peak_bytes[0] >= LOSS_BUFFERS * 400 + 400 + 1200  # the buffers, fc's output, conv's weights
+    # while the loss runs: its temporaries, fc's output and its gradient, conv's weights
+    assert step.peak_bytes[0] >= LOSS_TEMPORARIES * 400 + 400 + 400 + 1200
+
+
+def test_an_output_read_by_nothing_needs_the_loss_only_when_it_is_a_float():
+    b = GraphBuilder()
+    x = b.add_op("x", "Input", [400], output_dtypes=F32)
+    fc = b.add_op(
+        "fc", "Gemm", [40, 8], compute_us=10.0, persistent_bytes=4000, output_dtypes=["float32", "int64"]
+    )
+    b.add_edge(x, fc)
+    t = synthesize_training(b.build(), DEVICES, ["zero", "flops"], "sgd")
+    loss = t.index()["loss/fc"]
+    assert t.output_bytes[loss] == [40] and t.output_dtypes[loss] == ["float32"]

@@ -14,6 +14,7 @@ has module paths and torch's cut points.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -244,4 +245,6 @@ def test_the_summary_of_a_tuned_pipeline_leads_with_the_schedule(tmp_path):
     assert result.exit_code == 0, result.output
     assert "(the minibatch run as one step, unpipelined:" in result.output
     assert "the split tuned for the schedule" in result.output
-    assert "zbv, 8 stages on 4 devices, 8 microbatches" in result.output
+    # two stages per device in a V; how many devices the tuned split uses is the tuner's call
+    schedule = re.search(r"zbv, (\d+) stages on (\d) devices, 8 microbatches", result.output)
+    assert schedule and int(schedule[1]) == 2 * int(schedule[2])

@@ -53,9 +53,16 @@ writes:
   The gradient of a view (:attr:`OpGraph.view_of`) with one incoming
   gradient is a view of it. A control edge ``v -> gradients/v`` orders a
   backward op after its forward op (for the graph's outputs, the loss
-  gradient starts there). The loss itself is not in the model: its backward's
-  buffers count as :data:`LOSS_BUFFERS` times the outputs' bytes of scratch
-  of the output's backward op.
+  gradient starts there).
+* **The loss.** It is not in the model: the step takes it of the model's
+  outputs, an op's float outputs that nothing reads. Per op with such
+  outputs, a ``loss/<name>`` op (``Loss``, ``is_backward``, ``forward_op =
+  v``, in ``v``'s group) reads them and sends their gradients (same bytes)
+  to ``gradients/<name>``: ``out.pow(2).mean()`` and its backward, the
+  benches' and the H100 reference's loss (:data:`LOSS_KERNELS`). While it
+  runs it holds :data:`LOSS_TEMPORARIES` output-sized temporaries besides
+  the outputs and their gradients, with the forward pass's activations
+  still alive: at GPT-2's 823 MB logits, the peak of a training step.
 * **Optimizer step.** ``opt.step()`` runs once ``backward()`` has
   returned: an ``optimizer/step`` op (``OptimizerStep``, 0 µs) waits for
   the last backward ops (control edges) and every update waits for it, so
@@ -93,10 +100,12 @@ Example:
     >>> relu = b.add_op("relu", "Relu", [40], compute_us=1.0, output_dtypes=["float32"])
     >>> _ = b.add_edge(x, fc); _ = b.add_edge(fc, relu)
     >>> g = synthesize_training(b.build(), parse_devices("2x8GB"), ["zero", "flops", "flops"], "adam")
-    >>> g.names[3:], g.compute_us[3:5]
-    (['gradients/relu', 'gradients/fc', 'optimizer/step', 'optimizer/fc'], [1.0, 10.0])
-    >>> g.forward_op[3:], g.group[3:], g.persistent_bytes[6]
-    ([2, 1, 2, 1], [2, 1, 2, 1], 8000)
+    >>> g.names[3:], g.compute_us[4:6]
+    (['loss/relu', 'gradients/relu', 'gradients/fc', 'optimizer/step', 'optimizer/fc'], [1.0, 10.0])
+    >>> g.forward_op[3:], g.group[3:], g.persistent_bytes[7]
+    ([2, 2, 1, 2, 1], [2, 2, 1, 2, 1], 8000)
+    >>> g.output_bytes[3], g.temporary_bytes[3]  # relu's output is the model's
+    ([40], 120)
 """
 
 from __future__ import annotations
@@ -142,13 +151,25 @@ UPDATE_KERNELS: dict[str, tuple[tuple[str, int, int, int], ...]] = {
 # out of place (bench/framework.md: BERT's Adam peak lacked two word-embedding-sized
 # temporaries); SGD and momentum update in place.
 UPDATE_TEMPORARIES = {"sgd": 0, "momentum": 0, "adam": 2}
-# The loss is not in the model. The backward of a loss on an output holds about four
-# output-sized buffers at once while the forward pass's activations are still alive:
-# out.pow(2).mean()'s (the benches' and the H100 reference's loss) holds the mean's gradient,
-# pow_backward's two temporaries and its result; cross-entropy's log_softmax output, its
-# gradient, exp's temporary and the result alike. They count as scratch of the output's own
-# backward op, the first to run (bench/h100.md: GPT-2's 823 MB logits at 8x512 tokens).
-LOSS_BUFFERS = 4
+# The loss is not in the model: the step computes out.pow(2).mean() (the benches' and the H100
+# reference's loss) and its backward, whose kernels as (what it computes, output-sized elements
+# read and written and FLOPs, per output element): the forward's two, then mean's gradient
+# (the scalar expanded and divided), pow's self.pow(1), its product with 2 and with the
+# incoming gradient. Cross-entropy's log_softmax, its gradient and exp move about as much.
+LOSS_KERNELS: tuple[tuple[str, int, int, int], ...] = (
+    ("out.pow(2)", 1, 1, 1),
+    ("(...).mean()", 1, 0, 1),
+    ("grad.expand(out.shape) / numel", 0, 1, 1),
+    ("out.pow(1)", 1, 1, 1),
+    ("2 * out.pow(1)", 1, 1, 1),
+    ("grad * (2 * out.pow(1))", 2, 1, 1),
+)
+# At the backward's peak the mean's gradient, pow(1) and its double are alive beside the
+# result (the output's gradient) and the output itself, while the forward pass's activations
+# still are: cross-entropy's log_softmax output, its gradient and exp's result alike
+# (bench/h100.md: GPT-2's 823 MB logits at 8x512 tokens).
+LOSS_TEMPORARIES = 3
+LOSS_OP = "Loss"
 # The barrier between the backward pass and the updates (a 0 µs op, no cost rule needed).
 STEP_OP, STEP_OP_NAME = "OptimizerStep", "optimizer/step"
 
@@ -228,6 +249,14 @@ def synthesize_training(
             times.append(us_by_kind[kind])
         return new
 
+    device_of_kind = {kind: next(d for d in devices.devices if d.kind == kind) for kind in by_kind}
+
+    def timed(count: OpCount) -> tuple[float, dict[str, float]]:
+        """A synthesized op's time on the first device, and on each device kind."""
+        return op_time_us(count, devices.devices[0]), {
+            kind: op_time_us(count, device) for kind, device in device_of_kind.items()
+        }
+
     # Gradient ports: backward op of v -> {input tensor (u, p): port}.
     grad_port: dict[int, dict[tuple[int, int], int]] = {}
     grad_op: dict[int, int] = {}
@@ -244,6 +273,30 @@ def synthesize_training(
         out_bytes = [graph.output_bytes[u][p] for u, p in wanted] + (
             [graph.persistent_bytes[v]] if owns else []
         )
+        # v's float outputs nothing reads are the model's: the loss is taken of them.
+        read = {graph.edge_port[e] for e in graph.out_edges[v]}
+        unread = [
+            port
+            for port, (nbytes, dtype) in enumerate(zip(graph.output_bytes[v], graph.output_dtypes[v]))
+            if nbytes and port not in read and _is_float(dtype)
+        ]
+        loss = None
+        if unread:
+            loss_bytes = [graph.output_bytes[v][port] for port in unread]
+            reference_us, us_by_kind = timed(loss_count(sum(loss_bytes)))
+            loss = add(
+                f"loss/{graph.names[v].lstrip('/')}",
+                LOSS_OP,
+                v=v,
+                compute_us=reference_us,
+                us_by_kind=us_by_kind,
+                output_bytes=loss_bytes,
+                temporary_bytes=LOSS_TEMPORARIES * max(loss_bytes),
+                output_shapes=[graph.output_shapes[v][port] for port in unread],
+                output_dtypes=[graph.output_dtypes[v][port] for port in unread],
+            )
+            for port in unread:
+                builder.add_edge(v, loss, port)
         b = add(
             f"gradients/{graph.names[v].lstrip('/')}",
             f"{graph.op_types[v]}Grad",
@@ -263,16 +316,13 @@ def synthesize_training(
         if shared:
             contributions.append((b, builder.add_output(b, shared, None, "float32")))
         builder.add_temporary(b, graph.attrs[v].get("_accumulated_parameter_bytes", 0))
-        # v's float outputs nothing reads are the model's: the loss is taken of them.
-        read = {graph.edge_port[e] for e in graph.out_edges[v]}
-        outputs = zip(graph.output_bytes[v], graph.output_dtypes[v])
-        unread = sum(
-            nbytes for port, (nbytes, dtype) in enumerate(outputs) if port not in read and _is_float(dtype)
-        )
-        builder.add_temporary(b, LOSS_BUFFERS * unread)
         builder.add_edge(v, b, CONTROL_PORT)
-        # The gradients of v's outputs, from the backward ops of its consumers.
+        # The gradients of v's outputs, from the loss and the backward ops of its consumers.
         incoming = []
+        if loss is not None:
+            for k in range(len(unread)):
+                incoming.append((loss, k))
+                builder.add_edge(loss, b, k)
         for e in graph.out_edges[v]:
             w, p = graph.edge_dst[e], graph.edge_port[e]
             if p != CONTROL_PORT and w in grad_op:
@@ -298,7 +348,6 @@ def synthesize_training(
             builder.add_edge(b, step, port)
     # Optimizer updates, after every backward op so that ids stay grouped.
     update_op, slots = UPDATE_OP[optimizer], OPTIMIZER_SLOTS[optimizer]
-    device_of_kind = {kind: next(d for d in devices.devices if d.kind == kind) for kind in by_kind}
     # Update times depend only on the parameter bytes: many layers share a size.
     update_us: dict[int, tuple[float, dict[str, float]]] = {}
     for v in order:
@@ -306,11 +355,7 @@ def synthesize_training(
         if v not in grad_op or nbytes == 0:
             continue
         if nbytes not in update_us:
-            count = update_count(optimizer, nbytes)
-            update_us[nbytes] = (
-                op_time_us(count, devices.devices[0]),
-                {kind: op_time_us(count, device) for kind, device in device_of_kind.items()},
-            )
+            update_us[nbytes] = timed(update_count(optimizer, nbytes))
         reference_us, us_by_kind = update_us[nbytes]
         u = add(
             f"optimizer/{graph.names[v].lstrip('/')}",
@@ -387,6 +432,21 @@ def update_count(optimizer: str, param_bytes: int) -> OpCount:
         flops=float(sum(k[3] for k in kernels) * elements),
         bytes_read=sum(k[1] for k in kernels) * elements * _PARAM_ITEMSIZE,
         bytes_written=sum(k[2] for k in kernels) * elements * _PARAM_ITEMSIZE,
+    )
+
+
+def loss_count(output_bytes: int) -> OpCount:
+    """What the loss and its backward (:data:`LOSS_KERNELS`) compute and move on ``output_bytes``
+    of model outputs, taken as float32.
+
+    >>> loss_count(4000)
+    OpCount(flops=6000.0, bytes_read=24000, bytes_written=20000, temporary_bytes=0, persistent_bytes=0)
+    """
+    elements = max(output_bytes // _PARAM_ITEMSIZE, 1)
+    return OpCount(
+        flops=float(sum(k[3] for k in LOSS_KERNELS) * elements),
+        bytes_read=sum(k[1] for k in LOSS_KERNELS) * elements * _PARAM_ITEMSIZE,
+        bytes_written=sum(k[2] for k in LOSS_KERNELS) * elements * _PARAM_ITEMSIZE,
     )
 
 

@@ -207,8 +207,9 @@ class ExactResult:
 def too_big(nodes: int, max_nodes: int) -> InputError:
     """The error for a graph over the size guard: what exact takes, and what to use instead."""
     return InputError(
-        f"exact solves graphs of up to {max_nodes:,} nodes after fusion; this one has {nodes:,}: "
-        f"use --algo auto (which uses exact on small graphs), or coarser fusion"
+        f"exact solves graphs of up to {max_nodes:,} nodes after the passes; this one has {nodes:,}: "
+        "use --algo auto (m-TOPO, m-ETF and m-SCT, refined; exact where the graph is small enough), "
+        "or shrink the graph with --forward-only, --coplace and --fusion where one is off"
     )
 
 

@@ -36,8 +36,9 @@ def header(console: Console, prepared: Prepared) -> None:
     t = prepared.training
     if t is not None:
         console.print(
-            f"training: {prepared.model_ops} forward ops + {t.backward_ops} backward + {t.update_ops} "
-            f"{t.optimizer} updates ({fmt_bytes(t.optimizer_state_bytes)} optimizer state) synthesized"
+            f"training: {prepared.model_ops} forward ops + {t.loss_ops} loss + {t.backward_ops} backward + "
+            f"{t.update_ops} {t.optimizer} updates ({fmt_bytes(t.optimizer_state_bytes)} optimizer state) "
+            "synthesized"
         )
     pg = prepared.placement_graph
     ran = [
