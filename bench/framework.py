@@ -42,7 +42,9 @@ config in code, fixed batch) and each optimizer (SGD, Adam) it
    just before the first backward op starts, and which ops keep them) and
    phases (forward, backward, optimizer ops' durations). SPEC is
    ``--devices``, else what ``baechi devices calibrate --torch cpu`` (or
-   ``cuda:0``) measures on this machine just before.
+   ``cuda:0``) measures on this machine just before; calibrated again after
+   the measurements, the rates' drift is reported (beyond :data:`DRIFT`, the
+   step verdicts are marked suspect).
 4. **splits** it (issue 15's targets): with P the *measured* peak, for N = 2
    and 4, N devices with SPEC's first device's rates and ``int(r * P) // N``
    bytes each, written as device YAML into ``--cache``/splits/, for r = 1.3
@@ -101,6 +103,7 @@ sys.path.insert(0, ROOT)
 
 from baechi_cli import placers  # noqa: E402
 from baechi_cli.devices import (  # noqa: E402
+    Device,
     DeviceSpec,
     devices_from_yaml,
     dump_devices_yaml,
@@ -611,9 +614,12 @@ def predict(path: str, devices: DeviceSpec, optimizer: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- devices and machine
 
 
-def calibrated_devices(folder: str, device: str, threads: int, quick: bool) -> tuple[DeviceSpec, str]:
-    """``baechi devices calibrate --torch cpu|cuda:0`` run now, on this machine: its spec and YAML."""
-    path = os.path.relpath(os.path.join(folder, f"{device}.yaml"), ROOT)  # the YAML's header names it
+def calibrated_devices(
+    folder: str, device: str, threads: int, quick: bool, suffix: str = ""
+) -> tuple[DeviceSpec, str]:
+    """``baechi devices calibrate --torch cpu|cuda:0`` run now, on this machine: its spec and YAML
+    (written to ``<folder>/<device><suffix>.yaml``)."""
+    path = os.path.relpath(os.path.join(folder, f"{device}{suffix}.yaml"), ROOT)  # the YAML's header names it
     command = ["devices", "calibrate", "--torch", device, "-o", path, "--quiet"] + (
         ["--quick"] if quick else []
     )
@@ -630,6 +636,22 @@ def devices_from(arg: str) -> tuple[DeviceSpec, str]:
         with open(arg, encoding="utf-8") as f:
             return load_devices_yaml(arg), f.read()
     return parse_devices(arg), arg
+
+
+# The calibrated rates the predictions scale with, by what the recheck calls them.
+RATES: tuple[tuple[str, Callable[[Device], float]], ...] = (
+    ("matmul", lambda d: d.flops),
+    ("conv", lambda d: d.flops_for("conv")),
+    ("memory bandwidth", lambda d: d.memory_bandwidth),
+)
+DRIFT = 0.15  # a rate calibrated again after the measurements off by more than this: times suspect
+
+
+def drift(before: DeviceSpec, after: DeviceSpec) -> dict[str, float]:
+    """Each calibrated rate after the measurements over the same rate before them: how far the
+    machine's speed moved while the steps were measured (the predictions use the first)."""
+    first, second = before.devices[0], after.devices[0]
+    return {name: rate(second) / rate(first) for name, rate in RATES}
 
 
 def machine(device: str, threads: int) -> dict[str, Any]:
@@ -1017,6 +1039,25 @@ def method(results: dict[str, Any]) -> list[str]:
         "```yaml",
         *results["devices"].rstrip().splitlines(),
         "```",
+        *drift_lines(results.get("calibration_drift")),
+    ]
+
+
+def drift_lines(rates_drift: dict[str, float] | None) -> list[str]:
+    """The recheck's sentence: each rate calibrated after the measurements over the one used."""
+    if rates_drift is None:
+        return []
+    moved = [name for name, ratio in rates_drift.items() if abs(ratio - 1) > DRIFT]
+    return [
+        "",
+        "Calibrated again after the measurements, over the rates above: "
+        + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in rates_drift.items())
+        + (
+            f". The {' and '.join(moved)} moved by more than {DRIFT:.0%} while the steps were measured: "
+            "**the step verdicts are suspect** (the machine's speed changed; peaks do not depend on it)."
+            if moved
+            else f": within {DRIFT:.0%}, the machine held its speed."
+        ),
     ]
 
 
@@ -1388,8 +1429,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in args.cases:
         rows += run_case(case, args, devices)
+    rates_drift = None
+    if not args.devices:
+        # a VM's speed moves by tens of percent over minutes: calibrate again, to show how far
+        again, _ = calibrated_devices(
+            args.cache, "cuda:0" if args.device == "cuda" else "cpu", args.threads, args.quick, "-after"
+        )
+        rates_drift = drift(devices, again)
     results = {
         "other_cores": other_cores(start, cpu_clock()),
+        "calibration_drift": rates_drift,
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine(args.device, args.threads),
         "quick": args.quick,

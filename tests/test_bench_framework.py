@@ -89,6 +89,18 @@ def test_quick_run_writes_the_tables(tmp_path):
     assert "## Targets" in text and "| resnet50 | adam |" in text
 
 
+def test_a_rate_calibrated_again_off_by_more_than_the_drift_marks_the_step_verdicts_suspect():
+    yaml = "devices:\n  - {{name: cpu, memory: 1GB, flops: {flops}, memory_bandwidth: {bw}, efficiency: {{conv: 0.5}}}}\n"
+    before = devices_from_yaml(yaml.format(flops="100G", bw="40GB/s"), "before.yaml")
+    steady = framework.drift(before, devices_from_yaml(yaml.format(flops="110G", bw="40GB/s"), "after.yaml"))
+    assert steady == pytest.approx({"matmul": 1.1, "conv": 1.1, "memory bandwidth": 1.0})
+    assert "held its speed" in framework.drift_lines(steady)[-1]
+    slower = framework.drift(before, devices_from_yaml(yaml.format(flops="100G", bw="30GB/s"), "after.yaml"))
+    line = framework.drift_lines(slower)[-1]
+    assert "memory bandwidth 0.75x" in line and "The memory bandwidth moved" in line and "suspect" in line
+    assert framework.drift_lines(None) == []  # --devices given: nothing calibrated, nothing to recheck
+
+
 def test_without_torch_it_notes_that_and_keeps_the_tables(tmp_path, monkeypatch, capsys):
     md = tmp_path / "framework.md"
     md.write_text("# Title\n\nintro\n\n| table |\n")
