@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from baechi_cli import __version__, placers
+from baechi_cli.devices import PRESETS
 from baechi_cli.errors import EXIT_REGRESSION, BaechiError, InputError, one_line
 from baechi_cli.render.common import StageProgress, make_console, tensorflow_logs_hidden
 
@@ -135,7 +136,7 @@ def _common_options(fn: Callable) -> Callable:
             "-d",
             "device_spec",
             metavar="SPEC",
-            help="Devices: 4x8GB, 2x16GB,2x8GB, a preset (rtx2080x4, v100x4, t4x4, a100x8) or a YAML file. "
+            help=f"Devices: 4x8GB, 2x16GB,2x8GB, a preset ({', '.join(PRESETS)}) or a YAML file. "
             "Required, except for a workload JSON with --objective throughput or latency (its maxFPGAs and maxCPUs).",
         ),
         click.option(
@@ -343,7 +344,8 @@ def place(
     "--algos",
     default="topo,etf,sct",
     show_default=True,
-    help=f"Comma-separated algorithms to compare ({', '.join(placers.names())}).",
+    help=f"Comma-separated algorithms to compare (auto, {', '.join(placers.names())}); auto: the search "
+    "`baechi place` runs by default, its row named by the plan it chose.",
 )
 @click.option(
     "--baseline",

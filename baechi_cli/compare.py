@@ -1,8 +1,9 @@
 """``baechi compare``: every algorithm on one prepared model, and the regression gate.
 
 :func:`compare_model` prepares the model once and runs each placer of
-``algos`` on it; every placement is judged by the one evaluator, as in
-``baechi place``. :func:`regressions` compares a ``baechi.compare/v1``
+``algos`` on it (``auto``: the search ``baechi place`` runs by default, its
+row the plan it chooses); every placement is judged by the one evaluator, as
+in ``baechi place``. :func:`regressions` compares a ``baechi.compare/v1``
 document with a baseline of the same schema (``--baseline``).
 """
 
@@ -10,30 +11,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from baechi_cli import placers
 from baechi_cli.devices import DeviceSpec
-from baechi_cli.errors import InputError
+from baechi_cli.errors import BaechiError, InputError
 from baechi_cli.io.models import check_writable
 from baechi_cli.io.report import COMPARE_SCHEMA
-from baechi_cli.pipeline import STAGES, Candidate, PlaceOptions, Prepared, prepare, run_candidate
+from baechi_cli.pipeline import STAGES, Candidate, PlaceOptions, Prepared, choose, prepare, run_candidate
 
 # Placement-time regressions smaller than this are timer noise, not regressions.
 PLACE_TIME_NOISE_S = 0.05
+AUTO = "auto"  # not a placer: the search over placers and passes that `baechi place` runs by default
 
 
 @dataclass
 class CompareOutcome:
     prepared: Prepared
-    candidates: list[Candidate]
+    algos: list[str]  # the rows' names, as --algos gave them
+    candidates: list[Candidate]  # each row's plan (auto's: the one it chose)
     timings: dict[str, float]
+
+    def titles(self) -> list[str]:
+        """What the table calls each row: the placer's title; auto's names the plan it chose."""
+        return [
+            (f"auto: {c.label}" if c.ok else "auto") if algo == AUTO else placers.title(algo)
+            for algo, c in zip(self.algos, self.candidates)
+        ]
 
 
 def parse_algos(text: str) -> list[str]:
     """``topo,etf,sct`` -> names; an unknown name is an InputError listing the registered ones."""
-    known = placers.names()
+    known = [AUTO, *placers.names()]
     algos = [a.strip() for a in text.split(",") if a.strip()]
     if not algos:
         raise InputError(f"--algos is empty (choose from {', '.join(known)})")
@@ -60,20 +70,40 @@ def compare_model(
     prepared = prepare(path, devices, options, step)
     timings = dict.fromkeys(STAGES, 0.0) | prepared.timings
     step("place")
-    candidates = [run_candidate(prepared, placers.get(algo), options) for algo in algos]
+    candidates = [
+        auto_candidate(prepared, options)
+        if algo == AUTO
+        else run_candidate(prepared, placers.get(algo), options)
+        for algo in algos
+    ]
     timings["place"] = sum(c.place_seconds for c in candidates)
+    outcome = CompareOutcome(prepared, algos, candidates, timings)
     step("write")
     if trace_path is not None:
         from baechi_cli.io.trace import build_trace, merge_traces, write_trace
 
         traces = [
-            build_trace(prepared.graph, prepared.devices, c.sim, title=c.algorithm)
-            for c in candidates
+            build_trace(prepared.graph, prepared.devices, c.sim, title=algo)
+            for algo, c in zip(algos, candidates)
             if c.sim is not None
         ]
         write_trace(trace_path, merge_traces(traces))
     timings["total"] = time.perf_counter() - t_start
-    return CompareOutcome(prepared, candidates, timings)
+    return outcome
+
+
+def auto_candidate(prepared: Prepared, options: PlaceOptions) -> Candidate:
+    """auto's search on the prepared model: the plan it chooses, timed as a whole (search,
+    refinement and exact), or why there is none."""
+    from baechi_cli.search import auto_search
+
+    t0 = time.perf_counter()
+    search = auto_search(prepared, options)
+    seconds = time.perf_counter() - t0
+    try:
+        return replace(choose(search.candidates), place_seconds=seconds)
+    except BaechiError as err:
+        return Candidate(AUTO, seconds, error=err.with_path(prepared.path))
 
 
 def load_baseline(path: str) -> dict[str, Any]:

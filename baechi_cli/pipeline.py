@@ -728,6 +728,8 @@ def run_candidate(
         except (InfeasibleError, SolverError) as err:
             seconds = time.perf_counter() - t0
             return Candidate(spec.name, seconds, error=err.with_path(prepared.path), variant=variant.options)
+        except InputError as err:  # a graph the placer refuses (exact's size guard): the user's to fix
+            raise err.with_path(prepared.path) from None
         if pgraph is not graph:
             placement = expand(placement, pgraph, graph, expands_sequence)
         evaluation = prepared.judge(placement)

@@ -69,6 +69,28 @@ def test_regression_gate(tmp_path):
     assert loose.exit_code == 0
 
 
+def test_auto_is_a_row_with_the_plan_place_chooses_and_gates_under_its_own_name(tmp_path):
+    report = tmp_path / "report.json"
+    placed = invoke("place", GNMT, "--devices", DEVICES, "--report", str(report), "-q")
+    assert placed.exit_code == 0, placed.output
+    chosen = json.loads(report.read_text())
+    doc = json.loads(invoke("compare", GNMT, "--algos", "auto,etf", "--devices", DEVICES, "--json").stdout)
+    auto, etf = doc["results"]
+    assert (auto["algorithm"], etf["algorithm"]) == ("auto", "etf")
+    # the same search as `baechi place`'s default, so the same plan; it beats the placer alone here
+    # (the GNMT workload gains from placing without forward-only, README.md)
+    assert auto["step_time_us"] == chosen["result"]["step_time_us"] < etf["step_time_us"]
+    assert auto["title"] == "auto: m-ETF (no forward-only), refined" and etf["title"] == "m-ETF"
+    table = invoke("compare", GNMT, "--algos", "auto,etf", "--devices", DEVICES)
+    assert "auto: m-ETF (no forward-only), refined" in table.stdout
+    # the gate keys on "auto", whatever plan it chose
+    auto["step_time_us"] /= 1.10
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(doc))
+    bad = invoke("compare", GNMT, "--algos", "auto", "--devices", DEVICES, "--baseline", str(base), "-q")
+    assert bad.exit_code == 1 and "regression: auto: step time" in bad.stderr
+
+
 def test_baseline_of_another_schema_is_bad_input(tmp_path):
     base = tmp_path / "base.json"
     base.write_text(json.dumps({"schema": "baechi.compare/v0", "results": []}))
@@ -82,7 +104,7 @@ def test_unknown_algorithm_lists_the_valid_ones(tmp_path):
         "compare", GNMT, "--devices", DEVICES, "--algos", "topo,magic", "--trace", str(tmp_path / "t.json")
     )
     assert r.exit_code == 2
-    assert "unknown algorithm 'magic'" in r.stderr and "topo, etf, sct, single" in r.stderr
+    assert "unknown algorithm 'magic'" in r.stderr and "auto, topo, etf, sct, single" in r.stderr
     assert not (tmp_path / "t.json").exists()
     r = invoke("place", GNMT, "--devices", DEVICES, "--algo", "magic")
     assert r.exit_code == 2 and "auto" in r.output and "sct" in r.output

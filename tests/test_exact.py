@@ -296,12 +296,34 @@ def test_a_graph_over_the_size_guard_is_refused_before_any_model():
     assert str(info.value) == (
         "exact solves graphs of up to 200 nodes after the passes; this one has 201: "
         "use --algo auto (m-TOPO, m-ETF and m-SCT, refined; exact where the graph is small enough), "
-        "or shrink the graph with --forward-only, --coplace and --fusion where one is off"
+        "or shrink the graph with --coplace and --fusion where one is off"
     )
     with pytest.raises(InputError, match="up to 10 nodes"):
         placers.get("exact").place(random_dag(11, 1), spec(2), ExactOptions(max_nodes=10))
     with pytest.raises(InputError, match="time limit"):
         solve(random_dag(3, 1), spec(2), time_limit=0.0)
+
+
+def test_the_cli_refuses_a_graph_over_the_guard_naming_the_file_and_writing_nothing(tmp_path, monkeypatch):
+    import os
+
+    from click.testing import CliRunner
+
+    from baechi_cli.cli import main
+    from baechi_cli.errors import EXIT_BAD_INPUT
+
+    monkeypatch.chdir(os.path.join(os.path.dirname(__file__), ".."))  # the path as a user types it
+    out, report = tmp_path / "placed.pb", tmp_path / "report.json"
+    # testdata/cnn.pb: 75 nodes for the other placers, 210 for exact, which places without
+    # forward-only placement's contraction (it needs every edge)
+    args = ["place", "testdata/cnn.pb", "--devices", "4x8GB", "--algo", "exact", "-o", str(out)]
+    result = CliRunner().invoke(main, [*args, "--report", str(report)])
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "testdata/cnn.pb: exact solves graphs of up to 200 nodes after the passes; this one has 210" in (
+        result.output
+    )
+    assert "--forward-only" not in result.output  # it would not help: exact undoes it
+    assert not out.exists() and not report.exists()
 
 
 def test_deterministic():

@@ -183,8 +183,12 @@ def compare_json(outcome: CompareOutcome) -> dict[str, Any]:
     """``baechi.compare/v1``: one entry per algorithm with the ``result`` fields."""
     prepared = outcome.prepared
     results = []
-    for c in outcome.candidates:
-        entry: dict[str, Any] = {"algorithm": c.algorithm, "place_seconds": round(c.place_seconds, 6)}
+    for algo, title, c in zip(outcome.algos, outcome.titles(), outcome.candidates):
+        entry: dict[str, Any] = {
+            "algorithm": algo,
+            "title": title,
+            "place_seconds": round(c.place_seconds, 6),
+        }
         if c.sim is not None:
             entry.update(result_json(prepared, c.sim))
             entry["peak_bytes"] = c.sim.peak_bytes

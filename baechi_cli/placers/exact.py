@@ -209,7 +209,7 @@ def too_big(nodes: int, max_nodes: int) -> InputError:
     return InputError(
         f"exact solves graphs of up to {max_nodes:,} nodes after the passes; this one has {nodes:,}: "
         "use --algo auto (m-TOPO, m-ETF and m-SCT, refined; exact where the graph is small enough), "
-        "or shrink the graph with --forward-only, --coplace and --fusion where one is off"
+        "or shrink the graph with --coplace and --fusion where one is off"
     )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from baechi_cli import placers
 from baechi_cli.render.common import fmt_bytes, fmt_us, make_console, make_table
 from baechi_cli.render.place import header
 
@@ -35,20 +34,20 @@ def render_compare(outcome: CompareOutcome, trace_path: str | None) -> None:
         ],
     )
     best = min((c.sim.step_time_us for c in outcome.candidates if c.sim is not None), default=None)
-    for c in outcome.candidates:
-        title = placers.title(c.algorithm)
+    for title, c in zip(outcome.titles(), outcome.candidates):
         if c.sim is None:
             table.add_row(title, f"{c.place_seconds:.3f}", "failed", "-", "-", "-", c.problem or "")
             continue
         step = c.sim.step_time_us
         speedup = f"{single.step_time_us / step:.2f}x" if single else "does not fit"
-        gap = f"+{step / prepared.lower_bound_us - 1:.1%}" if prepared.lower_bound_us > 0 else "-"
+        gap = prepared.bounds.gap(step)
+        gap_text = "-" if gap is None else f"+{gap:.1%}"
         peaks = " ".join(fmt_bytes(p) for p in c.sim.peak_bytes)
         step_text = fmt_us(step)
         if step == best and console.is_terminal:
             step_text = f"[bold green]{step_text}[/]"
         table.add_row(
-            title, f"{c.place_seconds:.3f}", step_text, speedup, gap, fmt_bytes(c.sim.comm_bytes), peaks
+            title, f"{c.place_seconds:.3f}", step_text, speedup, gap_text, fmt_bytes(c.sim.comm_bytes), peaks
         )
     console.print(table)
     for note in prepared.notes:
