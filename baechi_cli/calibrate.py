@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from baechi_cli.devices import (
     CONV,
+    DEPTHWISE,
     Device,
     DeviceSpec,
     Interconnect,
@@ -89,7 +90,7 @@ if TYPE_CHECKING:
     from baechi_cli.costs.comm import CommFit
 
 #: The stages :func:`calibrate` reports to its ``progress`` callback, in order (per device, then pairs).
-CALIBRATE_STAGES = ("gemm", "conv", "bandwidth", "launch", "transfers")
+CALIBRATE_STAGES = ("gemm", "conv", "depthwise", "bandwidth", "launch", "transfers")
 _FLOAT32_BYTES = 4
 
 
@@ -99,11 +100,15 @@ _FLOAT32_BYTES = 4
 @dataclass(frozen=True)
 class ConvShape:
     """A conv2d: ``batch`` images of ``size`` x ``size`` pixels, ``cin`` -> ``cout`` channels,
-    a ``kernel`` x ``kernel`` filter, stride 1, same padding.
+    a ``kernel`` x ``kernel`` filter, stride 1, same padding; ``depthwise``: one filter per
+    channel (``groups = cin = cout``).
 
     >>> s = ConvShape(8, 64, 64, 56, 3)
     >>> str(s), s.forward_flops() == 2 * (8 * 56 * 56 * 64) * (3 * 3 * 64), s.backward_flops() / s.forward_flops()
     ('3x3 64->64 @56x56, batch 8', True, 2.0)
+    >>> d = ConvShape(8, 144, 144, 56, 3, depthwise=True)
+    >>> str(d), d.forward_flops() == 2 * (8 * 56 * 56 * 144) * (3 * 3), d.backward_flops() / d.forward_flops()
+    ('3x3 depthwise 144 @56x56, batch 8', True, 2.0)
     """
 
     batch: int
@@ -111,21 +116,37 @@ class ConvShape:
     cout: int
     size: int
     kernel: int
+    depthwise: bool = False
 
     def __str__(self) -> str:
         k = self.kernel
-        return f"{k}x{k} {self.cin}->{self.cout} @{self.size}x{self.size}, batch {self.batch}"
+        channels = f"depthwise {self.cin}" if self.depthwise else f"{self.cin}->{self.cout}"
+        return f"{k}x{k} {channels} @{self.size}x{self.size}, batch {self.batch}"
+
+    @property
+    def groups(self) -> int:
+        return self.cin if self.depthwise else 1
 
     def forward_flops(self) -> float:
-        """FLOPs of the forward convolution, as baechi's Conv2D rule counts them."""
-        return _rule_flops("Conv2D", [self._x(), self._filter()], self._y())
+        """FLOPs of the forward convolution, as baechi's Conv2D (or DepthwiseConv2dNative) rule counts them."""
+        return _rule_flops(self._op("Conv2D"), [self._x(), self._filter()], self._y())
 
     def backward_flops(self) -> float:
-        """FLOPs of the input and filter gradients, as the Conv2DBackprop{Input,Filter}V2 rules count them."""
+        """FLOPs of the input and filter gradients, as the Conv2DBackprop{Input,Filter}V2 rules (or the
+        depthwise ones) count them."""
         inputs = [self._x(), self._filter(), self._y()]
-        return _rule_flops("Conv2DBackpropInputV2", inputs, self._x()) + _rule_flops(
-            "Conv2DBackpropFilterV2", inputs, self._filter()
+        return _rule_flops(self._op("Conv2DBackpropInputV2"), inputs, self._x()) + _rule_flops(
+            self._op("Conv2DBackpropFilterV2"), inputs, self._filter()
         )
+
+    def _op(self, dense: str) -> str:
+        if not self.depthwise:
+            return dense
+        return {
+            "Conv2D": "DepthwiseConv2dNative",
+            "Conv2DBackpropInputV2": "DepthwiseConv2dNativeBackpropInput",
+            "Conv2DBackpropFilterV2": "DepthwiseConv2dNativeBackpropFilter",
+        }[dense]
 
     # TensorFlow's conventions, which the rules read: NHWC activations, HWIO filters.
     def _x(self) -> tuple[int, ...]:
@@ -135,7 +156,8 @@ class ConvShape:
         return (self.batch, self.size, self.size, self.cout)
 
     def _filter(self) -> tuple[int, ...]:
-        return (self.kernel, self.kernel, self.cin, self.cout)
+        # depthwise: TensorFlow's [kh, kw, in, multiplier] with a multiplier of 1
+        return (self.kernel, self.kernel, self.cin, 1 if self.depthwise else self.cout)
 
 
 def _rule_flops(op_type: str, inputs: Sequence[tuple[int, ...]], output: tuple[int, ...]) -> float:
@@ -251,6 +273,7 @@ class Plan:
 
     gemm: tuple[int, ...]
     conv: tuple[ConvShape, ...]
+    depthwise: tuple[ConvShape, ...]
     elements: int
     launches: int
     transfer_exps: tuple[int, ...]
@@ -268,6 +291,8 @@ _RESNET_CONVS = (
     (64, 256, 56, 1),
     (1024, 256, 14, 1),
 )
+# MobileNetV2's depthwise 3x3 convolutions at stride 1: (channels, size).
+_MOBILENET_DEPTHWISE = ((32, 112), (144, 56), (192, 28), (384, 14), (576, 14), (960, 7))
 
 
 def plan_for(target: str, quick: bool = False) -> Plan:
@@ -283,6 +308,7 @@ def plan_for(target: str, quick: bool = False) -> Plan:
         return Plan(
             gemm=(128, 256),
             conv=(ConvShape(1, 32, 32, 28, 3), ConvShape(1, 64, 32, 28, 1)),
+            depthwise=(ConvShape(1, 32, 32, 28, 3, depthwise=True),),
             elements=2**22,
             launches=200,
             transfer_exps=tuple(range(0, 21, 4)),
@@ -294,6 +320,7 @@ def plan_for(target: str, quick: bool = False) -> Plan:
     return Plan(
         gemm=(1024, 2048, 4096, 8192) if cuda else (256, 512, 1024, 2048),
         conv=tuple(ConvShape(batch, *shape) for shape in _RESNET_CONVS),
+        depthwise=tuple(ConvShape(batch, c, c, size, 3, depthwise=True) for c, size in _MOBILENET_DEPTHWISE),
         elements=2**26,
         launches=1000,
         transfer_exps=tuple(range(29)),
@@ -354,6 +381,7 @@ class Measured:
     conv_flops: float  # forward and backward together
     conv_forward_flops: float
     conv_backward_flops: float
+    depthwise_flops: float  # forward and backward together
     bandwidth: float  # bytes/s
     launch_us: float
 
@@ -361,6 +389,11 @@ class Measured:
     def conv_efficiency(self) -> float:
         """Conv FLOP/s as a fraction of GEMM FLOP/s: the ``efficiency.conv`` factor."""
         return self.conv_flops / self.gemm_flops
+
+    @property
+    def depthwise_efficiency(self) -> float:
+        """Depthwise conv FLOP/s as a fraction of GEMM FLOP/s: the ``efficiency.depthwise`` factor."""
+        return self.depthwise_flops / self.gemm_flops
 
 
 @dataclass(frozen=True)
@@ -421,6 +454,14 @@ def measure_device(
         backward_s += _median_s(runner, target, Conv(shape, backward=True), plan)
         steps(i, len(plan.conv))
 
+    progress("depthwise")
+    depthwise_flops = depthwise_s = 0.0
+    for i, shape in enumerate(plan.depthwise, 1):
+        depthwise_flops += shape.forward_flops() + shape.backward_flops()
+        depthwise_s += _median_s(runner, target, Conv(shape), plan)
+        depthwise_s += _median_s(runner, target, Conv(shape, backward=True), plan)
+        steps(i, len(plan.depthwise))
+
     progress("bandwidth")
     moved = 3 * plan.elements * _FLOAT32_BYTES  # read a and b, write the sum
     bandwidth = moved / _median_s(runner, target, Add(plan.elements), plan)
@@ -440,6 +481,7 @@ def measure_device(
         conv_flops=(forward_flops + backward_flops) / (forward_s + backward_s),
         conv_forward_flops=forward_flops / forward_s,
         conv_backward_flops=backward_flops / backward_s,
+        depthwise_flops=depthwise_flops / depthwise_s,
         bandwidth=bandwidth,
         launch_us=launch_us,
     )
@@ -550,7 +592,7 @@ def _spec(measured: Sequence[Measured], fits: Sequence[CommFit], count: int) -> 
             flops=_sig(m.gemm_flops),
             memory_bandwidth=_sig(m.bandwidth),
             launch_overhead_us=_sig(m.launch_us),
-            efficiency=((CONV, _sig(m.conv_efficiency, 3)),),
+            efficiency=((CONV, _sig(m.conv_efficiency, 3)), (DEPTHWISE, _sig(m.depthwise_efficiency, 3))),
         )
 
     if count > 1:
@@ -603,6 +645,8 @@ def _header(
             f"  efficiency.conv: conv2d forward + backward over {len(plan.conv)} ResNet-like shapes "
             f"({plan.conv[0]}, ...): {rate(m.conv_flops, 'FLOP/s')} (forward "
             f"{rate(m.conv_forward_flops, 'FLOP/s')}, backward {rate(m.conv_backward_flops, 'FLOP/s')})",
+            f"  efficiency.depthwise: depthwise 3x3 conv2d forward + backward over {len(plan.depthwise)} "
+            f"MobileNetV2 shapes ({plan.depthwise[0]}, ...): {rate(m.depthwise_flops, 'FLOP/s')}",
             f"  memory_bandwidth: a + b into a preallocated output, {_power_of_2(plan.elements)} float32 "
             "elements",
             f"  launch_overhead: {plan.launches} adds of 1-element tensors in a row, per call",
@@ -729,20 +773,30 @@ class TorchRunner:
 
         elif isinstance(kernel, Conv):
             s, pad = kernel.shape, kernel.shape.kernel // 2
-            x, w = randn(s.batch, s.cin, s.size, s.size), randn(s.cout, s.cin, s.kernel, s.kernel)
+            x, w = randn(s.batch, s.cin, s.size, s.size), randn(s.cout, s.cin // s.groups, s.kernel, s.kernel)
             if kernel.backward:
                 dy = randn(s.batch, s.cout, s.size, s.size)
 
                 def work() -> Any:
                     # dx and dw, no bias: what autograd runs for a conv2d's gradients.
                     return torch.ops.aten.convolution_backward(
-                        dy, x, w, None, [1, 1], [pad, pad], [1, 1], False, [0, 0], 1, [True, True, False]
+                        dy,
+                        x,
+                        w,
+                        None,
+                        [1, 1],
+                        [pad, pad],
+                        [1, 1],
+                        False,
+                        [0, 0],
+                        s.groups,
+                        [True, True, False],
                     )
 
             else:
 
                 def work() -> Any:
-                    return torch.nn.functional.conv2d(x, w, padding=pad)
+                    return torch.nn.functional.conv2d(x, w, padding=pad, groups=s.groups)
 
         elif isinstance(kernel, Add):
             a, b, out = randn(kernel.elements), randn(kernel.elements), randn(kernel.elements)

@@ -768,7 +768,7 @@ def devices_group() -> None:
 def devices_calibrate(torch_devices: str, output: str | None, count: int, quick: bool, quiet: bool) -> None:
     """Measure a device with PyTorch and write a device spec for --devices.
 
-    Measures GEMM and convolution FLOP/s, elementwise memory bandwidth and the
+    Measures GEMM, convolution and depthwise convolution FLOP/s, elementwise memory bandwidth and the
     per-op launch overhead (float32, medians after warm-up); with several CUDA
     devices, the latency and bandwidth of copies between them. The YAML says
     what was measured, with which torch, and when.

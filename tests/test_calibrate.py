@@ -52,12 +52,13 @@ WHEN = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
 
 class FakeRunner:
     """Times every kernel by a rate model: GEMM ``gemm`` FLOP/s (half of it below n = 256), conv
-    ``conv_forward``/``conv_backward`` FLOP/s, ``bandwidth`` bytes/s, ``launch`` s per call, copies
+    ``conv_forward``/``conv_backward`` FLOP/s (a depthwise one ``depthwise`` FLOP/s both ways),
+    ``bandwidth`` bytes/s, ``launch`` s per call, copies
     ``latency`` s + bytes / ``link`` bytes/s (``links`` overrides per (src, dst)). ``broken`` maps
     a kernel type to the time its runs return instead."""
 
     def __init__(self, **overrides: object) -> None:
-        self.gemm, self.conv_forward, self.conv_backward = 1e11, 6e10, 4e10
+        self.gemm, self.conv_forward, self.conv_backward, self.depthwise = 1e11, 6e10, 4e10, 5e9
         self.bandwidth, self.launch, self.memory = 2e10, 2e-6, 16 * 10**9
         self.latency, self.link, self.links = 10e-6, 1e10, {}
         self.broken: dict[type, float] = {}
@@ -77,6 +78,9 @@ class FakeRunner:
         if isinstance(kernel, Gemm):
             return gemm_flops(kernel.n) / (self.gemm if kernel.n >= 256 else self.gemm / 2)
         if isinstance(kernel, Conv):
+            if kernel.shape.depthwise:
+                flops = kernel.shape.backward_flops() if kernel.backward else kernel.shape.forward_flops()
+                return flops / self.depthwise
             if kernel.backward:
                 return kernel.shape.backward_flops() / self.conv_backward
             return kernel.shape.forward_flops() / self.conv_forward
@@ -115,7 +119,8 @@ def test_one_device_yaml_reads_back_as_the_measured_spec(tmp_path):
     (d,) = result.spec.devices
     assert d.name == "/device:CPU:0" and d.memory_bytes == 16 * 10**9
     assert (d.flops, d.memory_bandwidth, d.launch_overhead_us) == (1e11, 2e10, 2.0)
-    assert d.efficiency == (("conv", round(conv_flops / conv_s / 1e11, 3)),)
+    assert d.efficiency == (("conv", round(conv_flops / conv_s / 1e11, 3)), ("depthwise", 0.05))
+    assert m.depthwise_flops == pytest.approx(5e9)
     assert result.spec.interconnect == DeviceSpec((d,)).interconnect  # one device: the default
 
     # What the command writes is what `baechi place --devices FILE` reads.
@@ -258,6 +263,49 @@ def test_onnx_model_times_scale_by_class_and_nothing_else_changes():
     assert costed.compute_us_by_kind == {tuned.kind: costed.compute_us} and tuned.kind != plain.kind
 
 
+def test_a_grouped_onnx_conv_runs_at_the_depthwise_rate_or_the_conv_rate_without_one(tmp_path):
+    from onnx import TensorProto, helper, save
+
+    # x -> depthwise 3x3 (group 16) -> dense 1x1, as MobileNetV2's blocks
+    nodes = [
+        helper.make_node("Conv", ["x", "wd"], ["d"], name="depthwise", group=16, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["d", "wp"], ["y"], name="pointwise"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "blocks",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32, 32, 32])],
+        [
+            helper.make_tensor("wd", TensorProto.FLOAT, [16, 1, 3, 3], [0.0] * 144),
+            helper.make_tensor("wp", TensorProto.FLOAT, [32, 16, 1, 1], [0.0] * 512),
+        ],
+    )
+    path = tmp_path / "blocks.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    g = read_onnx(str(path))
+    depthwise, pointwise = g.names.index("depthwise"), g.names.index("pointwise")
+    slow = 1e6  # FLOP/s: compute-bound at every rate below
+    plain = Device("/device:CPU:0", 8 * 10**9, flops=slow, memory_bandwidth=1e15, launch_overhead_us=0.0)
+    costed = {}
+    for name, efficiency in (
+        ("conv only", (("conv", 0.5),)),
+        ("calibrated", (("conv", 0.5), ("depthwise", 0.05))),
+    ):
+        costed[name], report = estimate_costs(
+            g, DeviceSpec((replace(plain, efficiency=efficiency),)), op_set="onnx"
+        )
+    for name, factor in (("conv only", 0.5), ("calibrated", 0.05)):
+        assert costed[name].compute_us[depthwise] == pytest.approx(
+            report.flops[depthwise] / (slow * factor) * 1e6
+        )
+        assert costed[name].compute_us[pointwise] == pytest.approx(
+            report.flops[pointwise] / (slow * 0.5) * 1e6
+        )
+    # TensorFlow's depthwise op types are the class by name
+    assert rule_for("DepthwiseConv2dNative").compute_class == "depthwise"
+
+
 def test_a_calibrated_spec_times_convolutions_slower_than_matmuls(tmp_path):
     result = calibrate(("cpu",), FakeRunner(), QUICK)
     path = tmp_path / "cpu.yaml"
@@ -393,5 +441,7 @@ def test_real_quick_cpu_calibration(tmp_path):
     (d,) = parse_devices(str(out)).devices
     assert d.name == "/device:CPU:0" and d.memory_bytes > 2**30
     assert d.flops > 1e8 and d.memory_bandwidth > 1e8 and 0 < d.launch_overhead_us < 1e4
-    assert [name for name, _ in d.efficiency] == ["conv"]
+    assert [name for name, _ in d.efficiency] == ["conv", "depthwise"]
+    # a real depthwise kernel moves a few bytes per FLOP: it never reaches the dense convolutions' rate
+    assert d.flops_for("depthwise") < d.flops_for("conv")
     assert "with torch " in out.read_text()

@@ -80,6 +80,7 @@ from baechi_cli.costs.registry import (
     is_handle,
     is_state,
     name_table,
+    op_compute_class,
     rule_for,
     rule_table,
     rules_markdown,
@@ -309,7 +310,9 @@ def estimate_costs(
     counts, kinds, fallbacks, inner = count_ops(graph, op_set)
     launches = [k not in NO_KERNEL_KINDS for k in kinds]
     table = name_table(op_set)
-    classes = [table.get(t, NO_RULE).compute_class for t in graph.op_types]
+    classes = [
+        op_compute_class(table.get(t, NO_RULE), a) for t, a in zip(graph.op_types, graph.attrs, strict=True)
+    ]
     by_kind: dict[str, list[float]] = {}
     for device in devices.devices:
         if device.kind not in by_kind:

@@ -67,10 +67,13 @@ Some rules also carry a *compute class* (:attr:`RuleEntry.compute_class`):
 their kernels reach a FLOP rate of their own, and a device's ``efficiency``
 table scales its ``flops`` for them (:meth:`baechi_cli.devices.Device.flops_for`).
 :data:`COMPUTE_CLASS_OF` names them by TensorFlow op type -- convolutions and
-their gradients ``conv``; matmuls, batched matmuls and einsum ``gemm`` -- and
-an ONNX op counted by a TensorFlow rule takes that rule's class (``Conv`` is
-``conv``, ``Gemm`` and ``MatMul`` are ``gemm``). Every other rule has none
-(``""``: the device's ``flops`` as it is).
+their gradients ``conv``, depthwise ones ``depthwise``; matmuls, batched
+matmuls and einsum ``gemm`` -- and an ONNX op counted by a TensorFlow rule
+takes that rule's class (``Conv`` is ``conv``, ``Gemm`` and ``MatMul`` are
+``gemm``). An op's own attributes may refine its rule's class
+(:func:`op_compute_class`: an ONNX ``Conv`` of ``group`` > 1 is
+``depthwise``). Every other rule has none (``""``: the device's ``flops`` as
+it is).
 
 Op types with no rule in their op set are *uncovered*; :func:`rule_for`
 gives them :data:`NO_RULE`, which counts :func:`bytes_only`.
@@ -95,7 +98,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from baechi_cli.devices import CONV, GEMM
+from baechi_cli.devices import CONV, DEPTHWISE, GEMM
 
 Shape = tuple[int, ...]
 
@@ -165,12 +168,14 @@ _NAME_TABLES = {TENSORFLOW: RULES, ONNX: ONNX_RULES}
 #: Compute class by TensorFlow op type (see the module docstring); :func:`register` tags the rules with it.
 COMPUTE_CLASS_OF: dict[str, str] = {
     **dict.fromkeys(
-        "Conv2D Conv3D DepthwiseConv2dNative "
+        "Conv2D Conv3D "
         "Conv2DBackpropInput Conv2DBackpropInputV2 Conv3DBackpropInput Conv3DBackpropInputV2 "
-        "DepthwiseConv2dNativeBackpropInput "
-        "Conv2DBackpropFilter Conv2DBackpropFilterV2 Conv3DBackpropFilter Conv3DBackpropFilterV2 "
-        "DepthwiseConv2dNativeBackpropFilter".split(),
+        "Conv2DBackpropFilter Conv2DBackpropFilterV2 Conv3DBackpropFilter Conv3DBackpropFilterV2".split(),
         CONV,
+    ),
+    **dict.fromkeys(
+        "DepthwiseConv2dNative DepthwiseConv2dNativeBackpropInput DepthwiseConv2dNativeBackpropFilter".split(),
+        DEPTHWISE,
     ),
     **dict.fromkeys("MatMul SparseMatMul BatchMatMul BatchMatMulV2 BatchMatMulV3 Einsum".split(), GEMM),
 }
@@ -237,6 +242,20 @@ def rule_for(op_type: str, op_set: str = TENSORFLOW) -> RuleEntry:
     if not _loaded:
         _load_rules()
     return _table(op_set).get(op_type, NO_RULE)
+
+
+def op_compute_class(entry: RuleEntry, attrs: Mapping[str, Any]) -> str:
+    """The compute class of an op counted by ``entry``, with attributes ``attrs``: the rule's,
+    except that a grouped ONNX ``Conv`` (``group`` > 1; depthwise is the common case) runs at
+    ``depthwise``'s rate. O(1).
+
+    >>> conv = rule_for("Conv", ONNX)
+    >>> op_compute_class(conv, {}), op_compute_class(conv, {"group": 32})
+    ('conv', 'depthwise')
+    """
+    if entry.compute_class == CONV and int(attrs.get("group", 1) or 1) > 1:
+        return DEPTHWISE
+    return entry.compute_class
 
 
 def rule_table(op_set: str = TENSORFLOW) -> list[tuple[str, str, str]]:
