@@ -430,6 +430,24 @@ def _median_s(runner: Runner, target: str, kernel: Kernel, plan: Plan) -> float:
     return statistics.median(_timed(runner, target, kernel, plan.warmup, plan.repeats))
 
 
+def _convs(
+    runner: Runner,
+    target: str,
+    shapes: Sequence[ConvShape],
+    plan: Plan,
+    steps: Callable[[int, int], None],
+) -> tuple[float, float, float, float]:
+    """Forward and backward FLOPs of ``shapes`` (as the rules count them), and their seconds."""
+    forward_flops = backward_flops = forward_s = backward_s = 0.0
+    for i, shape in enumerate(shapes, 1):
+        forward_flops += shape.forward_flops()
+        backward_flops += shape.backward_flops()
+        forward_s += _median_s(runner, target, Conv(shape), plan)
+        backward_s += _median_s(runner, target, Conv(shape, backward=True), plan)
+        steps(i, len(shapes))
+    return forward_flops, backward_flops, forward_s, backward_s
+
+
 def measure_device(
     runner: Runner,
     target: str,
@@ -446,21 +464,10 @@ def measure_device(
         steps(i, len(plan.gemm))
 
     progress("conv")
-    forward_flops = backward_flops = forward_s = backward_s = 0.0
-    for i, shape in enumerate(plan.conv, 1):
-        forward_flops += shape.forward_flops()
-        backward_flops += shape.backward_flops()
-        forward_s += _median_s(runner, target, Conv(shape), plan)
-        backward_s += _median_s(runner, target, Conv(shape, backward=True), plan)
-        steps(i, len(plan.conv))
-
+    forward_flops, backward_flops, forward_s, backward_s = _convs(runner, target, plan.conv, plan, steps)
     progress("depthwise")
-    depthwise_flops = depthwise_s = 0.0
-    for i, shape in enumerate(plan.depthwise, 1):
-        depthwise_flops += shape.forward_flops() + shape.backward_flops()
-        depthwise_s += _median_s(runner, target, Conv(shape), plan)
-        depthwise_s += _median_s(runner, target, Conv(shape, backward=True), plan)
-        steps(i, len(plan.depthwise))
+    depthwise = _convs(runner, target, plan.depthwise, plan, steps)
+    depthwise_flops, depthwise_s = depthwise[0] + depthwise[1], depthwise[2] + depthwise[3]
 
     progress("bandwidth")
     moved = 3 * plan.elements * _FLOAT32_BYTES  # read a and b, write the sum

@@ -18,6 +18,7 @@ import gc
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -659,9 +660,8 @@ def training_pass(
     except InputError as err:
         raise err.with_path(path) from None
     n = graph.num_ops
-    update_ops = sum(1 for v in range(n, out.num_ops) if out.op_types[v] == UPDATE_OP[optimizer])
-    steps = sum(1 for v in range(n, out.num_ops) if out.op_types[v] == STEP_OP)
-    losses = sum(1 for v in range(n, out.num_ops) if out.op_types[v] == LOSS_OP)
+    synthesized = Counter(out.op_types[n:])
+    update_ops, steps, losses = (synthesized[t] for t in (UPDATE_OP[optimizer], STEP_OP, LOSS_OP))
     info = TrainingInfo(
         optimizer,
         backward_ops=out.num_ops - n - update_ops - steps - losses,

@@ -1420,21 +1420,18 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.cache, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
     start = cpu_clock()  # the calibration included
+    target = "cuda:0" if args.device == "cuda" else "cpu"
     if args.devices:
         devices, devices_text = devices_from(args.devices)
     else:
-        devices, devices_text = calibrated_devices(
-            args.cache, "cuda:0" if args.device == "cuda" else "cpu", args.threads, args.quick
-        )
+        devices, devices_text = calibrated_devices(args.cache, target, args.threads, args.quick)
     rows = []
     for case in args.cases:
         rows += run_case(case, args, devices)
     rates_drift = None
     if not args.devices:
         # a VM's speed moves by tens of percent over minutes: calibrate again, to show how far
-        again, _ = calibrated_devices(
-            args.cache, "cuda:0" if args.device == "cuda" else "cpu", args.threads, args.quick, "-after"
-        )
+        again, _ = calibrated_devices(args.cache, target, args.threads, args.quick, "-after")
         rates_drift = drift(devices, again)
     results = {
         "other_cores": other_cores(start, cpu_clock()),

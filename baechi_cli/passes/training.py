@@ -426,13 +426,7 @@ def update_count(optimizer: str, param_bytes: int) -> OpCount:
     >>> update_count("adam", 4000)
     OpCount(flops=13000.0, bytes_read=44000, bytes_written=28000, temporary_bytes=0, persistent_bytes=0)
     """
-    elements = max(param_bytes // _PARAM_ITEMSIZE, 1)
-    kernels = UPDATE_KERNELS[optimizer]
-    return OpCount(
-        flops=float(sum(k[3] for k in kernels) * elements),
-        bytes_read=sum(k[1] for k in kernels) * elements * _PARAM_ITEMSIZE,
-        bytes_written=sum(k[2] for k in kernels) * elements * _PARAM_ITEMSIZE,
-    )
+    return _kernels_count(UPDATE_KERNELS[optimizer], param_bytes)
 
 
 def loss_count(output_bytes: int) -> OpCount:
@@ -442,11 +436,16 @@ def loss_count(output_bytes: int) -> OpCount:
     >>> loss_count(4000)
     OpCount(flops=6000.0, bytes_read=24000, bytes_written=20000, temporary_bytes=0, persistent_bytes=0)
     """
-    elements = max(output_bytes // _PARAM_ITEMSIZE, 1)
+    return _kernels_count(LOSS_KERNELS, output_bytes)
+
+
+def _kernels_count(kernels: tuple[tuple[str, int, int, int], ...], nbytes: int) -> OpCount:
+    """``kernels`` (what, elements read, written, FLOPs per element) run over ``nbytes`` of float32."""
+    elements = max(nbytes // _PARAM_ITEMSIZE, 1)
     return OpCount(
-        flops=float(sum(k[3] for k in LOSS_KERNELS) * elements),
-        bytes_read=sum(k[1] for k in LOSS_KERNELS) * elements * _PARAM_ITEMSIZE,
-        bytes_written=sum(k[2] for k in LOSS_KERNELS) * elements * _PARAM_ITEMSIZE,
+        flops=float(sum(k[3] for k in kernels) * elements),
+        bytes_read=sum(k[1] for k in kernels) * elements * _PARAM_ITEMSIZE,
+        bytes_written=sum(k[2] for k in kernels) * elements * _PARAM_ITEMSIZE,
     )
 
 

@@ -15,7 +15,8 @@ def calibration_lines(result: Calibration, output: str) -> list[str]:
     """The summary of ``result``, written to ``output``, as plain lines."""
     lines = [
         f"{m.target} ({m.label}): GEMM {format_si(m.gemm_flops, 'FLOP/s', sep=' ')}, "
-        f"conv {m.conv_efficiency:.3f}x GEMM, depthwise conv {m.depthwise_efficiency:.3f}x GEMM, memory bandwidth {format_si(m.bandwidth, 'B/s', sep=' ')}, "
+        f"conv {m.conv_efficiency:.3f}x GEMM, depthwise conv {m.depthwise_efficiency:.3f}x GEMM, "
+        f"memory bandwidth {format_si(m.bandwidth, 'B/s', sep=' ')}, "
         f"launch {m.launch_us:.3g} µs, memory {fmt_bytes(m.memory_bytes)}"
         for m in result.measured
     ]
