@@ -76,6 +76,7 @@ class MemoryTable:
     output_ops: Any  # per allocating output: its op, bytes and slot (-1: none)
     output_bytes: Any
     output_slot: Any
+    held_slots: Any  # the slots of ``OpGraph.held_outputs``: freed when the step ends
     data_edges: Any  # edge ids of the data (non-control) edges
     data_dst: Any
     data_tensor: Any
@@ -123,6 +124,11 @@ class OpGraph:
     # and keeps that tensor alive as long as its own outputs are (see sim.py).
     # Sparse; set by costs.memory_rules.mark_views, read only by the simulator.
     view_of: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
+    # Tensors (op, port) the caller holds for the whole step: the fed inputs (a
+    # framework's caller keeps the batch it passed) and, for an inference step,
+    # the declared outputs (returned to it). Allocated when their op starts, freed
+    # when the step ends; a view among them keeps its source alive as long.
+    held_outputs: frozenset[tuple[int, int]] = field(default_factory=frozenset, repr=False)
 
     @property
     def num_ops(self) -> int:
@@ -205,14 +211,23 @@ class OpGraph:
         import numpy as np
 
         tensors = self.tensors
-        # A slot per output whose free time the count tracks: each tensor, and each view source
-        # that no edge carries (a fused graph's view of an output inside its own node).
+        # A slot per output whose free time the count tracks: each tensor, each held output and
+        # each view source that no edge carries (a fused graph's view of an output inside its
+        # own node).
         stride = self._port_stride
-        slot_keys = [u * stride + p + 1 for u, p in zip(tensors.src, tensors.port)]  # then the views'
+        slot_keys = [u * stride + p + 1 for u, p in zip(tensors.src, tensors.port)]  # then the others'
         slot_src = list(tensors.src)
         views = []
         view_of = self.view_of
-        slot_of = {key: t for t, key in enumerate(slot_keys)} if view_of else {}
+        slot_of = {key: t for t, key in enumerate(slot_keys)} if view_of or self.held_outputs else {}
+        held_slots = []
+        for v, p in sorted(self.held_outputs):
+            key = v * stride + p + 1
+            if key not in slot_of:
+                slot_of[key] = len(slot_src)
+                slot_src.append(v)
+                slot_keys.append(key)
+            held_slots.append(slot_of[key])
         for v in reversed(self.topo_order()) if view_of else ():
             if v not in view_of or view_of[v][0] < 0:  # not a view, or a view of resident storage
                 continue
@@ -269,6 +284,7 @@ class OpGraph:
             output_ops=ints(out_ops),
             output_bytes=byte_counts(out_bytes),
             output_slot=out_slot,
+            held_slots=ints(held_slots),
             data_edges=data,
             data_dst=ints(self.edge_dst)[data],
             data_tensor=ints(tensors.edge_tensor)[data],
@@ -373,6 +389,7 @@ class GraphBuilder:
             )
         }
         self._view_of: dict[int, tuple[int, int]] = {}
+        self._held: set[tuple[int, int]] = set()
 
     @classmethod
     def from_graph(cls, graph: OpGraph) -> GraphBuilder:
@@ -385,7 +402,12 @@ class GraphBuilder:
         builder._cols["output_shapes"] = [list(x) for x in graph.output_shapes]
         builder._cols["output_dtypes"] = [list(x) for x in graph.output_dtypes]
         builder._view_of = dict(graph.view_of)
+        builder._held = set(graph.held_outputs)
         return builder
+
+    def hold(self, v: int, port: int) -> None:
+        """Have the caller hold tensor ``(v, port)`` for the whole step (:attr:`OpGraph.held_outputs`)."""
+        self._held.add((v, port))
 
     def set_view(self, v: int, src: int, port: int) -> None:
         """Make op ``v``'s outputs views of tensor ``(src, port)`` (:attr:`OpGraph.view_of`)."""
@@ -470,7 +492,13 @@ class GraphBuilder:
     def build(self) -> OpGraph:
         c = self._cols
         out_edges, in_edges = adjacency(len(c["names"]), c["edge_src"], c["edge_dst"])
-        return OpGraph(out_edges=out_edges, in_edges=in_edges, view_of=dict(self._view_of), **c)
+        return OpGraph(
+            out_edges=out_edges,
+            in_edges=in_edges,
+            view_of=dict(self._view_of),
+            held_outputs=frozenset(self._held),
+            **c,
+        )
 
 
 def adjacency(

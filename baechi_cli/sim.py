@@ -25,8 +25,10 @@ peaks and the step time, following docs/DESIGN.md ("The evaluator"):
 * Memory per device, as half-open intervals [alloc, free): persistent bytes of
   its ops for the whole step; an op's output from the op's start until its
   last consumer on that device and its last send have finished (its own end if
-  nothing uses it); a received copy from the receive's start until its last
-  consumer there has finished; temporary bytes while the op runs.
+  nothing uses it), or until the step ends when the caller holds it
+  (``graph.held_outputs``: fed inputs, an inference step's outputs); a
+  received copy from the receive's start until its last consumer there has
+  finished; temporary bytes while the op runs.
   A view (``graph.view_of``: Reshape, Squeeze, a PyTorch transpose, ...)
   allocates nothing: its source tensor, or the received copy it reads,
   stays allocated until the view's own outputs would have been freed.
@@ -449,6 +451,8 @@ def _memory(
     free = consumer_end.copy()
     free[remote] = send_end[served[remote]]
     np.maximum.at(slot_free, table.data_tensor, free)
+    if len(table.held_slots):  # the caller's: until the step ends
+        slot_free[table.held_slots] = max(end_at.max(initial=0.0), copy_free.max(initial=0.0))
     if table.views:
         slot_free, copy_free = _keep_view_sources(table, device_of, end, edge_transfer, slot_free, copy_free)
     sent = [x for x, t in enumerate(transfers) if t.nbytes and t.port != CONTROL_PORT]

@@ -107,6 +107,7 @@ def dags(
     group_p: float = 0.25,
     backward_p: float = 0.0,
     view_p: float = 0.0,
+    held_p: float = 0.0,
     relabel: bool = False,
 ) -> OpGraph:
     """A DAG of ``min_ops..max_ops`` ops (module docstring).
@@ -120,7 +121,8 @@ def dags(
     ``backward_p`` it is a backward op whose ``forward_op`` is another op or
     -1. With ``view_p`` an op that reads a tensor is a view of it (its
     outputs take no memory, :attr:`OpGraph.view_of`), or of resident storage.
-    ``relabel`` draws op ids independent of the topological order.
+    With ``held_p`` each output port is one the caller holds for the whole step
+    (:attr:`OpGraph.held_outputs`). ``relabel`` draws op ids independent of the topological order.
     """
     n = draw(ints(min_ops, max_ops))
     ops = []
@@ -175,6 +177,11 @@ def dags(
             if chance(draw, view_p):
                 i, port = first_read[j] if draw(st.booleans()) else (-1, 0)
                 b.set_view(id_of[j], id_of[i] if i >= 0 else -1, port)
+    if held_p:
+        for pos, op in enumerate(ops):
+            for port in range(len(op["output_bytes"])):
+                if chance(draw, held_p):
+                    b.hold(id_of[pos], port)
     group = list(range(n))
     for v in range(1, n):
         if chance(draw, group_p):

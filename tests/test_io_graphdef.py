@@ -152,6 +152,7 @@ def test_ops_edges_types_shapes_and_bytes(tmp_path):
     assert g.output_dtypes[ids["noop"]] == [] and g.output_bytes[ids["noop"]] == []
     assert g.colocate_with[ids["read"]] == ("w",)
     assert g.colocate_with[ids["mm"]] == ()
+    assert g.held_outputs == {(ids["x"], 0)}  # the caller feeds x and keeps it for the step
 
 
 def test_attrs_are_decoded(tmp_path):

@@ -89,6 +89,19 @@ def test_cnn_ops_edges_ports_and_bytes_with_batch_size(tmp_path):
     assert g.attrs[5]["transB"] == 1 and g.attrs[0] == {"_onnx_input": 0}
 
 
+def test_the_caller_holds_the_fed_inputs_and_the_graph_outputs(tmp_path):
+    """x is fed, y returned: both held for the step; an output read inside the graph is held too."""
+    assert read_onnx(_save(tmp_path, _cnn()), batch_size=2).held_outputs == {(0, 0), (5, 0)}
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="relu"),  # returned and read by tanh
+        helper.make_node("Tanh", ["h"], ["y"], name="tanh"),
+    ]
+    x = helper.make_tensor_value_info("x", F, [2, 3])
+    outputs = [helper.make_tensor_value_info(v, F, [2, 3]) for v in ("h", "y")]
+    g = read_onnx(_save(tmp_path, _model(nodes, [x], outputs), name="two.onnx"))
+    assert g.held_outputs == {(0, 0), (1, 0), (2, 0)}
+
+
 def test_cnn_batch_bound_by_dims_and_dims_win_over_batch_size(tmp_path):
     """--dim N=2 gives the same sizes as --batch-size 2; a --dim beats --batch-size for that name."""
     path = _save(tmp_path, _cnn())

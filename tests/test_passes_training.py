@@ -355,6 +355,17 @@ def test_the_loss_reads_the_outputs_and_sends_their_gradients_to_their_backward(
     assert step.peak_bytes[0] >= LOSS_TEMPORARIES * 400 + 400 + 400 + 1200
 
 
+def test_the_caller_holds_its_inputs_but_not_the_outputs_the_loss_takes():
+    b = GraphBuilder()
+    x = b.add_op("x", "Input", [400], output_dtypes=F32)
+    fc = b.add_op("fc", "Gemm", [40], compute_us=10.0, persistent_bytes=4000, output_dtypes=F32)
+    b.add_edge(x, fc)
+    b.hold(x, 0)
+    b.hold(fc, 0)
+    t = synthesize_training(b.build(), DEVICES, ["zero", "flops"], "sgd")
+    assert t.held_outputs == {(x, 0)}
+
+
 def test_an_output_read_by_nothing_needs_the_loss_only_when_it_is_a_float():
     b = GraphBuilder()
     x = b.add_op("x", "Input", [400], output_dtypes=F32)

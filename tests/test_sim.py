@@ -451,6 +451,43 @@ def test_memory_timeline_and_peak():
     assert r.memory_limits == [10**9, 10**9]
 
 
+def test_a_held_tensor_lives_until_the_step_ends():
+    # x (fed, 1000 B) -> a (0-10, out 100) -> b (10-20, out 10): x is read by a only, yet
+    # the caller holds it until b ends. b's output is held too (returned), a's is not.
+    b = GraphBuilder()
+    x = b.add_op("x", "Input", [1000])
+    a = b.add_op("a", "A", [100], compute_us=10)
+    out = b.add_op("b", "B", [10], compute_us=10)
+    b.add_edge(x, a)
+    b.add_edge(a, out)
+    free = simulate(b.build(), spec(1), [0, 0, 0])
+    b.hold(x, 0)
+    b.hold(out, 0)
+    held = simulate(b.build(), spec(1), [0, 0, 0])
+    assert free.memory_curve[0] == [(0.0, 1100), (10.0, 110), (20.0, 0)]
+    assert held.memory_curve[0] == [(0.0, 1100), (10.0, 1110), (20.0, 0)]
+    assert held.start == free.start and held.end == free.end
+
+
+def test_a_held_output_nothing_reads_and_a_held_view_keep_their_storage():
+    # a (0-10, out 100) -> v (10-20, a view of a's output, held) ; c (20-30, out 5) after v.
+    # v's storage is a's output: held, it lives until c ends although nothing reads v.
+    # d (30-40, out 7, held, unread) counts from its start to the end.
+    b = GraphBuilder()
+    a = b.add_op("a", "A", [100], compute_us=10)
+    v = b.add_op("v", "Reshape", [100], compute_us=10)
+    c = b.add_op("c", "C", [5], compute_us=10)
+    d = b.add_op("d", "D", [7], compute_us=10)
+    b.add_edge(a, v)
+    b.add_edge(v, c, CONTROL_PORT)
+    b.add_edge(c, d, CONTROL_PORT)
+    b.set_view(v, a, 0)
+    b.hold(v, 0)
+    b.hold(d, 0)
+    r = simulate(b.build(), spec(1), [0, 0, 0, 0])
+    assert r.memory_curve[0] == [(0.0, 100), (20.0, 105), (30.0, 107), (40.0, 0)]
+
+
 def test_memory_feasibility_limits_are_inclusive():
     g, place = _memory_graph()
     exact = simulate(g, spec(2, memories=[1750, 1100]), place)

@@ -43,6 +43,8 @@ binary otherwise, the other format tried when the first fails.
   knows; the colocation pass then uses the producers' output types).
 * ``colocate_with[v]``: the names in the ``_class`` attr's ``loc:@name``
   entries.
+* ``held_outputs``: every Placeholder's tensor, which the caller feeds and
+  keeps for the whole step (a GraphDef declares no outputs).
 * ``is_backward`` / ``forward_op``: see :func:`mark_backward` (gradient
   name scopes, then ``_class``).
 * TF1 while loops close cycles through NextIteration -> Merge back edges;
@@ -125,6 +127,8 @@ _MESSAGE_LIMIT = 300  # characters of a protobuf parser's message kept
 _CONTROL_BYTES = bytes(b for b in range(0x20) if b not in b"\t\n\r") + b"\x7f"
 # Graph inputs: their unknown dims are the batch, never data-dependent.
 _INPUT_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
+# Ops the caller must feed (a PlaceholderWithDefault may read its default instead).
+_FED_OPS = frozenset({"Placeholder", "PlaceholderV2"})
 # The root name scope tf.gradients gives the ops it builds: "gradients", "gradients_1", ...
 _GRADIENT_SCOPE_RE = re.compile(r"gradients(?:_\d+)?")
 
@@ -513,6 +517,8 @@ def _build(graph_def: GraphDef, batch_size: int | None) -> OpGraph:
             attrs=attrs,
             colocate_with=info.colocate_with(),
         )
+        if ops[i] in _FED_OPS:  # the caller holds what it feeds for the whole step
+            builder.hold(i, 0)
 
     # Pass 3: edges.
     for dst, node_inputs in enumerate(inputs):

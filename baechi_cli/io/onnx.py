@@ -65,6 +65,8 @@ Graph mapping:
   initializer (in ``graph.input`` order; its name is the input's name, port
   0 is the fed tensor), so every fed tensor has a producer; then one op per
   node, in node order (ONNX nodes are topologically sorted).
+* Held tensors (``OpGraph.held_outputs``): every fed tensor and every graph
+  output, which the caller keeps for the whole step.
 * Names: a node's ``name``, or ``<op_type>_<node index>`` when it has none.
   Every name is unique: original names (input names and non-empty node
   names) are claimed first, in op order; an op whose name is taken, or that
@@ -1003,6 +1005,12 @@ def _build(graph: GraphProto, declared: set[str], binding: dict[str, int]) -> tu
         for src, port in edges:
             builder.add_edge(src, v, port)
 
+    # The caller holds what it feeds and what it is returned for the whole step.
+    for _, info in feeds:
+        builder.hold(*producer[info.name])
+    for info in graph.output:
+        if info.name in producer:  # not an initializer's value
+            builder.hold(*producer[info.name])
     built = builder.build()
     return _own_initializers(built, inits, consumers), guessed + inner_guessed, inner_guessed
 

@@ -15,6 +15,7 @@
   outside tensor that its members consume over an edge the contraction drops
   (``keep_edge``), so the ledger stays an upper bound of the real peak when
   the placement is expanded back onto the ops;
+* holds what the caller holds (``held_outputs``) at the member's port;
 * remembers its members as ops of the *original* graph (``members``), also
   when the input was itself contracted, so passes compose.
 
@@ -159,6 +160,7 @@ def contract(
         if original is None
         else [sorted(concat([original[v] for v in ops])) for ops in members],
         view_of=view_of,
+        held_outputs=frozenset((node_of[v], port_base[v] + p) for v, p in graph.held_outputs),
     )
 
 

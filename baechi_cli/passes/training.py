@@ -63,6 +63,8 @@ writes:
   runs it holds :data:`LOSS_TEMPORARIES` output-sized temporaries besides
   the outputs and their gradients, with the forward pass's activations
   still alive: at GPT-2's 823 MB logits, the peak of a training step.
+  So the caller no longer holds the outputs (``OpGraph.held_outputs``), only
+  the inputs it fed.
 * **Optimizer step.** ``opt.step()`` runs once ``backward()`` has
   returned: an ``optimizer/step`` op (``OptimizerStep``, 0 µs) waits for
   the last backward ops (control edges) and every update waits for it, so
@@ -369,7 +371,9 @@ def synthesize_training(
         b = grad_op[v]
         builder.add_edge(b, u, len(grad_port[b]))
         builder.add_edge(step, u, CONTROL_PORT)  # an update exists only where a gradient does
-    return builder.build().replace(compute_us_by_kind=by_kind)
+    # The outputs go to the loss, not to the caller, who holds only what it fed (ops without inputs).
+    fed = frozenset((v, port) for v, port in graph.held_outputs if not graph.in_edges[v])
+    return builder.build().replace(compute_us_by_kind=by_kind, held_outputs=fed)
 
 
 def _keep_saved(

@@ -8,7 +8,8 @@ schedule with the evaluator's memory rules (:mod:`baechi_cli.sim`):
 * an op's output from its start until its last consumer on that device and
   its last send have ended; a received copy from the receive's start until
   its last consumer there has ended; temporary bytes while the op runs;
-* views (``graph.view_of``) allocate nothing and keep what they view alive.
+* views (``graph.view_of``) allocate nothing and keep what they view alive;
+* a tensor the caller holds (``graph.held_outputs``) is never freed.
 
 What the future may still decide is counted on the safe side: a tensor stays
 live on a device while a consumer that might still run there (not committed,
@@ -60,6 +61,8 @@ from baechi_cli.graph import CONTROL_PORT, OpGraph
 from baechi_cli.placers.memory import first_fit
 from baechi_cli.sim import ListSchedule
 
+INF = float("inf")
+
 
 class LiveLedger:
     """Live bytes per device along a list schedule (module docstring).
@@ -104,11 +107,16 @@ class LiveLedger:
         output_bytes, temporary_bytes = graph.output_bytes, graph.temporary_bytes
         self._fresh = fresh = [0] * n
         self._transient = transient = list(temporary_bytes)
+        # Held outputs (graph.held_outputs) outlive the step: per op, its held ports.
+        self._held_ports: dict[int, list[int]] = {}
+        for v, port in sorted(graph.held_outputs):
+            self._held_ports.setdefault(v, []).append(port)
         for v, sizes in enumerate(output_bytes):
             if v in view_of:
                 continue
-            if consumed[v]:
-                fresh[v] = sum(sizes[p] for p, _ in consumed[v])
+            read = {p for p, _ in consumed[v]}
+            read.update(self._held_ports.get(v, ()))
+            fresh[v] = sum(sizes[p] for p in read)
             transient[v] += sum(sizes) - fresh[v]
         self._members = graph.group_members()
         self._group_persistent = dict.fromkeys(self._members, 0)
@@ -260,15 +268,23 @@ class LiveLedger:
                 buf_free[b] = f
             reads.append((e, origin))
         source = self._view_of.get(v)
+        held = self._held_ports.get(v, ())
         for port, t in self._consumed[v]:
             if source is None:
                 nbytes = g.output_bytes[v][port]
                 if nbytes:
-                    self._locate(t * ndev + d, self._allocate(d, nbytes, f), v)
+                    self._locate(t * ndev + d, self._allocate(d, nbytes, INF if port in held else f), v)
             else:
                 b = self._viewed(v, source, d)
                 if b is not None:
                     self._locate(t * ndev + d, b, v)
+        for port in held:  # the caller's until the step ends: never freed here
+            if source is not None:
+                b = self._viewed(v, source, d)
+                if b is not None:
+                    buf_free[b] = INF
+            elif not any(p == port for p, _ in self._consumed[v]) and g.output_bytes[v][port]:
+                self._allocate(d, g.output_bytes[v][port], INF)
         sample = self._live[d] + self._transient[v]
         starts.append(s)
         level.append(sample)
