@@ -24,6 +24,11 @@ config in code, fixed batch) and each optimizer (SGD, Adam) it
      tensors of the graph of one more forward pass, distinct storages, the
      resident ones left out): at the boundary the profiler's curve should
      exceed it by the loss only;
+   * the forward pass alone (inference), once per model: in ``eval()`` mode
+     under ``no_grad``, the median time of ``steps`` passes after ``warmup``,
+     and the peak of one more (resident + input + the most live above them,
+     from the same profiler records; the output is held until the call
+     returns) (:func:`measure_inference`);
    * on CUDA (``--device cuda``, the default when a GPU is at hand):
      ``torch.cuda.max_memory_allocated`` after
      ``reset_peak_memory_stats`` for the peak, ``memory_allocated`` for
@@ -38,7 +43,8 @@ config in code, fixed batch) and each optimizer (SGD, Adam) it
    --training --optimizer O --algo single --devices SPEC`` would:
    ``place_model(path, devices, PlaceOptions(algo="single", training=True,
    optimizer=O))``; predicted peak = ``max(outcome.sim.peak_bytes)``,
-   step = ``outcome.sim.step_time_us``; the same boundary (the live bytes
+   step = ``outcome.sim.step_time_us``; the forward pass likewise without
+   ``--training`` (:func:`predict_inference`); the same boundary (the live bytes
    just before the first backward op starts, and which ops keep them) and
    phases (forward, backward, optimizer ops' durations). SPEC is
    ``--devices``, else what ``baechi devices calibrate --torch cpu`` (or
@@ -524,6 +530,58 @@ def measure(model: Any, x: Any, optimizer: str, device: str, warmup: int, steps:
     }
 
 
+def measure_inference(model: Any, x: Any, device: str, warmup: int, steps: int) -> dict[str, Any]:
+    """The model's forward pass in ``eval()`` mode under ``no_grad``: its median time and its peak,
+    resident (parameters and buffers) + input + the most live above them (``torch.profiler``'s
+    records on the CPU, ``max_memory_allocated`` on CUDA). The caller holds the output until the
+    call returns, as a framework's caller does."""
+    import torch
+
+    clock = Clock(device == "cuda")
+    model.eval()
+    resident, ptrs = storage_bytes([*model.parameters(), *model.buffers()])
+    input_bytes = storage_bytes([x], ptrs)[0]
+    with torch.no_grad():
+        for _ in range(max(1, warmup)):
+            model(x)
+        times = []
+        for _ in range(steps):
+            a = clock.mark()
+            model(x)
+            times.append(clock.seconds(a, clock.mark()))
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start = torch.cuda.memory_allocated()
+            out = model(x)
+            torch.cuda.synchronize()
+            above = torch.cuda.max_memory_allocated() - start
+            del out
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                out = model(x)
+                del out
+            records = sorted(
+                (e.start_ns(), e.nbytes())
+                for e in prof.profiler.kineto_results.events()
+                if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")
+            )
+            level = above = 0
+            for _, nbytes in records:
+                level += nbytes
+                above = max(above, level)
+    model.train()
+    return {
+        "step_s": statistics.median(times),
+        "step_s_all": times,
+        "resident_bytes": resident,
+        "input_bytes": input_bytes,
+        "peak_bytes": resident + input_bytes + above,
+    }
+
+
 # ---------------------------------------------------------------- prediction
 
 
@@ -533,7 +591,8 @@ def live_at(graph: OpGraph, sim: SimResult, t: float) -> tuple[dict[str, int], d
     backward op: the tensor is kept for that op's backward).
 
     The simulator's rule (sim.py) restated for one device: an output lives from
-    its op's start until its last consumer ends (its own end if none); a view
+    its op's start until its last consumer ends (its own end if none; the step's
+    end if the caller holds it); a view
     allocates nothing and keeps its source alive as long as its own outputs.
     Temporaries count under ``(temporary)``.
     """
@@ -543,6 +602,8 @@ def live_at(graph: OpGraph, sim: SimResult, t: float) -> tuple[dict[str, int], d
         if graph.edge_port[e] != CONTROL_PORT:
             key, v = (graph.edge_src[e], graph.edge_port[e]), graph.edge_dst[e]
             last[key] = max(last.get(key, (end[key[0]], key[0])), (end[v], v))
+    for key in graph.held_outputs:  # the caller's until the step ends
+        last[key] = (sim.step_time_us, key[0])
     for v in reversed(graph.topo_order()):
         source = graph.view_of.get(v)
         if source is not None and source[0] >= 0:
@@ -577,6 +638,20 @@ def level_before(curve: list[tuple[float, int]], t: float) -> int:
             break
         level = value
     return level
+
+
+def predict_inference(path: str, devices: DeviceSpec) -> dict[str, Any]:
+    """baechi's one-device forward pass of the ONNX model (``--algo single``, no ``--training``)."""
+    try:
+        outcome = place_model(path, devices, PlaceOptions(algo="single"))
+    except BaechiError as err:
+        return {"error": str(err)}
+    sim = outcome.sim
+    return {
+        "peak_bytes": max(sim.peak_bytes),
+        "resident_bytes": max(sim.persistent_bytes),
+        "step_s": sim.step_time_us / 1e6,
+    }
 
 
 def predict(path: str, devices: DeviceSpec, optimizer: str) -> dict[str, Any]:
@@ -721,6 +796,11 @@ def run_case(case: Case, args: argparse.Namespace, devices: DeviceSpec) -> list[
     model.to(args.device)
     x = x.to(args.device)
     saved = saved_by_node(model, x, storage_bytes([*model.parameters(), *model.buffers(), x])[1])
+    log(f"{case.name} inference: measuring")
+    inference = {
+        "measured": measure_inference(model, x, args.device, args.warmup, args.steps),
+        "predicted": predict_inference(path, devices),
+    }
     rows = []
     for optimizer in OPTIMIZERS:
         log(f"{case.name} {optimizer}: measuring")
@@ -740,6 +820,7 @@ def run_case(case: Case, args: argparse.Namespace, devices: DeviceSpec) -> list[
                 "measured": measured,
                 "saved_by_node": saved,
                 "predicted": predict(path, devices, optimizer),
+                "inference": inference,
             }
         )
     del model, x
@@ -1174,6 +1255,40 @@ def render_splits(splits: dict[str, Any]) -> list[str]:
     return lines
 
 
+def inference_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The inference table: each model's forward pass, measured and predicted, against the same tolerances."""
+    models = [r for r in per_model(rows) if "inference" in r]
+    if not models:
+        return []
+    lines = [
+        "",
+        "### Inference",
+        "",
+        "The forward pass alone, in `eval()` mode under `torch.no_grad()` (the median of the timed "
+        "passes; the peak is resident + input + the most live above them, the output held until the call "
+        "returns), against `baechi place MODEL --algo single` (no `--training`): the caller holds the "
+        "input and the returned output for the whole pass. Each cell is measured / predicted.",
+        "",
+    ]
+    body = []
+    for r in models:
+        m, p = r["inference"]["measured"], r["inference"]["predicted"]
+        if "error" in p:
+            body.append([r["model"], r["input"], f"baechi failed: {p['error']}", "", "", ""])
+            continue
+        body.append(
+            [
+                r["model"],
+                r["input"],
+                pair(fmt_bytes(m["peak_bytes"]), fmt_bytes(p["peak_bytes"])),
+                verdict(p["peak_bytes"] / m["peak_bytes"], PEAK_TOLERANCE),
+                pair(fmt_s(m["step_s"]), fmt_s(p["step_s"])),
+                verdict(p["step_s"] / m["step_s"], TIME_TOLERANCE),
+            ]
+        )
+    return lines + table(["model", "input", "peak", "", "forward", ""], body)
+
+
 def render(results: dict[str, Any]) -> str:
     rows = results["rows"]
     ok = [r for r in rows if "error" not in r["predicted"]]
@@ -1207,6 +1322,7 @@ def render(results: dict[str, Any]) -> str:
         ],
     )
     lines += ["", "Models: " + "; ".join(f"{r['model']}: `{r['source']}`" for r in per_model(rows)) + "."]
+    lines += inference_lines(rows)
     lines += [
         "",
         "## Memory",

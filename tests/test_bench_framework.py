@@ -85,8 +85,16 @@ def test_quick_run_writes_the_tables(tmp_path):
         assert p["live_explained_bytes"] == p["boundary_bytes"] - p["resident_bytes"]
     adam = results["rows"][1]["measured"]["optimizer_state_bytes"] - 2 * F32 * results["rows"][1]["params"]
     assert 0 <= adam <= F32 * 1000  # exp_avg and exp_avg_sq, and a 0-d step counter per parameter
+    inference = results["rows"][0]["inference"]
+    m, p = inference["measured"], inference["predicted"]
+    assert m["resident_bytes"] + m["input_bytes"] < m["peak_bytes"] and m["step_s"] > 0
+    assert p["resident_bytes"] < p["peak_bytes"] and p["step_s"] > 0
+    # a forward pass holds less than a training step does
+    assert m["peak_bytes"] < results["rows"][0]["measured"]["peak_bytes"]
+    assert p["peak_bytes"] < results["rows"][0]["predicted"]["peak_bytes"]
     text = (tmp_path / "framework.md").read_text()
     assert "## Targets" in text and "| resnet50 | adam |" in text
+    assert "### Inference" in text and "| resnet50 | 2x3x64x64 | " in text.split("### Inference")[1]
 
 
 def test_a_rate_calibrated_again_off_by_more_than_the_drift_marks_the_step_verdicts_suspect():
