@@ -219,15 +219,18 @@ class OpGraph:
         slot_src = list(tensors.src)
         views = []
         view_of = self.view_of
-        slot_of = {key: t for t, key in enumerate(slot_keys)} if view_of or self.held_outputs else {}
+        slot_of = {key: t for t, key in enumerate(slot_keys)} if view_of else {}
         held_slots = []
         for v, p in sorted(self.held_outputs):
-            key = v * stride + p + 1
-            if key not in slot_of:
-                slot_of[key] = len(slot_src)
-                slot_src.append(v)
-                slot_keys.append(key)
-            held_slots.append(slot_of[key])
+            carried = next((e for e in self.out_edges[v] if self.edge_port[e] == p), -1)
+            if carried >= 0:  # a tensor: its slot
+                held_slots.append(tensors.edge_tensor[carried])
+                continue
+            held_slots.append(len(slot_src))
+            slot_src.append(v)
+            slot_keys.append(v * stride + p + 1)
+            if view_of:
+                slot_of[slot_keys[-1]] = held_slots[-1]
         for v in reversed(self.topo_order()) if view_of else ():
             if v not in view_of or view_of[v][0] < 0:  # not a view, or a view of resident storage
                 continue

@@ -114,9 +114,11 @@ class LiveLedger:
         for v, sizes in enumerate(output_bytes):
             if v in view_of:
                 continue
-            read = {p for p, _ in consumed[v]}
-            read.update(self._held_ports.get(v, ()))
-            fresh[v] = sum(sizes[p] for p in read)
+            if v in self._held_ports:  # a held output outlives v whether read or not
+                kept = {p for p, _ in consumed[v]}.union(self._held_ports[v])
+                fresh[v] = sum(sizes[p] for p in kept)
+            elif consumed[v]:
+                fresh[v] = sum(sizes[p] for p, _ in consumed[v])
             transient[v] += sum(sizes) - fresh[v]
         self._members = graph.group_members()
         self._group_persistent = dict.fromkeys(self._members, 0)
