@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import sys
 import time
@@ -296,11 +297,28 @@ def render(results: dict[str, Any]) -> str:
         "Resident before the timed Adam steps (parameters and optimizer state; measured / predicted):",
         "",
     ]
+    rest = []
     for r in results["rows"]:
         if "measured_resident_bytes" in r and "error" not in r:
             lines.append(
                 f"- {r['model']}: {r['measured_resident_bytes'] / GB:.3f} / {r['resident_bytes'] / GB:.3f} GB"
             )
+            m = MEASURED[r["model"]]
+            gradients = 4 * m.params  # float32, one per parameter
+            inputs = 8 * math.prod(m.input_shape) if r["model"] == "gpt2" else 4 * math.prod(m.input_shape)
+            left = r["measured_resident_bytes"] - r["resident_bytes"] - gradients - inputs
+            rest.append(f"{r['model']} {left / 1e6:.0f} MB")
+    if rest:
+        lines += [
+            "",
+            "`memory_allocated()` read after the warm-up steps still counts the last step's gradients "
+            "(`zero_grad(set_to_none=True)` frees them at the start of the next step) and the input. "
+            "Less those (float32 gradients, one per parameter; the input as fed) and the predicted "
+            "parameters and optimizer state, what is left is presumably what the CUDA libraries hold through "
+            "PyTorch's allocator (cuBLAS and cuDNN workspaces; baechi does not model them): "
+            + ", ".join(rest)
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
