@@ -77,6 +77,8 @@ class MemoryTable:
     output_bytes: Any
     output_slot: Any
     held_slots: Any  # the slots of ``OpGraph.held_outputs``: freed when the step ends
+    hold_slots: Any  # per scope hold (``OpGraph.scope_holds``): the tensor's slot and the op
+    hold_ops: Any  # until whose end it stays
     data_edges: Any  # edge ids of the data (non-control) edges
     data_dst: Any
     data_tensor: Any
@@ -129,6 +131,11 @@ class OpGraph:
     # the declared outputs (returned to it). Allocated when their op starts, freed
     # when the step ends; a view among them keeps its source alive as long.
     held_outputs: frozenset[tuple[int, int]] = field(default_factory=frozenset, repr=False)
+    # (op, port, w): the tensor (op, port) stays allocated at least until op w ends, as
+    # an eager framework's Python frames keep it: it is an argument of a module call
+    # whose last op is w, and the caller holds its arguments until the call returns.
+    # Set by the ONNX reader from the exporter's module scopes; read by the simulator.
+    scope_holds: tuple[tuple[int, int, int], ...] = field(default=(), repr=False)
 
     @property
     def num_ops(self) -> int:
@@ -231,6 +238,12 @@ class OpGraph:
             slot_keys.append(v * stride + p + 1)
             if view_of:
                 slot_of[slot_keys[-1]] = held_slots[-1]
+        hold_slots, hold_ops = [], []
+        for v, p, w in self.scope_holds:  # a held argument is read over an edge: a tensor
+            carried = next((e for e in self.out_edges[v] if self.edge_port[e] == p), -1)
+            if carried >= 0:
+                hold_slots.append(tensors.edge_tensor[carried])
+                hold_ops.append(w)
         for v in reversed(self.topo_order()) if view_of else ():
             if v not in view_of or view_of[v][0] < 0:  # not a view, or a view of resident storage
                 continue
@@ -288,6 +301,8 @@ class OpGraph:
             output_bytes=byte_counts(out_bytes),
             output_slot=out_slot,
             held_slots=ints(held_slots),
+            hold_slots=ints(hold_slots),
+            hold_ops=ints(hold_ops),
             data_edges=data,
             data_dst=ints(self.edge_dst)[data],
             data_tensor=ints(tensors.edge_tensor)[data],
@@ -393,6 +408,7 @@ class GraphBuilder:
         }
         self._view_of: dict[int, tuple[int, int]] = {}
         self._held: set[tuple[int, int]] = set()
+        self._scope_holds: list[tuple[int, int, int]] = []
 
     @classmethod
     def from_graph(cls, graph: OpGraph) -> GraphBuilder:
@@ -406,11 +422,16 @@ class GraphBuilder:
         builder._cols["output_dtypes"] = [list(x) for x in graph.output_dtypes]
         builder._view_of = dict(graph.view_of)
         builder._held = set(graph.held_outputs)
+        builder._scope_holds = list(graph.scope_holds)
         return builder
 
     def hold(self, v: int, port: int) -> None:
         """Have the caller hold tensor ``(v, port)`` for the whole step (:attr:`OpGraph.held_outputs`)."""
         self._held.add((v, port))
+
+    def hold_until(self, v: int, port: int, w: int) -> None:
+        """Keep tensor ``(v, port)`` allocated at least until op ``w`` ends (:attr:`OpGraph.scope_holds`)."""
+        self._scope_holds.append((v, port, w))
 
     def set_view(self, v: int, src: int, port: int) -> None:
         """Make op ``v``'s outputs views of tensor ``(src, port)`` (:attr:`OpGraph.view_of`)."""
@@ -500,6 +521,7 @@ class GraphBuilder:
             in_edges=in_edges,
             view_of=dict(self._view_of),
             held_outputs=frozenset(self._held),
+            scope_holds=tuple(sorted(set(self._scope_holds))),
             **c,
         )
 

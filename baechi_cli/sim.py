@@ -26,9 +26,11 @@ peaks and the step time, following docs/DESIGN.md ("The evaluator"):
   its ops for the whole step; an op's output from the op's start until its
   last consumer on that device and its last send have finished (its own end if
   nothing uses it), or until the step ends when the caller holds it
-  (``graph.held_outputs``: fed inputs, an inference step's outputs); a
-  received copy from the receive's start until its last consumer there has
-  finished; temporary bytes while the op runs.
+  (``graph.held_outputs``: fed inputs, an inference step's outputs), and
+  at least until op ``w`` ends for each ``graph.scope_holds`` entry (an
+  argument of a module call, held by the caller's frame); a received copy
+  from the receive's start until its last consumer there has finished;
+  temporary bytes while the op runs.
   A view (``graph.view_of``: Reshape, Squeeze, a PyTorch transpose, ...)
   allocates nothing: its source tensor, or the received copy it reads,
   stays allocated until the view's own outputs would have been freed.
@@ -451,6 +453,8 @@ def _memory(
     free = consumer_end.copy()
     free[remote] = send_end[served[remote]]
     np.maximum.at(slot_free, table.data_tensor, free)
+    if len(table.hold_slots):  # an argument of a module call: until the call's last op ends
+        np.maximum.at(slot_free, table.hold_slots, end_at[table.hold_ops])
     if len(table.held_slots):  # the caller's: until the step ends
         slot_free[table.held_slots] = max(end_at.max(initial=0.0), copy_free.max(initial=0.0))
     if table.views:

@@ -108,6 +108,7 @@ def dags(
     backward_p: float = 0.0,
     view_p: float = 0.0,
     held_p: float = 0.0,
+    scope_hold_p: float = 0.0,
     relabel: bool = False,
 ) -> OpGraph:
     """A DAG of ``min_ops..max_ops`` ops (module docstring).
@@ -122,7 +123,9 @@ def dags(
     -1. With ``view_p`` an op that reads a tensor is a view of it (its
     outputs take no memory, :attr:`OpGraph.view_of`), or of resident storage.
     With ``held_p`` each output port is one the caller holds for the whole step
-    (:attr:`OpGraph.held_outputs`). ``relabel`` draws op ids independent of the topological order.
+    (:attr:`OpGraph.held_outputs`); with ``scope_hold_p`` a data edge's tensor
+    is kept until some drawn op ends (:attr:`OpGraph.scope_holds`).
+    ``relabel`` draws op ids independent of the topological order.
     """
     n = draw(ints(min_ops, max_ops))
     ops = []
@@ -177,6 +180,10 @@ def dags(
             if chance(draw, view_p):
                 i, port = first_read[j] if draw(st.booleans()) else (-1, 0)
                 b.set_view(id_of[j], id_of[i] if i >= 0 else -1, port)
+    if scope_hold_p:
+        for i, _, port, _ in edges:
+            if port != CONTROL_PORT and chance(draw, scope_hold_p):
+                b.hold_until(id_of[i], port, id_of[draw(ints(0, n - 1))])
     if held_p:
         for pos, op in enumerate(ops):
             for port in range(len(op["output_bytes"])):

@@ -102,6 +102,25 @@ def test_the_caller_holds_the_fed_inputs_and_the_graph_outputs(tmp_path):
     assert g.held_outputs == {(0, 0), (1, 0), (2, 0)}
 
 
+def test_a_module_call_holds_its_arguments_until_it_returns(tmp_path):
+    """TorchScript node names give the module calls: a tensor passed into /a/b stays until b's last op."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="/a/Relu"),
+        helper.make_node("Tanh", ["r"], ["t"], name="/a/b/Tanh"),  # r enters call a/b ...
+        helper.make_node("Sigmoid", ["t"], ["s"], name="/a/b/Sigmoid"),  # ... whose last op this is
+        helper.make_node("Neg", ["s"], ["y"], name="/c/Neg"),  # s enters c, which ends here
+    ]
+    x = helper.make_tensor_value_info("x", F, [2, 3])
+    y = helper.make_tensor_value_info("y", F, [2, 3])
+    g = read_onnx(_save(tmp_path, _model(nodes, [x], [y])))
+    names = g.index()
+    assert g.scope_holds == ((names["/a/Relu"], 0, names["/a/b/Sigmoid"]),)
+    # Names of no exporter's form (no scope) hold nothing.
+    for node in nodes:
+        node.name = node.name.rsplit("/", 1)[-1]
+    assert read_onnx(_save(tmp_path, _model(nodes, [x], [y]), name="plain.onnx")).scope_holds == ()
+
+
 def test_cnn_batch_bound_by_dims_and_dims_win_over_batch_size(tmp_path):
     """--dim N=2 gives the same sizes as --batch-size 2; a --dim beats --batch-size for that name."""
     path = _save(tmp_path, _cnn())

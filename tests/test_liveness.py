@@ -18,7 +18,7 @@ TB = 10**12
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    g=dags(1, 14, view_p=0.3, held_p=0.15, repeat_p=0.1, measured_us=(3.0, 40.0)),
+    g=dags(1, 14, view_p=0.3, held_p=0.15, scope_hold_p=0.3, repeat_p=0.1, measured_us=(3.0, 40.0)),
     spec=device_specs(min_devices=1, max_devices=3, modes=("parallel",)),
 )
 def test_the_ledger_never_counts_less_than_the_evaluator_running_the_plan(g, spec):

@@ -5,7 +5,13 @@ Every expected peak here is counted by hand from the rule it tests.
 
 from __future__ import annotations
 
-from baechi_cli.costs.memory_rules import RESIDENT, gelu_saved, mark_views, saved_for_backward
+from baechi_cli.costs.memory_rules import (
+    RESIDENT,
+    gelu_saved,
+    mark_views,
+    one_kernel_gelus,
+    saved_for_backward,
+)
 from baechi_cli.devices import parse_devices
 from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.passes.training import synthesize_training
@@ -139,8 +145,9 @@ def test_training_keeps_exactly_what_autograd_saves():
     assert levels[sim.start[pool]] == 400 + 100 + 1000 + 1000 + 250 + 500
 
 
-def test_an_exported_exact_gelu_keeps_its_input_once():
-    """x * 0.5 * (1 + erf(x / sqrt(2))) as the TorchScript exporter writes F.gelu: GeluBackward saves x."""
+def exported_gelu() -> GraphBuilder:
+    """x -> fc -> GELU as the TorchScript exporter writes F.gelu, ``x * (1 + erf(x / sqrt(2))) * 0.5``,
+    its constants Constant ops: ops x, fc, sqrt2, one, half, div, erf, add, mul, out."""
     b = GraphBuilder()
     x = b.add_op("x", "Input", [100], output_dtypes=F32)
     fc = b.add_op("fc", "Gemm", [1000], compute_us=1.0, persistent_bytes=400, output_dtypes=F32)
@@ -156,7 +163,14 @@ def test_an_exported_exact_gelu_keeps_its_input_once():
         b.add_edge(s, d)
     b.add_edge(mul, out)
     b.add_edge(half, out)
-    g = b.build()
+    return b
+
+
+def test_an_exported_exact_gelu_keeps_its_input_once():
+    """x * 0.5 * (1 + erf(x / sqrt(2))) as the TorchScript exporter writes F.gelu: GeluBackward saves x."""
+    g = exported_gelu().build()
+    names = g.index()
+    erf, mul = names["erf"], names["mul"]
     assert set(gelu_saved(g)) == {erf, mul}
     kinds = ["zero", "flops", "zero", "zero", "zero", "flops", "flops", "flops", "flops", "flops"]
     t = synthesize_training(g, SPEC, kinds, "sgd")
@@ -244,3 +258,51 @@ def test_an_infeasible_one_device_run_names_the_device_the_op_and_the_excess():
     peak = int(message.split("peaks at ")[1].split("(")[1].split()[0])
     excess = f"({peak - 10_000_000} bytes) over its 10.00 MB (10000000 bytes)"
     assert "while 'gradients/" in message and excess in message
+
+
+def test_an_exported_exact_gelu_allocates_only_its_result():
+    """F.gelu writes one tensor: the exporter's Div, Erf, Add and Mul outputs take no memory."""
+    g = exported_gelu().build()
+    names = g.index()
+    one_kernel = one_kernel_gelus(g)
+    chain = {names[op] for op in ("div", "erf", "add", "mul")}
+    assert [one_kernel.output_bytes[v] == [0] for v in range(g.num_ops)] == [
+        v in chain for v in range(g.num_ops)
+    ]
+    assert [one_kernel.output_bytes[v] for v in range(g.num_ops) if v not in chain] == [
+        g.output_bytes[v] for v in range(g.num_ops) if v not in chain
+    ]
+    # On one device, 1 µs each: fc at 0, the Constants (4 B each) with it, div at 1 ... out at 5.
+    # Before, from div's start on: the weights (400), fc's output (GELU's x, read by mul) and
+    # two or three of the chain's 1000-byte tensors (3408 while erf and add run). After: the
+    # weights, x, the constants not yet read and, from out's start, its result.
+    before = simulate(g, SPEC, [0] * g.num_ops)
+    after = simulate(one_kernel, SPEC, [0] * g.num_ops)
+    assert before.memory_curve[0] == [
+        (0.0, 1500),
+        (1.0, 400 + 1000 + 12 + 1000),
+        (2.0, 400 + 1000 + 8 + 2000),
+        (3.0, 400 + 1000 + 8 + 2000),
+        (4.0, 400 + 1000 + 4 + 2000),
+        (5.0, 400 + 4 + 2000),
+        (6.0, 400),
+    ]
+    assert after.memory_curve[0] == [
+        (0.0, 1500),
+        (1.0, 1412),
+        (2.0, 1408),
+        (4.0, 1404),
+        (5.0, 1404),
+        (6.0, 400),
+    ]
+    assert after.start == before.start and after.end == before.end
+
+
+def test_a_gelu_whose_intermediate_is_read_elsewhere_keeps_it():
+    """Where another op reads the Mul's output, the chain is not one kernel's: nothing changes."""
+    b = exported_gelu()
+    names = b.build().index()
+    other = b.add_op("other", "Relu", [1000], compute_us=1.0, output_dtypes=F32)
+    b.add_edge(names["mul"], other)
+    g = b.build()
+    assert one_kernel_gelus(g) is g

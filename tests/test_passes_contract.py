@@ -92,6 +92,10 @@ def check_contraction(inp: OpGraph, out: OpGraph, keep_edge=None) -> list[int]:
         for k, times in inp.compute_us_by_kind.items():
             assert out.compute_us_by_kind[k][node] == sum(times[v] for v in ops)
     assert abs(sum(out.compute_us) - sum(inp.compute_us)) < 1e-6
+    # a scope hold until another node ends stays; within the producer's own node it is moot
+    assert set(out.scope_holds) == {
+        (node_of[v], port_base[v] + p, node_of[w]) for v, p, w in inp.scope_holds if node_of[w] != node_of[v]
+    }
     return node_of
 
 
@@ -126,6 +130,19 @@ def test_ports_of_a_node_are_its_members_ports_back_to_back():
     assert c.temporary_bytes == [7, 3]
     assert c.persistent_bytes == [5, 1]
     assert c.is_backward == [False, False]
+    check_contraction(g, c)
+
+
+def test_a_scope_hold_moves_to_the_nodes_and_one_within_a_node_goes():
+    b = GraphBuilder.from_graph(four_ops())
+    b.hold_until(0, 1, 3)  # a's second output until d ends
+    b.hold_until(1, 0, 2)  # b's output until c ends
+    b.hold_until(0, 0, 2)  # a's first output until c ends
+    g = b.build()
+    c = contract(g, [0, 1, 0, 1])  # {a, c}, {b, d}: the third stays within a node
+    assert c.scope_holds == ((0, 1, 1), (1, 0, 0))
+    c = contract(g, [0, 0, 1, 1])  # {a, b}, {c, d}: b's output is the node's port 2
+    assert c.scope_holds == ((0, 0, 1), (0, 1, 1), (0, 2, 1))
     check_contraction(g, c)
 
 
@@ -225,7 +242,7 @@ def test_sequence_of_orders_members_topologically_not_by_id():
 
 
 @settings(max_examples=60, deadline=None)
-@given(g=dags(1, 22, max_ports=3, control_p=0.15, repeat_p=0.1), data=st.data())
+@given(g=dags(1, 22, max_ports=3, control_p=0.15, repeat_p=0.1, scope_hold_p=0.2), data=st.data())
 def test_contract_any_partition(g, data):
     m = data.draw(st.integers(1, g.num_ops), label="nodes")
     node_of = data.draw(

@@ -469,6 +469,23 @@ def test_a_held_tensor_lives_until_the_step_ends():
     assert held.start == free.start and held.end == free.end
 
 
+def test_a_scope_hold_keeps_a_tensor_until_its_op_ends():
+    # a (0-10, out 100) -> b (10-20, out 10) -> c (20-30, out 1): a's output, read by b only,
+    # is an argument of a call whose last op is c: it lives until c ends, not b.
+    b = GraphBuilder()
+    a = b.add_op("a", "A", [100], compute_us=10)
+    mid = b.add_op("b", "B", [10], compute_us=10)
+    c = b.add_op("c", "C", [1], compute_us=10)
+    b.add_edge(a, mid)
+    b.add_edge(mid, c)
+    free = simulate(b.build(), spec(1), [0, 0, 0])
+    b.hold_until(a, 0, c)
+    held = simulate(b.build(), spec(1), [0, 0, 0])
+    assert free.memory_curve[0] == [(0.0, 100), (10.0, 110), (20.0, 11), (30.0, 0)]
+    assert held.memory_curve[0] == [(0.0, 100), (10.0, 110), (20.0, 111), (30.0, 0)]
+    assert held.start == free.start and held.end == free.end
+
+
 def test_a_held_output_nothing_reads_and_a_held_view_keep_their_storage():
     # a (0-10, out 100) -> v (10-20, a view of a's output, held) ; c (20-30, out 5) after v.
     # v's storage is a's output: held, it lives until c ends although nothing reads v.

@@ -66,7 +66,10 @@ Graph mapping:
   0 is the fed tensor), so every fed tensor has a producer; then one op per
   node, in node order (ONNX nodes are topologically sorted).
 * Held tensors (``OpGraph.held_outputs``): every fed tensor and every graph
-  output, which the caller keeps for the whole step.
+  output, which the caller keeps for the whole step. Scope holds
+  (``OpGraph.scope_holds``, :func:`scope_holds`): from node names of the
+  TorchScript exporter's form, a tensor passed into a module call lives
+  until the call's last op has ended.
 * Names: a node's ``name``, or ``<op_type>_<node index>`` when it has none.
   Every name is unique: original names (input names and non-empty node
   names) are claimed first, in op order; an op whose name is taken, or that
@@ -1012,7 +1015,51 @@ def _build(graph: GraphProto, declared: set[str], binding: dict[str, int]) -> tu
         if info.name in producer:  # not an initializer's value
             builder.hold(*producer[info.name])
     built = builder.build()
+    scopes = [None] * len(feeds) + [_call_scope(node.name) for node in nodes]
+    built = built.replace(scope_holds=scope_holds(built, scopes))
     return _own_initializers(built, inits, consumers), guessed + inner_guessed, inner_guessed
+
+
+def _call_scope(name: str) -> list[str] | None:
+    """The module calls a node ran in, outermost first, from the TorchScript exporter's name
+    (``/encoder/layer.0/attention/MatMul``: ``encoder``, ``layer.0``, ``attention``); None when
+    the name is not of that form."""
+    if not name.startswith("/") or name.count("/") < 2:
+        return None
+    return name.split("/")[1:-1]
+
+
+def scope_holds(graph: OpGraph, scopes: Sequence[list[str] | None]) -> tuple[tuple[int, int, int], ...]:
+    """What eager PyTorch's Python frames keep alive (:attr:`OpGraph.scope_holds`).
+
+    A tensor an op reads from outside its module call was passed into that
+    call (or into a call around it), and the caller holds its arguments until
+    the call returns: so the tensor lives at least until the last op of the
+    outermost call it entered. ``scopes[v]`` is op v's calls (None: unknown,
+    no hold); a call is a scope prefix, its last op the last in op order (the
+    trace's order). Measured on transformers' ResNet-50 in ``eval()``: the
+    input of each conv stays while its batch norm runs, as the module that
+    called both holds it. O(E x scope depth).
+    """
+    last: dict[tuple[str, ...], int] = {}
+    for v, scope in enumerate(scopes):
+        for k in range(1, len(scope or ()) + 1):
+            last[tuple(scope[:k])] = v  # type: ignore[index]
+    holds = set()
+    for e in range(graph.num_edges):
+        u, v, port = graph.edge_src[e], graph.edge_dst[e], graph.edge_port[e]
+        inner = scopes[v]
+        if inner is None or graph.op_types[u] == INPUT_OP:
+            continue  # an input is held all step anyway
+        outer = scopes[u] or []
+        i = 0
+        while i < len(inner) and i < len(outer) and inner[i] == outer[i]:
+            i += 1
+        if i < len(inner):  # v's call i was entered with the tensor
+            w = last[tuple(inner[: i + 1])]
+            if w != v:
+                holds.add((u, port, w))
+    return tuple(sorted(holds))
 
 
 def _own_initializers(graph: OpGraph, inits: dict[str, _Tensor], consumers: dict[str, list[int]]) -> OpGraph:

@@ -15,7 +15,8 @@
   outside tensor that its members consume over an edge the contraction drops
   (``keep_edge``), so the ledger stays an upper bound of the real peak when
   the placement is expanded back onto the ops;
-* holds what the caller holds (``held_outputs``) at the member's port;
+* holds what the caller holds (``held_outputs``) at the member's port, and
+  keeps a scope hold (``scope_holds``) until another node ends;
 * remembers its members as ops of the *original* graph (``members``), also
   when the input was itself contracted, so passes compose.
 
@@ -161,6 +162,16 @@ def contract(
         else [sorted(concat([original[v] for v in ops])) for ops in members],
         view_of=view_of,
         held_outputs=frozenset((node_of[v], port_base[v] + p) for v, p in graph.held_outputs),
+        # A hold until an op of the producer's own node ends is the node's: it holds its tensors.
+        scope_holds=tuple(
+            sorted(
+                {
+                    (node_of[v], port_base[v] + p, node_of[w])
+                    for v, p, w in graph.scope_holds
+                    if node_of[w] != node_of[v]
+                }
+            )
+        ),
     )
 
 

@@ -9,7 +9,9 @@ schedule with the evaluator's memory rules (:mod:`baechi_cli.sim`):
   its last send have ended; a received copy from the receive's start until
   its last consumer there has ended; temporary bytes while the op runs;
 * views (``graph.view_of``) allocate nothing and keep what they view alive;
-* a tensor the caller holds (``graph.held_outputs``) is never freed.
+* a tensor the caller holds (``graph.held_outputs``) is never freed, and one
+  a scope hold keeps (``graph.scope_holds``) stays where it was made until
+  the keeping op, wherever it runs, has ended.
 
 What the future may still decide is counted on the safe side: a tensor stays
 live on a device while a consumer that might still run there (not committed,
@@ -100,6 +102,17 @@ class LiveLedger:
             self._reads[t].append(e)
         self._read_done = bytearray(graph.num_edges)
         self._consumed = consumed
+        # Scope holds (graph.scope_holds): per tensor the ops that keep it where it was made,
+        # per op the tensors it keeps; and which ops are committed.
+        self._tensor_src = tensors.src
+        self._keepers: dict[int, list[int]] = {}
+        self._keeps: dict[int, list[int]] = {}
+        for v, port, w in graph.scope_holds:
+            e = next((e for e in graph.out_edges[v] if graph.edge_port[e] == port), -1)
+            if e >= 0:
+                self._keepers.setdefault(self._edge_tensor[e], []).append(w)
+                self._keeps.setdefault(w, []).append(self._edge_tensor[e])
+        self._committed = bytearray(n)
         view_of = graph.view_of
         self._view_of = view_of
         # Bytes v allocates at its start that outlive it (``fresh``), and those that do
@@ -299,6 +312,17 @@ class LiveLedger:
                 self._release_read(key)
             if origin in self._waits_for_all:
                 self._release_read(origin)
+        self._committed[v] = 1
+        for t in self._keeps.get(v, ()):  # v ends a module call that t is an argument of
+            made_on = device_of[self._tensor_src[t]]
+            b = loc.get(t * ndev + made_on) if made_on >= 0 else None
+            if b is None:
+                continue  # not made yet: v ran first, and keeps nothing
+            key = t * ndev + made_on
+            if f > buf_free[b]:
+                buf_free[b] = f
+            if key in self._pending:
+                self._release_read(key)
 
     # ---------------------------------------------------------------- internals
 
@@ -330,6 +354,8 @@ class LiveLedger:
         for e in self._reads[t]:
             if not done[e] and (waits_for_all or group_device.get(group[edge_dst[e]], y) == y):
                 holding += 1
+        if producer >= 0:  # where it was made, wherever its keepers run
+            holding += sum(1 for w in self._keepers.get(t, ()) if not self._committed[w])
         if producer >= 0:
             self._producer[key] = producer
         if waits_for_all:
