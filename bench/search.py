@@ -9,7 +9,7 @@ process, on:
   ``maxSizePerFPGA``, parallel communication: REFERENCE.md's setting);
 * the committed TensorFlow training graphs on ``rtx2080x4`` (Baechi's
   testbed: PCIe) and ``4x8GB`` (NVLink-like default links), static GNMT
-  included when testdata/cache has it (``make testdata``);
+  included (generated into testdata/cache on first use, with TensorFlow);
 * the committed ONNX models as training steps (``--training``) on 4x8GB;
 * the memory issue's harness models (bench/framework.py: ResNet-50,
   ConvNeXt-T, MobileNetV2, ViT-B/16, BERT-base, GPT-2, exported to ONNX
@@ -53,6 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from run import ORIGINAL_STEP_MS, WORKLOAD_DIR, original_best  # noqa: E402
 
@@ -62,7 +63,6 @@ from baechi_cli.io.workload_json import read_workload_meta  # noqa: E402
 from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
 
 TF_GRAPHS = ("mlp.pb", "cnn.pb", "inception_v3.pb", "resnet50.pb", "transformer.pb")
-GNMT_STATIC = os.path.join(ROOT, "testdata", "cache", "2.21.0", "gnmt_static.pb")
 TF_DEVICES = ("rtx2080x4", "4x8GB")
 ONNX_MODELS = ("keras_cnn.onnx", "keras_resnet50.onnx", "torch_resnet.onnx", "torch_transformer.onnx")
 ONNX_DEVICES = "4x8GB"
@@ -84,9 +84,10 @@ def cases(workdir: str) -> list[tuple[str, str, str, PlaceOptions]]:
     for name in ORIGINAL_STEP_MS:
         path = os.path.join(WORKLOAD_DIR, f"{name}.json")
         out.append((name, path, f"4x{read_workload_meta(path).max_size_per_fpga}", PlaceOptions()))
-    graphs = [os.path.join(ROOT, "testdata", g) for g in TF_GRAPHS]
-    if os.path.exists(GNMT_STATIC):
-        graphs.append(GNMT_STATIC)
+    from realgraphs import real_graph
+
+    # Static GNMT is generated into testdata/cache on first use (TensorFlow; about a minute).
+    graphs = [os.path.join(ROOT, "testdata", g) for g in TF_GRAPHS] + [str(real_graph("gnmt_static"))]
     for path in graphs:
         for devices in TF_DEVICES:
             out.append((os.path.basename(path), path, devices, PlaceOptions()))
