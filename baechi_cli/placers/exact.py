@@ -29,7 +29,11 @@ each device runs its nodes one at a time within ``[0, M]``); when every
 node lasts as long on every device, the loads, one variable per device, add
 up to the sum of the durations, so that once ``M`` is bounded every device
 must carry at least that sum less ``(D - 1) M``, which the search without
-the LP (below) does not infer from the other rows: on bench/search.py's
+the LP (below) does not infer from the other rows. They are added only when
+the load bound is the larger of the two bounds the model starts from (the
+other: the longest head, node and tail): else they slow the propagation
+for nothing (the GNMT training workload on four devices: proven in 63 s
+with them, 35 without). On bench/search.py's
 40-node layered DAGs on four devices, seeds 0-14, the seconds to a proof
 summed 272 before, 3 of 15 unproven within the limit, and 159 after, 1
 unproven (on two and three devices, seeds 0-5: 28 and 39 s, every one
@@ -710,15 +714,15 @@ class _Problem:
                 for d in range(ndev):
                     m.Add(e == start[v] + p[v][d]).OnlyEnforceIf(x[gof[v]][d])
                 end.append(e)
-        lowest = max((self.head[v] + self.pmin[v] + self.tail[v] for v in range(n)), default=0)
-        lowest = max(lowest, self.load_bound())
+        path = max((self.head[v] + self.pmin[v] + self.tail[v] for v in range(n)), default=0)
+        lowest = max(path, self.load_bound())
         makespan_var = m.NewIntVar(lowest, max(lowest, upper), "")
         for d in range(ndev):
             m.AddNoOverlap(
                 [m.NewOptionalFixedSizeIntervalVar(start[v], p[v][d], x[gof[v]][d], "") for v in range(n)]
             )
             m.Add(sum(p[v][d] * x[gof[v]][d] for v in range(n)) <= makespan_var)  # redundant: the load
-        if uniform and ndev > 1:  # redundant: the loads, one variable each, add up to every node
+        if uniform and ndev > 1 and self.load_bound() >= path:  # redundant: the loads add up to every node
             loads = []
             for d in range(ndev):
                 load = m.NewIntVar(0, sum(row[d] for row in p), "")
