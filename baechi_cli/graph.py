@@ -205,6 +205,21 @@ class OpGraph:
             edge_tensor[e] = t
         return TensorTable(edge_tensor, src, port, nbytes, measured)
 
+    def tensor_of(self, v: int, port: int) -> int:
+        """The tensor (:attr:`tensors` id) of op ``v``'s output ``port``; -1 when no edge carries it.
+
+        O(out-degree of ``v``).
+
+        >>> b = GraphBuilder()
+        >>> a, c = b.add_op("a", "Split", [4, 4]), b.add_op("c", "Relu", [4])
+        >>> _ = b.add_edge(a, c, 1)
+        >>> g = b.build()
+        >>> g.tensor_of(a, 1), g.tensor_of(a, 0)
+        (0, -1)
+        """
+        carried = next((e for e in self.out_edges[v] if self.edge_port[e] == port), -1)
+        return self.tensors.edge_tensor[carried] if carried >= 0 else -1
+
     @functools.cached_property
     def _port_stride(self) -> int:
         """Keys a tensor (src, port) as one int, ``src * stride + port + 1`` (ports >= CONTROL_PORT):
@@ -229,9 +244,9 @@ class OpGraph:
         slot_of = {key: t for t, key in enumerate(slot_keys)} if view_of else {}
         held_slots = []
         for v, p in sorted(self.held_outputs):
-            carried = next((e for e in self.out_edges[v] if self.edge_port[e] == p), -1)
-            if carried >= 0:  # a tensor: its slot
-                held_slots.append(tensors.edge_tensor[carried])
+            t = self.tensor_of(v, p)
+            if t >= 0:  # a tensor: its slot
+                held_slots.append(t)
                 continue
             held_slots.append(len(slot_src))
             slot_src.append(v)
@@ -240,9 +255,9 @@ class OpGraph:
                 slot_of[slot_keys[-1]] = held_slots[-1]
         hold_slots, hold_ops = [], []
         for v, p, w in self.scope_holds:  # a held argument is read over an edge: a tensor
-            carried = next((e for e in self.out_edges[v] if self.edge_port[e] == p), -1)
-            if carried >= 0:
-                hold_slots.append(tensors.edge_tensor[carried])
+            t = self.tensor_of(v, p)
+            if t >= 0:
+                hold_slots.append(t)
                 hold_ops.append(w)
         for v in reversed(self.topo_order()) if view_of else ():
             if v not in view_of or view_of[v][0] < 0:  # not a view, or a view of resident storage

@@ -33,15 +33,15 @@ the LP (below) does not infer from the other rows. They are added only when
 the load bound is the larger of the two bounds the model starts from (the
 other: the longest head, node and tail): else they slow the propagation
 for nothing (the GNMT training workload on four devices: proven in 63 s
-with them, 35 without). On bench/search.py's
-40-node layered DAGs on four devices, seeds 0-14, the seconds to a proof
-summed 272 before, 3 of 15 unproven within the limit, and 159 after, 1
-unproven (on two and three devices, seeds 0-5: 28 and 39 s, every one
-proven; the weaker row that also holds for kinds of different speed, the
-loads adding up to at least every node at its fastest, did not help on the
-same graphs); a cumulative of capacity ``D`` over every node at its
-fastest kind; each start lies between its *head* and the horizon less its *tail*, bounds valid for
-every placement that count communication (:meth:`_Problem._heads`: a node's
+with them, 35 without). On bench/search.py's 40-node layered DAGs on four
+devices, seeds 0-14, the seconds to a proof summed 272 before, 3 of 15
+unproven within the limit, and 159 after, 1 unproven (on two and three
+devices, seeds 0-5: 28 and 39 s, every one proven; the weaker row that
+also holds for kinds of different speed, the loads adding up to at least
+every node at its fastest, did not help on the same graphs); a cumulative
+of capacity ``D`` over every node at its fastest kind; each start lies
+between its *head* and the horizon less its *tail*, bounds valid for every
+placement that count communication (:meth:`_Problem._heads`: a node's
 inputs either run before it on its device, one at a time, or arrive from
 elsewhere after a transfer). When devices are interchangeable (same kind and
 memory, no per-link overrides) their symmetry is broken: taking groups in
@@ -715,18 +715,20 @@ class _Problem:
                     m.Add(e == start[v] + p[v][d]).OnlyEnforceIf(x[gof[v]][d])
                 end.append(e)
         path = max((self.head[v] + self.pmin[v] + self.tail[v] for v in range(n)), default=0)
-        lowest = max(path, self.load_bound())
+        load_bound = self.load_bound()
+        lowest = max(path, load_bound)
         makespan_var = m.NewIntVar(lowest, max(lowest, upper), "")
         for d in range(ndev):
             m.AddNoOverlap(
                 [m.NewOptionalFixedSizeIntervalVar(start[v], p[v][d], x[gof[v]][d], "") for v in range(n)]
             )
             m.Add(sum(p[v][d] * x[gof[v]][d] for v in range(n)) <= makespan_var)  # redundant: the load
-        if uniform and ndev > 1 and self.load_bound() >= path:  # redundant: the loads add up to every node
+        if uniform and ndev > 1 and load_bound >= path:  # redundant: the loads add up to every node
             loads = []
             for d in range(ndev):
                 load = m.NewIntVar(0, sum(row[d] for row in p), "")
                 m.Add(load == sum(p[v][d] * x[gof[v]][d] for v in range(n)))
+                # The load row above again, as measured: CP-SAT's search shifts with any change of the model.
                 m.Add(load <= makespan_var)
                 loads.append(load)
             m.Add(sum(loads) == sum(row[0] for row in p))

@@ -108,10 +108,10 @@ class LiveLedger:
         self._keepers: dict[int, list[int]] = {}
         self._keeps: dict[int, list[int]] = {}
         for v, port, w in graph.scope_holds:
-            e = next((e for e in graph.out_edges[v] if graph.edge_port[e] == port), -1)
-            if e >= 0:
-                self._keepers.setdefault(self._edge_tensor[e], []).append(w)
-                self._keeps.setdefault(w, []).append(self._edge_tensor[e])
+            t = graph.tensor_of(v, port)
+            if t >= 0:
+                self._keepers.setdefault(t, []).append(w)
+                self._keeps.setdefault(w, []).append(t)
         self._committed = bytearray(n)
         view_of = graph.view_of
         self._view_of = view_of
