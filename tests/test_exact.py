@@ -420,9 +420,9 @@ def test_load_bound_is_below_the_optimum_of_independent_nodes():
 def test_the_second_phase_keeps_the_bound_valid(seed, monkeypatch):
     # A search without the LP too short to finish hands over to the one with it: with nothing
     # found (share 0) or with a solution, posted as the hint, and its bound as a constraint
-    # (share 1e-5: seed 2 stops FEASIBLE); with a probe before it, retraced only if it improved
-    # on the hint. The bound stays below brute force, the answer optimal, and the same input
-    # gives the same answer.
+    # (share 1e-5: seed 2 stops FEASIBLE); with a probe before it, followed by a search from
+    # scratch only if it improved on the hint. The bound stays below brute force, the answer
+    # optimal, and the same input gives the same answer.
     devices = spec(2 + seed % 2, fast=(1,) if seed >= 2 else ())
     g = with_kinds(random_dag(7, 50 + seed, group_pairs=1), devices)
     etf = placers.get("etf").place(g, devices)
@@ -442,6 +442,61 @@ def test_the_second_phase_keeps_the_bound_valid(seed, monkeypatch):
             runs[1].sequence,
             runs[1].lower_bound_us,
         )
+
+
+def solves_seen(monkeypatch) -> list[tuple[float, bool, int]]:
+    """Records each CP-SAT solve: (its deterministic limit, whether it has the LP, hinted variables)."""
+    from ortools.sat.python import cp_model
+
+    seen: list[tuple[float, bool, int]] = []
+    solve_model = cp_model.CpSolver.Solve
+
+    def spy(solver, model, callback=None):
+        prm = solver.parameters
+        seen.append(
+            (prm.max_deterministic_time, prm.linearization_level > 0, len(model.Proto().solution_hint.vars))
+        )
+        return solve_model(solver, model, callback)
+
+    monkeypatch.setattr(cp_model.CpSolver, "Solve", spy)
+    return seen
+
+
+def test_after_a_probe_that_improves_without_finishing_the_search_starts_afresh(monkeypatch):
+    # Near the hint for the probe; then, without a hint, away from where the probe searched;
+    # then the LP phase from the best so far. Seed 53 on three devices (one twice as fast),
+    # with shares this short, takes all three phases.
+    monkeypatch.setattr(exact_mod, "PROBE_SHARE", 1e-4)
+    monkeypatch.setattr(exact_mod, "NO_LP_SHARE", 2e-4)
+    devices = spec(3, fast=(1,))
+    g = with_kinds(random_dag(12, 53, group_pairs=1), devices)
+    etf = placers.get("etf").place(g, devices)
+    seen = solves_seen(monkeypatch)
+    runs = [
+        solve(g, devices, time_limit=10.0, hint=etf.device_of, hint_sequence=etf.sequence) for _ in range(2)
+    ]
+    probe, afresh, lp = seen[:3]
+    assert probe[:2] == (pytest.approx(1e-3), False) and probe[2] > 0
+    assert afresh == (pytest.approx(2e-3), False, 0)
+    assert lp[1] and lp[2] > 0
+    assert runs[0].status == "optimal" and runs[0].lower_bound_us <= runs[0].evaluated_us
+    assert (runs[0].device_of, runs[0].sequence) == (runs[1].device_of, runs[1].sequence)
+
+
+def test_a_load_bound_graph_gets_no_probe(monkeypatch):
+    # Independent nodes on identical devices: the load bound is the larger root bound, the LP
+    # adds nothing, and the hinted search without it takes its whole share at once.
+    rng = random.Random(4)
+    b = GraphBuilder()
+    for i in range(9):
+        b.add_op(f"v{i}", "X", [0], compute_us=float(rng.randint(1, 100)))
+    g = b.build()
+    devices = spec(3)
+    etf = placers.get("etf").place(g, devices)
+    seen = solves_seen(monkeypatch)
+    r = solve(g, devices, time_limit=10.0, hint=etf.device_of, hint_sequence=etf.sequence)
+    assert r.status == "optimal"
+    assert seen[0][:2] == (pytest.approx(exact_mod.NO_LP_SHARE * 10.0), False) and seen[0][2] > 0
 
 
 @pytest.mark.parametrize("seed", range(3))
