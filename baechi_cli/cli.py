@@ -201,7 +201,8 @@ def _common_options(fn: Callable) -> Callable:
             metavar="SECONDS",
             help="How long auto searches beyond its first candidates (other pass options, "
             "refinement, exact); counted by a fixed cost model, so the result does not depend on "
-            "the machine. Default: 1 s, more above 5,000 nodes.",
+            "the machine. Default: 1 s, more above 5,000 nodes. With --algo exact: CP-SAT's limit "
+            "in its deterministic seconds (default 10), which a machine may run slower than the clock.",
         ),
         click.option(
             "--seed",

@@ -63,7 +63,8 @@ class PlaceOptions:
     coplace: bool | None = None
     fusion: bool | None = None
     forward_only: bool | None = None
-    budget: float | None = None  # seconds auto may search beyond its first candidates (None: by size)
+    # Seconds auto may search beyond its first candidates (None: by size); exact's time limit.
+    budget: float | None = None
     seed: int = 0  # refinement's tie-breaking and annealing
     profile: str | None = None  # a baechi.profile/v1 file whose costs replace the analytic model's
     dims: dict[str, int] | None = None  # ONNX symbolic dims bound by --dim NAME=VALUE
@@ -75,17 +76,21 @@ class PlaceOptions:
     cpus: int = 0  # with throughput: CPU cores beside the devices (a workload file's maxCPUs)
 
     def placer_options(self, spec: PlacerSpec) -> Any:
-        """The options dataclass of ``spec``'s placer, from the matching fields here."""
-        return spec.make_options(
-            {
-                "solver_time_limit": self.solver_time_limit,
-                "sct_threshold": self.sct_threshold,
-                "objective": self.objective,
-                "microbatches": self.microbatches,
-                "schedule": self.schedule,
-                "cpus": self.cpus,
-            }
-        )
+        """The options dataclass of ``spec``'s placer, from the matching fields here.
+
+        ``budget``, when given, is exact's time limit (CP-SAT's deterministic seconds per model).
+        """
+        values: dict[str, Any] = {
+            "solver_time_limit": self.solver_time_limit,
+            "sct_threshold": self.sct_threshold,
+            "objective": self.objective,
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "cpus": self.cpus,
+        }
+        if self.budget is not None:
+            values["time_limit"] = self.budget
+        return spec.make_options(values)
 
     def to_json(self) -> dict[str, Any]:
         return {

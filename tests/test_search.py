@@ -145,6 +145,16 @@ def test_a_budget_that_is_not_a_positive_number_is_refused(budget, tmp_path):
     assert not report.exists()
 
 
+def test_budget_is_exacts_time_limit():
+    from baechi_cli import placers
+
+    exact, sct = placers.get("exact"), placers.get("sct")
+    assert PlaceOptions(algo="exact").placer_options(exact).time_limit == 10.0
+    assert PlaceOptions(algo="exact", budget=0.5).placer_options(exact).time_limit == 0.5
+    # m-SCT's LP keeps its own wall-clock limit.
+    assert PlaceOptions(budget=0.5).placer_options(sct).solver_time_limit == 60.0
+
+
 def test_exact_places_the_graph_with_every_edge_not_the_forward_only_one():
     # forward-only placement drops the backward ops' edges; exact's proofs are about
     # the schedule of the graph it sees, so it must see them (cnn.pb: 75 nodes with
