@@ -280,6 +280,7 @@ def exact_mode(graph: Any, devices: Any) -> dict[str, Any]:
     """exact's placer (``--algo exact``: m-ETF's hint, then CP-SAT) on ``graph``, judged by the evaluator."""
     from baechi_cli.evaluate import evaluate
     from baechi_cli.placers import ExactOptions, get
+    from baechi_cli.placers.exact import gap
 
     t0 = time.perf_counter()
     placement = get("exact").place(graph, devices, ExactOptions(time_limit=10.0))
@@ -292,7 +293,7 @@ def exact_mode(graph: Any, devices: Any) -> dict[str, Any]:
         "status": info["exact_status"],
         "evaluated_us": evaluated,
         "lower_bound_us": bound,
-        "gap": max(0.0, (evaluated - bound) / evaluated) if evaluated > 0 else 0.0,
+        "gap": gap(evaluated, bound),
         "seconds": seconds,
     }
 

@@ -97,10 +97,11 @@ delay the critical transfers. It also stops as soon as the evaluator's step
 time of its best solution passes that very test against its bound so far
 (:class:`_Watch`): the answer is then ``optimal`` by the same definition,
 without proving the rounded model's optimum to the unit. Else ``feasible``.
-Each phase of the search after the first (below) adds ``M >= B``, ``B``
-the bound the phases before it proved: every solution of the model meets
-it, so the model's optimum, and every bound proven of it, are unchanged,
-and the largest of the phases' bounds is ``B``.
+Each phase of the search after the first (below), but for the search from
+scratch that may follow a probe, adds ``M >= B``, ``B`` the bound the
+phases before it proved: every solution of the model meets it, so the
+model's optimum, and every bound proven of it, are unchanged, and the
+largest of the phases' bounds is ``B``.
 
 Search. With one worker the search runs in phases on the same model, each
 under a deterministic limit. First a search without the LP relaxation, for
@@ -221,10 +222,19 @@ class ExactResult:
 
     @property
     def gap(self) -> float:
-        """(evaluated - bound) / evaluated: 0 when optimal, up to rounding."""
-        if self.evaluated_us <= 0:
-            return 0.0
-        return max(0.0, (self.evaluated_us - self.lower_bound_us) / self.evaluated_us)
+        """:func:`gap` of the answer's evaluated step time to the bound."""
+        return gap(self.evaluated_us, self.lower_bound_us)
+
+
+def gap(evaluated_us: float, lower_bound_us: float) -> float:
+    """(evaluated - bound) / evaluated: 0 when optimal, up to rounding.
+
+    >>> gap(110.0, 99.0), gap(0.0, 0.0)
+    (0.1, 0.0)
+    """
+    if evaluated_us <= 0:
+        return 0.0
+    return max(0.0, (evaluated_us - lower_bound_us) / evaluated_us)
 
 
 def too_big(nodes: int, max_nodes: int) -> InputError:
