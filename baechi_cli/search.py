@@ -8,7 +8,8 @@ auto never trusts one setting. It runs, cheapest first:
    more simplex iterations than the budget buys by its cost model
    (:func:`baechi_cli.placers.sct_lp.iteration_limit`): on a graph whose
    LP needs more, m-SCT is listed as stopped, and the budget is not
-   overrun by seconds;
+   overrun by seconds. m-SCT runs in a second thread beside the others
+   (:func:`run_candidates`), so its LP solves while they place;
 2. the same placers under the other settings of the passes
    (:data:`SEARCH_SPACE`): forward-only placement flipped, co-placement off
    or with bigger groups, fusion off, and their combinations. A setting
@@ -34,6 +35,7 @@ Complexity: that of the placers and the evaluator, times the settings tried.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -160,12 +162,13 @@ def auto_search(prepared: Prepared, options: PlaceOptions) -> Search:
             continue
         seen.add(variant.fingerprint)
         tried += 1
+        runs: list[Candidate | tuple[PlacerSpec, Any]] = []  # a skipped candidate, or what to run
         for spec, too_big in placers.auto_candidates(variant.placement_graph.num_ops):
             if not first and spec.name == "single":
                 continue  # one device's plan does not depend on the passes
             if too_big:
                 if first:
-                    candidates.append(Candidate(spec.name, 0.0, skipped=skip_reason(spec, nodes)))
+                    runs.append(Candidate(spec.name, 0.0, skipped=skip_reason(spec, nodes)))
                 continue
             if not first:  # the options given always run: only the search is charged to the budget
                 cost = estimate_seconds(spec, prepared, variant)
@@ -175,16 +178,50 @@ def auto_search(prepared: Prepared, options: PlaceOptions) -> Search:
             placer_options = options.placer_options(spec)
             if spec.name == "sct":  # its LP may take the budget's worth of work, counted, not timed
                 placer_options = replace(placer_options, lp_work_limit=budget)
-            candidate = run_candidate(prepared, spec, options, variant, placer_options)
-            if spec.name == "single":
-                candidate.variant = None
-            else:
-                candidate.differences = setting.differences(prepared.variant.options)
+            runs.append((spec, placer_options))
+        for candidate in run_candidates(prepared, options, variant, runs):
+            if candidate.skipped is None:
+                if candidate.algorithm == "single":
+                    candidate.variant = None
+                else:
+                    candidate.differences = setting.differences(prepared.variant.options)
             candidates.append(candidate)
     search = Search(candidates, budget, spent, tried, skipped_settings)
     exact_stage(prepared, search)
     refine_stage(prepared, options, search)
     return search
+
+
+def run_candidates(
+    prepared: Prepared,
+    options: PlaceOptions,
+    variant: Variant,
+    runs: list[Candidate | tuple[PlacerSpec, Any]],
+) -> list[Candidate]:
+    """:func:`~baechi_cli.pipeline.run_candidate` of each (spec, placer options) in ``runs``, in order
+    (a Candidate there is passed through).
+
+    A placer with :attr:`~baechi_cli.placers.PlacerSpec.native_solver` runs in a second
+    thread while the main thread runs the others: its solver lets go of the GIL, so on
+    two cores it solves beside them (static GNMT on rtx2080x4: m-SCT's LP, 0.25-0.3 s,
+    off the critical path). Each candidate is a function of its inputs alone, so the
+    candidates, and auto's plan, do not depend on how the threads interleave; only the
+    seconds each candidate reports include its waits for the other thread.
+    """
+    native = [i for i, run in enumerate(runs) if isinstance(run, tuple) and run[0].native_solver]
+    out: list[Candidate | None] = [run if isinstance(run, Candidate) else None for run in runs]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        futures = {}
+        for i in native:
+            spec, placer_options = runs[i]  # type: ignore[misc]
+            futures[i] = pool.submit(run_candidate, prepared, spec, options, variant, placer_options)
+        for i, run in enumerate(runs):
+            if out[i] is None and i not in futures:
+                spec, placer_options = run  # type: ignore[misc]
+                out[i] = run_candidate(prepared, spec, options, variant, placer_options)
+        for i, future in futures.items():
+            out[i] = future.result()
+    return out  # type: ignore[return-value]
 
 
 def refine_stage(prepared: Prepared, options: PlaceOptions, search: Search) -> None:

@@ -71,6 +71,34 @@ def test_same_input_and_budget_give_the_same_plan():
     assert a.spent_s == b.spent_s
 
 
+def test_m_sct_in_its_own_thread_changes_no_candidate(monkeypatch):
+    # auto runs m-SCT beside the other placers (its LP lets go of the GIL); every
+    # candidate, and the order they are listed in, must be what a run one by one gives.
+    from dataclasses import replace
+
+    from baechi_cli import placers
+
+    threaded = auto_search(prepared(BERT), PlaceOptions(budget=2.0))
+    assert placers.get("sct").native_solver
+    monkeypatch.setitem(placers.REGISTRY, "sct", replace(placers.get("sct"), native_solver=False))
+    one_by_one = auto_search(prepared(BERT), PlaceOptions(budget=2.0))
+
+    def seen(search):
+        return [
+            (
+                c.label,
+                c.stage,
+                c.problem,
+                c.evaluation and c.evaluation.value_us,
+                c.placement and c.placement.device_of,
+            )
+            for c in search.candidates
+        ]
+
+    assert seen(threaded) == seen(one_by_one)
+    assert "sct" in {c.algorithm for c in threaded.candidates if c.ok}
+
+
 def test_a_small_budget_tries_fewer_settings_but_always_the_given_one():
     small = auto_search(prepared(CNN, "4x8GB"), PlaceOptions(budget=1e-6))
     large = auto_search(prepared(CNN, "4x8GB"), PlaceOptions(budget=5.0))

@@ -106,6 +106,9 @@ class PlacerSpec:
     # The placer proves things about the schedule of the graph it sees, so it must
     # see every edge: it places the graph without forward-only placement's contraction.
     needs_every_edge: bool = False
+    # Much of its time goes to a native solver that lets go of Python's GIL (OR-Tools'
+    # LP): auto runs it in a second thread beside the others, which proceed meanwhile.
+    native_solver: bool = False
 
     def place(self, graph: OpGraph, devices: DeviceSpec, options: Any = None) -> Placement:
         """Run the placer; ``options`` defaults to its options dataclass's defaults."""
@@ -203,6 +206,7 @@ register(
         auto_max_nodes=5000,
         auto_skip_reason="its LP would take tens of seconds",
         auto_priority=2,
+        native_solver=True,
     )
 )
 register(

@@ -60,6 +60,8 @@ from baechi_cli.placers import Placement
 from baechi_cli.placers.liveness import LiveLedger
 from baechi_cli.sim import ListSchedule
 
+INF = float("inf")
+
 # (op, device, device_of so far) -> 0 most preferred; breaks ties between one op's devices. It must
 # give every device of one class holding no op the same answer (only one of them is asked).
 Preference = Callable[[int, int, list[int]], int]
@@ -189,6 +191,21 @@ def list_schedule(
             return (t, k1, k2, v)
         return None
 
+    def floor(d: int) -> tuple[float, float, float, float] | None:
+        """A lower bound of best(d) from its heaps' tops as they are (no refresh), None if both are empty.
+
+        Keys only grow, so a top's stale key is at most any candidate's fresh one;
+        a waiting top due by the time d is free may hide candidates of any key
+        that start then."""
+        a, w, free = available[d], waiting[d], dev_free[d]
+        bound = (free, *a[0]) if a else None
+        if w:
+            t, k1, k2, v = w[0]
+            due = (t, k1, k2, v) if t > free else (free, -INF, -INF, -INF)
+            if bound is None or due < bound:
+                bound = due
+        return bound
+
     def commit(v: int, d: int) -> None:
         nonlocal pending
         schedule.commit(v, d)
@@ -222,8 +239,15 @@ def list_schedule(
             offer(v)
             pending += 1
     while pending:
+        # The device with the earliest (start, keys) candidate, ties to the lowest index. Each
+        # device's best is refreshed only while its floor could still beat the choice so far:
+        # a refresh may ask when inputs arrive (O(indegree), again and again for an op
+        # whose arrival keeps slipping as channels fill).
+        floors = sorted((f, d) for d in visible if (f := floor(d)) is not None)
         choice = None
-        for d in visible:
+        for f, d in floors:
+            if choice is not None and choice < (f, d):
+                break
             top = best(d)
             if top is not None and (choice is None or (top, d) < choice):
                 choice = (top, d)
