@@ -284,7 +284,7 @@ class _Move:
         return self.target if self.targets is None else self.targets[i]
 
 
-def scope_keys(name: str) -> list[str]:
+def scope_keys(name: str, levels: dict[tuple[str, ...], list[str]] | None = None) -> list[str]:
     """The scopes an op's name lies under, with one numbered level wildcarded in turn.
 
     ``gradients/`` (TensorFlow's backward scope) is stripped, so a gradient op
@@ -296,18 +296,28 @@ def scope_keys(name: str) -> list[str]:
         ['dec', 'dec/step3', 'dec/step*', 'dec/step3/softmax', 'dec/step*/softmax', 'dec/step3/softmax/MatMul_grad', 'dec/step*/softmax/MatMul_grad']
         >>> scope_keys("/encoder/layer.0/attention/MatMul")
         ['encoder', 'encoder/layer.0', 'encoder/layer.*', 'encoder/layer.0/attention', 'encoder/layer.*/attention']
+
+    ``levels``, when given, remembers each depth's keys by the scope down to it:
+    names that share a scope's prefix (every op of a layer, every layer of a
+    network) build its keys once.
     """
     parts = [p for p in name.split("/") if p]
     while parts and _GRADIENT_SCOPE.fullmatch(parts[0]):
         parts = parts[1:]
-    scope = parts[:-1]
+    scope = tuple(parts[:-1])
     keys: list[str] = []
-    wild = [_DIGITS.sub("*", p) for p in scope]
     for depth in range(1, len(scope) + 1):
-        keys.append("/".join(scope[:depth]))
-        for i in range(depth):
-            if wild[i] != scope[i]:
-                keys.append("/".join([*scope[:i], wild[i], *scope[i + 1 : depth]]))
+        prefix = scope[:depth]
+        level = None if levels is None else levels.get(prefix)
+        if level is None:
+            level = ["/".join(prefix)]
+            for i, part in enumerate(prefix):
+                wild = _DIGITS.sub("*", part)
+                if wild != part:
+                    level.append("/".join([*prefix[:i], wild, *prefix[i + 1 :]]))
+            if levels is not None:
+                levels[prefix] = level
+        keys.extend(level)
     return keys
 
 
@@ -542,8 +552,9 @@ class _Search:
             else:
                 under[1][u] = None
         scopes: dict[str, dict[int, None]] = {}  # in order of first op, as the keys of each first appear
+        levels: dict[tuple[str, ...], list[str]] = {}
         for name, units in heads.values():
-            for key in scope_keys(name):
+            for key in scope_keys(name, levels):
                 into = scopes.get(key)
                 if into is None:
                     scopes[key] = dict(units)
