@@ -167,8 +167,33 @@ def brute_force_etf(graph, devices):
 def test_the_list_scheduler_commits_what_brute_force_commits(data):
     # The engine refreshes a device's candidates only while they could beat the choice so
     # far, and hides empty devices of a class behind one: neither may change a choice.
+    # Parallel mode, where an op's ready time on a device never changes once its inputs
+    # are committed; in sequential mode it can move earlier (listsched's docstring), and
+    # the engine then may commit another op first where brute force would not.
     g = data.draw(dags(1, 14, max_inputs=6, measured_us=(3.0, 40.0)))
-    spec = data.draw(device_specs(g, max_devices=4, kinds=True))
+    spec = data.draw(device_specs(g, max_devices=4, kinds=True, modes=("parallel",)))
     g = with_kind_times(g, spec)
     p = list_schedule(g, spec, "m-ETF")
     assert (p.device_of, p.sequence) == brute_force_etf(g, spec)
+
+
+def test_a_copy_sent_for_another_consumer_can_bring_a_ready_time_earlier():
+    # Sequential channels: op 6 (on device 0) reads v5 and v2 from device 1. Asked before,
+    # both copies queue on the channels in its input order; once v11 has had v2's output
+    # sent to device 0, only v5's copy queues, and 6 is ready sooner. So in sequential mode
+    # the list scheduler's stale keys are not always lower bounds (listsched's docstring).
+    b = GraphBuilder()
+    for i, us in enumerate([10, 50, 10, 10, 10, 50, 10, 10, 10, 10, 10, 10]):
+        b.add_op(f"v{i}", "X", [100], compute_us=us)
+    for src, dst in [(0, 1), (0, 5), (5, 6), (2, 6), (0, 11), (1, 11), (2, 11)]:
+        b.add_edge(src, dst)
+    g = b.build()
+    spec = DeviceSpec(
+        (Device("/d:0", 10**12), Device("/d:1", 10**12)), Interconnect("sequential", 10.0, 100.0)
+    )
+    schedule = ListSchedule(g, spec, [-1] * g.num_ops)
+    for v, d in [(0, 0), (2, 1), (1, 0), (5, 1)]:
+        schedule.commit(v, d)
+    before = schedule.data_ready(6, 0)
+    schedule.commit(11, 0)  # sends v2's output to device 0 (v5's is still on its way only to 6)
+    assert schedule.data_ready(6, 0) < before

@@ -26,9 +26,16 @@ Data structures: per device, ``waiting`` is a heap of candidates keyed by
 (data-ready time, rank, preference), and ``available`` a heap keyed by
 (rank, preference) of candidates whose inputs are there by the time the
 device is free. A device's best candidate is the top of ``available`` (it
-starts when the device is free) or else the top of ``waiting``. Keys only
-grow (devices and channels only get busier), so a stale key is a lower bound:
-tops are re-checked lazily and re-pushed when their time has moved.
+starts when the device is free) or else the top of ``waiting``. Keys grow
+(devices and channels only get busier), so a stale key is a lower bound:
+tops are re-checked lazily and re-pushed when their time has moved. The
+devices are asked in order of their tops' stale keys, and only while one
+could still beat the choice so far. One exception, in ``sequential`` mode:
+a copy sent for another consumer frees the op from queueing that input on
+the channels, so its ready time can move *earlier* (tests/test_placer_timelines.py
+has a case: 93 -> 82 µs); its stale key then overstates it, and another
+op may be committed first where ETF's rule would take it. The evaluator
+judges the result either way.
 
 Interchangeable devices (:meth:`~baechi_cli.devices.DeviceSpec.classes`:
 same kind, same budget, no per-pair link) that hold nothing yet are in the
