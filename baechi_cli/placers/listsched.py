@@ -59,6 +59,7 @@ class. O(D) memory for the per-device state.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 
 from baechi_cli.devices import DeviceSpec
@@ -66,8 +67,6 @@ from baechi_cli.graph import OpGraph
 from baechi_cli.placers import Placement
 from baechi_cli.placers.liveness import LiveLedger
 from baechi_cli.sim import ListSchedule
-
-INF = float("inf")
 
 # (op, device, device_of so far) -> 0 most preferred; breaks ties between one op's devices. It must
 # give every device of one class holding no op the same answer (only one of them is asked).
@@ -201,14 +200,14 @@ def list_schedule(
     def floor(d: int) -> tuple[float, float, float, float] | None:
         """A lower bound of best(d) from its heaps' tops as they are (no refresh), None if both are empty.
 
-        Keys only grow, so a top's stale key is at most any candidate's fresh one;
-        a waiting top due by the time d is free may hide candidates of any key
-        that start then."""
+        A top's stale key is at most any candidate's fresh one (keys grow; for the
+        exception in ``sequential`` mode see the module docstring); a waiting top
+        due by the time d is free may hide candidates of any key that start then."""
         a, w, free = available[d], waiting[d], dev_free[d]
         bound = (free, *a[0]) if a else None
         if w:
             t, k1, k2, v = w[0]
-            due = (t, k1, k2, v) if t > free else (free, -INF, -INF, -INF)
+            due = (t, k1, k2, v) if t > free else (free, -math.inf, -math.inf, -math.inf)
             if bound is None or due < bound:
                 bound = due
         return bound
