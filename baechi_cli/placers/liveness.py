@@ -317,7 +317,7 @@ class LiveLedger:
             made_on = device_of[self._tensor_src[t]]
             b = loc.get(t * ndev + made_on) if made_on >= 0 else None
             if b is None:
-                continue  # not made yet: v ran first, and keeps nothing
+                continue  # not made yet: _locate makes it wait for v's end when it is
             key = t * ndev + made_on
             if f > buf_free[b]:
                 buf_free[b] = f
@@ -354,8 +354,13 @@ class LiveLedger:
         for e in self._reads[t]:
             if not done[e] and (waits_for_all or group_device.get(group[edge_dst[e]], y) == y):
                 holding += 1
-        if producer >= 0:  # where it was made, wherever its keepers run
-            holding += sum(1 for w in self._keepers.get(t, ()) if not self._committed[w])
+        if producer >= 0:  # where it was made, until its keepers, wherever they run, have ended
+            end, buf_free = self.schedule.end, self._buf_free
+            for w in self._keepers.get(t, ()):
+                if not self._committed[w]:
+                    holding += 1
+                elif end[w] > buf_free[b]:  # committed first, elsewhere, and still running
+                    buf_free[b] = end[w]
         if producer >= 0:
             self._producer[key] = producer
         if waits_for_all:
