@@ -3,9 +3,11 @@
 Placeto's idea — improve a placement by moving ops and asking a simulator
 whether the step got faster — in seconds instead of hours of reinforcement
 learning: a deterministic hill climb over structured moves, every candidate
-timed by :meth:`baechi_cli.sim.StepTimer.step_time` (the evaluator's engine
-without its transfers and memory counted: about two thirds of a full
-evaluation's cost).
+timed by :meth:`baechi_cli.sim.StepTimer.timing` (the evaluator's engine
+without its transfers and memory counted: about half a full evaluation's
+cost). The run is kept, so a move taken needs no second run for its memory
+check or for the next pass's critical path, and the first pass walks the
+critical path of the judge's own run of the start.
 
 Contract of :func:`refine` (``graph`` is the op graph as the evaluator sees
 it, ``graph.group`` its hard colocation groups; ``start`` a placement of it
@@ -90,6 +92,7 @@ Example: two independent chains on one device; the search splits them.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
@@ -305,20 +308,31 @@ def scope_keys(name: str, levels: dict[tuple[str, ...], list[str]] | None = None
     while parts and _GRADIENT_SCOPE.fullmatch(parts[0]):
         parts = parts[1:]
     scope = tuple(parts[:-1])
+    if levels is None:
+        levels = {}
     keys: list[str] = []
+    level: list[str] = []  # the keys of the scope one level up
     for depth in range(1, len(scope) + 1):
         prefix = scope[:depth]
-        level = None if levels is None else levels.get(prefix)
-        if level is None:
-            level = ["/".join(prefix)]
-            for i, part in enumerate(prefix):
-                wild = _DIGITS.sub("*", part)
-                if wild != part:
-                    level.append("/".join([*prefix[:i], wild, *prefix[i + 1 :]]))
-            if levels is not None:
-                levels[prefix] = level
+        known = levels.get(prefix)
+        if known is None:
+            # The parent's keys, each extended by this part, then the parent with this
+            # part wildcarded: O(keys) per new scope, not O(depth^2).
+            part = prefix[-1]
+            wild = _wildcard(part)
+            known = [f"{key}/{part}" for key in level] if level else [part]
+            if wild != part:
+                known.append(f"{level[0]}/{wild}" if level else wild)
+            levels[prefix] = known
+        level = known
         keys.extend(level)
     return keys
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _wildcard(part: str) -> str:
+    """A name part with each run of digits replaced by ``*`` (``layer.12`` -> ``layer.*``)."""
+    return _DIGITS.sub("*", part)
 
 
 class _Search:
@@ -376,10 +390,14 @@ class _Search:
         self.value = self.start_value
         # Keep the start's order or drop it, whichever runs faster (and fits).
         self.sequence: list[int] | None = None if start.sequence is None else list(start.sequence)
+        start_trace = self.start_eval.timeline.trace  # the judge's run, when StepTimer made it
         if start.sequence is not None:
-            free = self._time(self.device_of, None)
-            if free < self.start_value and self._fits(self.device_of, None):
-                self.sequence, self.value = None, free
+            free = self._timing(self.device_of, None)
+            if free is not None and free.step_time_us < self.start_value and self._fits(self.device_of, None):
+                self.sequence, self.value = None, free.step_time_us
+                start_trace = free
+        if start_trace is not None:  # the first pass walks its critical path
+            self.traced = (self.device_of, self.sequence, start_trace)
         self.best_dev = list(self.dev)
         self.best_value = self.value
         self.seen: dict[bytes, float] = {}
@@ -397,36 +415,44 @@ class _Search:
 
     # ------------------------------------------------------------------ judging
 
-    def _time(self, device_of: list[int], sequence: list[int] | None) -> float:
+    def _timing(self, device_of: list[int], sequence: list[int] | None) -> Timing | None:
+        """One fast evaluation, its run kept (as ``traced``) for the memory check and the critical
+        path of the placement should it be taken: tracing costs about nothing beside the run
+        (static GNMT: 100-120 ms either way). None when ``sequence`` deadlocks."""
         self.evaluations += 1
         order = None if sequence is None else device_order(sequence, device_of, self.ndev)
         try:
-            return self.timer.step_time(device_of, order)
+            trace = self.timer.timing(device_of, order)
         except ValueError:  # a start sequence that is not topological deadlocks on some placements
-            return float("inf")
+            return None
+        self.traced = (device_of, sequence, trace)
+        return trace
+
+    def _run_of(self, device_of: list[int], sequence: list[int] | None) -> Timing:
+        """The run of this placement (these very objects): the one kept, else a new one."""
+        traced = self.traced
+        if traced is not None and traced[0] is device_of and traced[1] is sequence:
+            return traced[2]
+        order = None if sequence is None else device_order(sequence, device_of, self.ndev)
+        trace = self.timer.timing(device_of, order)
+        self.traced = (device_of, sequence, trace)
+        return trace
 
     def _trace(self) -> Timing:
-        self.evaluations += 1
-        traced = self.traced
-        if traced is not None and traced[0] is self.device_of and traced[1] is self.sequence:
-            return traced[2]  # the memory check of the move just taken ran this very timeline
-        order = None if self.sequence is None else device_order(self.sequence, self.device_of, self.ndev)
-        return self.timer.timing(self.device_of, order)
+        self.evaluations += 1  # counted even when kept, so that the budget never reads which
+        return self._run_of(self.device_of, self.sequence)
 
     def _fits(self, device_of: list[int], sequence: list[int] | None) -> bool:
         """Within memory: surely by an O(V + E) upper bound, else as the simulator counts it."""
         if self.memory_free or self._bound_fits(device_of):
             return True
         self.memory_checks += 1
-        # The evaluator's run, timeline and memory (what evaluate() does, with the timing
-        # kept for the next pass's critical path).
+        # The evaluator's run, timeline and memory (what evaluate() does); the run is the
+        # one that timed the move, when it did.
         self.evaluations += MEMORY_CHECK_COST
         self.full_evaluations += 1
-        order = None if sequence is None else device_order(sequence, device_of, self.ndev)
-        trace = self.timer.timing(device_of, order)
-        timeline = self.timer.result(device_of, trace)
+        timeline = self.timer.result(device_of, self._run_of(device_of, sequence))
         self.checked = (sequence, judged(timeline))
-        self.traced = (device_of, sequence, trace)
         return timeline.feasible
 
     def _bound_fits(self, device_of: list[int]) -> bool:
@@ -503,11 +529,13 @@ class _Search:
 
     # ------------------------------------------------------------------ structural clusters
 
-    def _add(self, kind: str, label: str, key: tuple[int, ...]) -> None:
-        """Append a cluster of more than one unit and fewer than all, unless one holds those units."""
+    def _add(self, kind: str, label: str, key: tuple[int, ...], comp: list[float] | None = None) -> None:
+        """Append a cluster of more than one unit and fewer than all, unless one holds those units
+        (``comp``: its compute per kind, when the caller summed it)."""
         if 1 < len(key) < len(self.unit_ops) and key not in self.found:
             self.found[key] = None
-            comp = [sum(map(c.__getitem__, key)) for c in self.kind_columns]
+            if comp is None:
+                comp = [sum(map(c.__getitem__, key)) for c in self.kind_columns]
             self.clusters.append(_Cluster(kind, label, key, comp))
 
     def _close_scopes(self, level: int) -> None:
@@ -563,10 +591,11 @@ class _Search:
         distinct: dict[tuple[int, ...], str] = {}  # many scopes hold the same units: the first names them
         for key, units in scopes.items():
             distinct.setdefault(tuple(sorted(units)), key)
-        weight = self.comp[0]
+        first_kind = self.kind_of[0]  # device 0's, whose column weighs the scopes
         for units, label in distinct.items():
-            add("scope", label, units)
-            self.unclosed.append((label, units, sum(map(weight.__getitem__, units))))
+            comp = [sum(map(c.__getitem__, units)) for c in self.kind_columns]
+            add("scope", label, units, comp)
+            self.unclosed.append((label, units, comp[first_kind]))
 
         # Pipeline splits over a topological order of the units; a backward op counts at
         # its forward op's position, so a split takes a layer's backward pass along.
@@ -944,7 +973,8 @@ class _Search:
             return None
         self.tried += 1
         device_of = self._ops(dev, move)
-        value = self._time(device_of, self.sequence)
+        trace = self._timing(device_of, self.sequence)
+        value = trace.step_time_us if trace is not None else math.inf
         self._remember(dev, value)
         if value < self.value and self._fits(device_of, self.sequence):
             self._commit(dev, device_of, value, f"{move.kind}: {move.label}")

@@ -104,6 +104,9 @@ class SimResult:
     # (time, bytes in use from then on) per device, for timelines.
     memory_curve: list[list[tuple[float, int]]]
     memory_limits: list[int]
+    # The run it came from when StepTimer ran it (readiness and copies too): refinement
+    # walks the critical path of the plan it starts from without running it again.
+    trace: Timing | None = field(default=None, repr=False, compare=False)
 
     @property
     def comm_bytes(self) -> int:
@@ -618,10 +621,10 @@ class StepTimer:
     nothing reads the queues before the instant's dispatch); and only the
     devices something happened to are dispatched.
 
-    * :meth:`step_time`: the step time alone (refinement times its
-      candidates so, and counts memory only for improvements);
-    * :meth:`timing`: start, end and readiness of every op and every copy
-      sent, in the order sent (for critical-path analysis);
+    * :meth:`timing`: the step time, with start, end and readiness of every
+      op and every copy sent, in the order sent (refinement times its
+      candidates so, counts memory only for improvements, and walks the
+      critical path of the placement it takes);
     * :meth:`simulate`: the :class:`SimResult`, transfers and memory counted
       (:meth:`result` of a :meth:`timing`).
 
@@ -672,15 +675,10 @@ class StepTimer:
         if self.graph is not graph or self.devices is not devices:
             raise ValueError("the timer was built for another graph or other devices")
 
-    def step_time(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None) -> float:
-        """The step time :func:`simulate` gives this placement (and per-device order)."""
-        return self._run(device_of, order, None)
-
     def timing(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None) -> Timing:
-        """The step time with every op's start, end and readiness and every copy's arrival."""
-        trace = Timing(0.0, [], [], [], [], {})
-        trace.step_time_us = self._run(device_of, order, trace)
-        return trace
+        """The step time :func:`simulate` gives this placement (and per-device order), with
+        every op's start, end and readiness and every copy's arrival."""
+        return self._run(device_of, order)
 
     def simulate(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None) -> SimResult:
         """:func:`simulate` of this graph on these devices: the whole timeline and memory."""
@@ -713,7 +711,7 @@ class StepTimer:
         durs = self.dur_by_device
         for v, d in enumerate(device_of):
             compute[d] += durs[d][v]
-        return _counted(
+        counted = _counted(
             graph,
             self.devices,
             device_of,
@@ -725,10 +723,10 @@ class StepTimer:
             trace.step_time_us,
             compute,
         )
+        counted.trace = trace
+        return counted
 
-    def _run(
-        self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None, trace: Timing | None
-    ) -> float:
+    def _run(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None) -> Timing:
         n, ndev = self.n, self.ndev
         if len(device_of) != n:
             raise ValueError(f"placement covers {len(device_of)} ops, graph has {n}")
@@ -739,11 +737,8 @@ class StepTimer:
         remaining = list(self.in_degree)
         ready_at = [0.0] * n
         end = [0.0] * n
-        tracing = trace is not None
-        start = [0.0] * n if tracing else end
-        # Per-device lists only when tracing: refinement times thousands of placements, and on
-        # thousands of devices building them would cost more than the run.
-        ran: list[list[int]] = [[] for _ in range(ndev)] if tracing else []
+        start = [0.0] * n
+        ran: list[list[int]] = [[] for _ in range(ndev)]
         copies: dict[int, tuple[float, float, float, float]] = {}
         busy = [False] * ndev
         chan_free = [0.0] * ndev
@@ -834,9 +829,8 @@ class StepTimer:
                     busy[d] = True
                     t = now + durs[d][v]
                     end[v] = t
-                    if tracing:
-                        start[v] = now
-                        ran[d].append(v)
+                    start[v] = now
+                    ran[d].append(v)
                     heappush(events, (t, r))
                 if events and events[0][0] == now:
                     continue  # 0 µs ops just started: they end now too
@@ -868,8 +862,7 @@ class StepTimer:
                             t = recv + size
                             if t > last:
                                 last = t
-                            if tracing:
-                                copies[tid * ndev + dst] = (send, recv, t, size)
+                            copies[tid * ndev + dst] = (send, recv, t, size)
                             for w in far:
                                 if device_of[w] == dst:
                                     if t > ready_at[w]:
@@ -880,7 +873,4 @@ class StepTimer:
                 shipping = []
         if done != n:
             raise ValueError("the per-device order contradicts the graph's dependencies (deadlock)")
-        step = max(max(end, default=0.0), last)
-        if trace is not None:
-            trace.start, trace.end, trace.ready, trace.order, trace.copies = start, end, ready_at, ran, copies
-        return step
+        return Timing(max(max(end, default=0.0), last), start, end, ready_at, ran, copies)

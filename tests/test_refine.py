@@ -40,14 +40,15 @@ def placed_cases(draw):
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(placed_cases())
-def test_step_time_equals_the_traced_run(case):
-    # step_time runs the engine without tracing (start times share the end list, no copies
-    # recorded): the step time must not depend on that.
+def test_the_timers_run_equals_the_simulators_and_keeps_its_trace(case):
+    # Refinement times its candidates by StepTimer.timing and walks the critical path of the
+    # judge's run of its start (SimResult.trace): both must be the evaluator's run.
     graph, devices, device_of, order = case
     expected = simulate(graph, devices, device_of, order)
     timer = StepTimer(graph, devices)
-    assert timer.step_time(device_of, order) == expected.step_time_us
+    assert expected.trace is not None and expected.trace.step_time_us == expected.step_time_us
     timing = timer.timing(device_of, order)
+    assert (timing.ready, timing.copies) == (expected.trace.ready, expected.trace.copies)
     assert (timing.step_time_us, timing.start, timing.end, timing.order) == (
         expected.step_time_us,
         expected.start,
@@ -73,7 +74,9 @@ def test_step_timer_on_a_fan_out_with_contention(mode, step):
         Interconnect(mode, latency_us=10.0, bandwidth_bytes_per_us=100.0),
     )
     placement = [0, 1, 2, 2]
-    assert StepTimer(g, spec).step_time(placement) == step == simulate(g, spec, placement).step_time_us
+    assert (
+        StepTimer(g, spec).timing(placement).step_time_us == step == simulate(g, spec, placement).step_time_us
+    )
 
 
 def test_step_timer_rejects_a_deadlocking_order():
@@ -82,7 +85,7 @@ def test_step_timer_rejects_a_deadlocking_order():
     y = b.add_op("y", "Y", [4], compute_us=1)
     b.add_edge(x, y)
     with pytest.raises(ValueError, match="deadlock"):
-        StepTimer(b.build(), parse_devices("1x1GB")).step_time([0, 0], [[1, 0]])
+        StepTimer(b.build(), parse_devices("1x1GB")).timing([0, 0], [[1, 0]])
 
 
 # --------------------------------------------------------------------------- refine
