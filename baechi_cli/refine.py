@@ -856,7 +856,7 @@ class _Search:
         start, end, ready, copies = timing.start, timing.end, timing.ready, timing.copies
         edge_tensor = g.tensors.edge_tensor
         prev_on_device = [-1] * g.num_ops
-        for ops in timing.order:
+        for ops in timing.ran.values():
             for a, b in zip(ops, ops[1:]):
                 prev_on_device[b] = a
         v = end.index(max(end)) if g.num_ops else -1  # the first op to end last

@@ -54,6 +54,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Sequence
@@ -597,15 +598,26 @@ class Timing:
     ``ready[v]`` is when the last of v's inputs was present on v's device;
     ``copies`` maps ``tensor id * device count + device`` to (send start,
     receive start, arrival, length) of the copy of that tensor sent to that
-    device, as :class:`Transfer` has them.
+    device, as :class:`Transfer` has them; ``ran`` the ops of each device
+    that ran any, in the order they ran (:attr:`order` lists every device's,
+    built on first use: refinement times thousands of placements, most never
+    looked at again, and on thousands of devices a list per device would cost
+    more than the run).
     """
 
     step_time_us: float
     start: list[float]
     end: list[float]
     ready: list[float]
-    order: list[list[int]]  # ops of each device in the order they ran
+    ran: dict[int, list[int]]
     copies: dict[int, tuple[float, float, float, float]]
+    devices: int
+
+    @functools.cached_property
+    def order(self) -> list[list[int]]:
+        """The ops of each device in the order they ran. O(devices) on first use."""
+        ran = self.ran
+        return [ran.get(d, []) for d in range(self.devices)]
 
 
 class StepTimer:
@@ -738,7 +750,7 @@ class StepTimer:
         ready_at = [0.0] * n
         end = [0.0] * n
         start = [0.0] * n
-        ran: list[list[int]] = [[] for _ in range(ndev)]
+        ran: dict[int, list[int]] = {}
         copies: dict[int, tuple[float, float, float, float]] = {}
         busy = [False] * ndev
         chan_free = [0.0] * ndev
@@ -830,7 +842,11 @@ class StepTimer:
                     t = now + durs[d][v]
                     end[v] = t
                     start[v] = now
-                    ran[d].append(v)
+                    ops = ran.get(d)
+                    if ops is None:
+                        ran[d] = [v]
+                    else:
+                        ops.append(v)
                     heappush(events, (t, r))
                 if events and events[0][0] == now:
                     continue  # 0 µs ops just started: they end now too
@@ -873,4 +889,4 @@ class StepTimer:
                 shipping = []
         if done != n:
             raise ValueError("the per-device order contradicts the graph's dependencies (deadlock)")
-        return Timing(max(max(end, default=0.0), last), start, end, ready_at, ran, copies)
+        return Timing(max(max(end, default=0.0), last), start, end, ready_at, ran, copies, ndev)
