@@ -180,6 +180,28 @@ def test_memory_is_respected():
     assert refine(g, ample, start, max_evaluations=200).evaluation.value_us < r.evaluation.value_us
 
 
+def test_a_move_is_run_once_for_its_time_and_its_memory_check():
+    # The first pass walks the critical path of the judge's run of the start, and the
+    # move it tries is timed by one run, which the memory check counts on: one run in
+    # all (three before: the start's critical path, the time, the check).
+    g = two_chains(persistent=1000)
+    spec = DeviceSpec((Device("/device:GPU:0", 10**9), Device("/device:GPU:1", 2500)))
+    start = Placement([0] * g.num_ops)
+
+    class Counting(StepTimer):
+        runs = 0
+
+        def _run(self, device_of, order):
+            Counting.runs += 1
+            return super()._run(device_of, order)
+
+    timer = Counting(g, spec)
+    judged = evaluate(g, spec, start, timer=timer)
+    Counting.runs = 0
+    r = refine(g, spec, start, max_evaluations=2, start_evaluation=judged, timer=timer)
+    assert (r.moves_tried, r.memory_checks, Counting.runs) == (1, 1, 1)
+
+
 def test_same_inputs_same_result():
     g = two_chains(length=5)
     spec = parse_devices("3x1GB")
