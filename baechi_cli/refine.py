@@ -3,11 +3,12 @@
 Placeto's idea — improve a placement by moving ops and asking a simulator
 whether the step got faster — in seconds instead of hours of reinforcement
 learning: a deterministic hill climb over structured moves, every candidate
-timed by :meth:`baechi_cli.sim.StepTimer.timing` (the evaluator's engine
+timed by :meth:`baechi_cli.sim.StepTimer.step_time` (the evaluator's engine
 without its transfers and memory counted: about half a full evaluation's
-cost). The run is kept, so a move taken needs no second run for its memory
-check or for the next pass's critical path, and the first pass walks the
-critical path of the judge's own run of the start.
+cost), or, while moves are often taken (:data:`TRACE_WHEN_TAKEN`), by
+:meth:`~baechi_cli.sim.StepTimer.timing`, whose run a move taken reuses for
+its memory check and the next pass's critical path. The first pass walks
+the critical path of the judge's own run of the start.
 
 Contract of :func:`refine` (``graph`` is the op graph as the evaluator sees
 it, ``graph.group`` its hard colocation groups; ``start`` a placement of it
@@ -153,6 +154,10 @@ FAMILIES = {
 TRUST_PRIOR = 0.002
 # What a memory check (a full evaluation) is charged, in evaluations.
 MEMORY_CHECK_COST = 3
+# A move is timed with its trace kept (StepTimer.timing, 10-15% dearer than step_time) while
+# more than this share of the moves tried so far (plus one taken, of two, as a prior) were
+# taken: a move taken then needs no second run for its memory check and critical path.
+TRACE_WHEN_TAKEN = 0.15
 # A cluster's boundary is found in numpy, straight into the flat form its transfers are summed
 # from, when its units' tensors (made and used) number more than this: a Python loop takes
 # about 0.4 µs per tensor, the numpy steps 0.3 ms in all on the 26,786-op GNMT graph.
@@ -392,10 +397,10 @@ class _Search:
         self.sequence: list[int] | None = None if start.sequence is None else list(start.sequence)
         start_trace = self.start_eval.timeline.trace  # the judge's run, when StepTimer made it
         if start.sequence is not None:
-            free = self._timing(self.device_of, None)
-            if free is not None and free.step_time_us < self.start_value and self._fits(self.device_of, None):
-                self.sequence, self.value = None, free.step_time_us
-                start_trace = free
+            free = self._time(self.device_of, None, keep=True)
+            if free < self.start_value and self._fits(self.device_of, None):
+                self.sequence, self.value = None, free
+                start_trace = self.traced[2]  # type: ignore[index]
         if start_trace is not None:  # the first pass walks its critical path
             self.traced = (self.device_of, self.sequence, start_trace)
         self.best_dev = list(self.dev)
@@ -415,18 +420,20 @@ class _Search:
 
     # ------------------------------------------------------------------ judging
 
-    def _timing(self, device_of: list[int], sequence: list[int] | None) -> Timing | None:
-        """One fast evaluation, its run kept (as ``traced``) for the memory check and the critical
-        path of the placement should it be taken: tracing costs about nothing beside the run
-        (static GNMT: 100-120 ms either way). None when ``sequence`` deadlocks."""
+    def _time(self, device_of: list[int], sequence: list[int] | None, keep: bool) -> float:
+        """One fast evaluation's step time (inf when ``sequence`` deadlocks); ``keep``: its run
+        is kept (as ``traced``) for the memory check and the critical path of the placement,
+        should it be taken."""
         self.evaluations += 1
         order = None if sequence is None else device_order(sequence, device_of, self.ndev)
         try:
+            if not keep:
+                return self.timer.step_time(device_of, order)
             trace = self.timer.timing(device_of, order)
         except ValueError:  # a start sequence that is not topological deadlocks on some placements
-            return None
+            return math.inf
         self.traced = (device_of, sequence, trace)
-        return trace
+        return trace.step_time_us
 
     def _run_of(self, device_of: list[int], sequence: list[int] | None) -> Timing:
         """The run of this placement (these very objects): the one kept, else a new one."""
@@ -856,7 +863,7 @@ class _Search:
         start, end, ready, copies = timing.start, timing.end, timing.ready, timing.copies
         edge_tensor = g.tensors.edge_tensor
         prev_on_device = [-1] * g.num_ops
-        for ops in timing.ran.values():
+        for ops in timing.order:
             for a, b in zip(ops, ops[1:]):
                 prev_on_device[b] = a
         v = end.index(max(end)) if g.num_ops else -1  # the first op to end last
@@ -973,8 +980,8 @@ class _Search:
             return None
         self.tried += 1
         device_of = self._ops(dev, move)
-        trace = self._timing(device_of, self.sequence)
-        value = trace.step_time_us if trace is not None else math.inf
+        likely = (self.accepted + 1) / (self.tried + 1) > TRACE_WHEN_TAKEN  # tried counts this one
+        value = self._time(device_of, self.sequence, keep=likely)
         self._remember(dev, value)
         if value < self.value and self._fits(device_of, self.sequence):
             self._commit(dev, device_of, value, f"{move.kind}: {move.label}")

@@ -191,9 +191,9 @@ def test_a_move_is_run_once_for_its_time_and_its_memory_check():
     class Counting(StepTimer):
         runs = 0
 
-        def _run(self, device_of, order):
+        def _run(self, *args):
             Counting.runs += 1
-            return super()._run(device_of, order)
+            return super()._run(*args)
 
     timer = Counting(g, spec)
     judged = evaluate(g, spec, start, timer=timer)
