@@ -326,6 +326,25 @@ def test_the_cli_refuses_a_graph_over_the_guard_naming_the_file_and_writing_noth
     assert not out.exists() and not report.exists()
 
 
+def test_the_cli_says_which_graph_exact_placed(tmp_path, monkeypatch):
+    # testdata/mlp.pb: the passes line counts 45 nodes for the placers; exact places the 88
+    # of the graph without forward-only placement, and says so.
+    import os
+
+    from click.testing import CliRunner
+
+    from baechi_cli.cli import main
+
+    monkeypatch.chdir(os.path.join(os.path.dirname(__file__), ".."))
+    args = ["place", "testdata/mlp.pb", "--devices", "4x8GB", "--algo", "exact", "--budget", "0.5"]
+    result = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "placed.pb")])
+    assert result.exit_code == 0, result.output
+    assert "placers see 45 nodes" in result.output
+    assert "on the 88-node placement graph, forward-only placement off so that it sees every edge" in (
+        result.output
+    )
+
+
 def test_deterministic():
     # Stopped by its deterministic time limit, before any proof: still the same answer.
     g = random_dag(40, 2)

@@ -162,9 +162,16 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
     if len(outcome.candidates) > 1:
         console.print(tried(outcome))
     if "exact_status" in info:
+        # exact proves things about every edge's transfer, so it places the graph without
+        # forward-only placement's contraction: not the node count the passes line gives.
+        unfolded = (
+            ", forward-only placement off so that it sees every edge"
+            if info["exact_nodes"] != outcome.prepared.placement_graph.num_ops
+            else ""
+        )
         console.print(
-            f"exact: {info['exact_status']} on the {info['exact_nodes']}-node placement graph (bound "
-            f"{fmt_us(info['exact_lower_bound_us'])} there, for plans keeping its nodes whole)"
+            f"exact: {info['exact_status']} on the {info['exact_nodes']}-node placement graph{unfolded} "
+            f"(bound {fmt_us(info['exact_lower_bound_us'])} there, for plans keeping its nodes whole)"
         )
     if "pipeline" in info:
         render_pipeline(console, info["pipeline"], [d.name for d in spec.devices])
