@@ -600,10 +600,9 @@ class Timing:
     receive start, arrival, length) of the copy of that tensor sent to that
     device, as :class:`Transfer` has them; ``dispatched`` every op in the
     order it started, on ``device_of`` (the placement run, not copied).
-    :attr:`order` splits it by device on first use: refinement times
-    thousands of placements and looks again at few, and a list per device and
-    op costs a fifth of a run on small graphs, more than the run on thousands
-    of devices.
+    :attr:`order` splits it by device on first use: few traced runs are ever
+    looked at by device, and a list per device per run would cost more than
+    the run on thousands of devices.
     """
 
     step_time_us: float
