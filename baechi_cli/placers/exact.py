@@ -131,7 +131,13 @@ rows for the loads, above) gets no probe: the LP adds nothing to its bound,
 and the balanced schedule is found, if at all, by searching near a plan
 that is nearly balanced (bench/search.py's 40-node layered DAGs on four
 devices, hinted by m-ETF: seed 1 proven after 3.4 counted seconds with the
-probe and its rerun, 2.4 without the probe).
+probe and its rerun, 2.4 without the probe). Measured and left out, on
+those DAGs (seeds 0-9 on four devices, 0-5 on three; as is: 14.6 counted
+seconds in all, 15 of 16 proven): the cumulative's overload checker and
+timetable edge finding (28.4, 15), dynamic precedences in the disjunctive
+(40.6, 13), the quick-restart portfolio as the search (116, 5), m-ETF's
+hint first refined by :mod:`baechi_cli.refine` (33.2, 13): a hint nearer
+balance does not lead the search to the balanced schedule sooner.
 
 Determinism. CP-SAT's parallel portfolio returns whatever its threads had
 found when the clock stops, and even a proven optimum may differ run to run.
