@@ -395,14 +395,16 @@ class _Search:
         self.value = self.start_value
         # Keep the start's order or drop it, whichever runs faster (and fits).
         self.sequence: list[int] | None = None if start.sequence is None else list(start.sequence)
-        start_trace = self.start_eval.timeline.trace  # the judge's run, when StepTimer made it
+        dropped = False
         if start.sequence is not None:
             free = self._time(self.device_of, None, keep=True)
             if free < self.start_value and self._fits(self.device_of, None):
-                self.sequence, self.value = None, free
-                start_trace = self.traced[2]  # type: ignore[index]
-        if start_trace is not None:  # the first pass walks its critical path
-            self.traced = (self.device_of, self.sequence, start_trace)
+                self.sequence, self.value, dropped = None, free, True
+        # The first pass walks the critical path of the start's run: the free order's, kept
+        # by _time, or else the judge's, when StepTimer made it.
+        judges = self.start_eval.timeline.trace
+        if not dropped and judges is not None:
+            self.traced = (self.device_of, self.sequence, judges)
         self.best_dev = list(self.dev)
         self.best_value = self.value
         self.seen: dict[bytes, float] = {}
