@@ -4,6 +4,19 @@ OR-Tools' HiGHS backend crashes (SIGSEGV) in a process that imported
 TensorFlow before OR-Tools; the other order works. Some tests import
 TensorFlow in-process, so OR-Tools is imported first, here, before any test
 module. (`baechi place` itself never imports TensorFlow.)
+
+Property tests (Hypothesis) draw the same examples on every run, seeded by
+each test's name (profile ``repro``), so the suite passes or fails alike on
+every machine and in every CI run. ``HYPOTHESIS_PROFILE=explore make test``
+draws new examples each run, to look for failures; ``make fuzz`` does the
+same for the readers at scale.
 """
 
+import os
+
 import ortools.linear_solver.pywraplp  # noqa: F401  (import order matters, see above)
+from hypothesis import settings
+
+settings.register_profile("repro", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repro"))
