@@ -351,15 +351,19 @@ def test_deterministic():
     devices = spec(2)
     first, again = (solve(g, devices, time_limit=0.05) for _ in range(2))
     assert first.reproducible and first.status != "optimal"
-    assert (first.device_of, first.sequence, first.status, first.lower_bound_us) == (
+    assert (first.device_of, first.sequence, first.status, first.lower_bound_us, first.counted_seconds) == (
         again.device_of,
         again.sequence,
         again.status,
         again.lower_bound_us,
+        again.counted_seconds,
     )
+    # The phases share the limit: together they count all of it, and not much more.
+    assert 0.05 <= first.counted_seconds < 0.06
     proven = [solve(random_dag(18, 7), spec(3), time_limit=10.0) for _ in range(2)]
     assert proven[0] == proven[1].__class__(**{**proven[1].__dict__, "seconds": proven[0].seconds})
     assert proven[0].reproducible and proven[0].status == "optimal"
+    assert 0 < proven[0].counted_seconds < 10.0  # counted_seconds is compared above too
 
 
 def test_hint_is_used_and_checked():

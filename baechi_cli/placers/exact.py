@@ -137,7 +137,18 @@ seconds in all, 15 of 16 proven): the cumulative's overload checker and
 timetable edge finding (28.4, 15), dynamic precedences in the disjunctive
 (40.6, 13), the quick-restart portfolio as the search (116, 5), m-ETF's
 hint first refined by :mod:`baechi_cli.refine` (33.2, 13): a hint nearer
-balance does not lead the search to the balanced schedule sooner.
+balance does not lead the search to the balanced schedule sooner; without
+the redundant cumulative (34.9, 13); branching on starts, lowest first
+(34.2, 13); the share without the LP cut into runs of 1, 1 and 1 counted
+seconds with random seeds 0, 1, 2, each hinted by the best so far (26.2,
+14); two searches without the LP, random seeds 0 and 1, in the
+deterministic interleave on two threads (the DAG of seed 0 on four devices:
+3.42 counted seconds, against 0.49 with one search). CP-SAT's random seed matters more than any of these: the DAG of
+seed 1 on four devices takes 2.42 counted seconds with ``SEED`` (0); with
+random seeds 1-9, 1.11-7.34 on the six that prove it, and the other three
+do not within the limit. So whether bench/search.py's 10 s target for exact
+holds depends on how fast the machine counts (0.22-0.28 counted seconds per
+wall second on the 2-core machine of bench/search.md).
 
 Determinism. CP-SAT's parallel portfolio returns whatever its threads had
 found when the clock stops, and even a proven optimum may differ run to run.
@@ -225,6 +236,9 @@ class ExactResult:
     # False with several workers, whose threads race (module docstring): then the same
     # input may give another answer.
     reproducible: bool = True
+    # CP-SAT's deterministic time over every phase of both models: with one worker the same on
+    # every machine, where ``seconds`` (wall-clock, with the model's set-up) is not.
+    counted_seconds: float = 0.0
 
     @property
     def gap(self) -> float:
@@ -260,8 +274,9 @@ def place(graph: OpGraph, devices: DeviceSpec, options: ExactOptions) -> Placeme
     same placement in the evaluator's own order, and the hint (the last two
     can win only when the model is not optimal, or in ``sequential`` mode).
     ``info`` gets ``exact_status``, ``exact_lower_bound_us``,
-    ``exact_objective_us``, ``exact_seconds``, ``exact_nodes`` and
-    ``exact_source`` (which of the three it is).
+    ``exact_objective_us``, ``exact_seconds`` (wall-clock),
+    ``exact_counted_seconds`` (CP-SAT's deterministic time), ``exact_nodes``,
+    ``exact_source`` (which of the three it is) and ``exact_reproducible``.
     """
     from baechi_cli.evaluate import evaluate
     from baechi_cli.placers import get
@@ -301,6 +316,7 @@ def place(graph: OpGraph, devices: DeviceSpec, options: ExactOptions) -> Placeme
         "exact_lower_bound_us": result.lower_bound_us,
         "exact_objective_us": result.objective_us,
         "exact_seconds": round(result.seconds, 6),
+        "exact_counted_seconds": round(result.counted_seconds, 6),
         "exact_nodes": result.nodes,
         "exact_source": source,
         "exact_reproducible": result.reproducible,
@@ -388,6 +404,7 @@ class _Solved:
     objective: int | None
     bound: int  # proven lower bound of the model's optimum, in units
     clock: bool = False  # several workers raced: another run may answer differently
+    counted: float = 0.0  # CP-SAT's deterministic time over the model's phases
 
 
 class _Watch:
@@ -866,6 +883,7 @@ class _Problem:
         params(solver)
         if workers > 1:  # CP-SAT's portfolio, its LNS and searches with and without the LP
             status, found, proven, _ = run(solver, time_limit, bound_units)
+            spent = solver.response_proto.deterministic_time
         else:
             # Without the LP, then both in turn (module docstring, "Search").
             whole = time_limit if time_limit is not None else UNLIMITED
@@ -911,8 +929,8 @@ class _Problem:
         clock = workers > 1  # the portfolio's threads race, even to a proof
         if found is not None:
             objective, device_of, starts = found
-            return _Solved(name, device_of, starts, objective, min(proven, objective), clock)
-        return _Solved(name, None, None, None, 0 if status == cp_model.INFEASIBLE else proven, clock)
+            return _Solved(name, device_of, starts, objective, min(proven, objective), clock, spent)
+        return _Solved(name, None, None, None, 0 if status == cp_model.INFEASIBLE else proven, clock, spent)
 
     def _memory_rows(self, m, x, safe: bool) -> None:
         """Per device, the first model's persistent bytes or the second's safe count, within memory."""
@@ -1008,6 +1026,7 @@ class _Problem:
             cp_status=chosen.cp_status,
             from_hint=from_hint,
             reproducible=not (first.clock or chosen.clock),
+            counted_seconds=first.counted + (chosen.counted if chosen is not first else 0.0),
         )
 
     def bound_us(self, bound_units: int) -> float:
