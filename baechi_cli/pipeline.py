@@ -738,6 +738,11 @@ def run_candidate(
             seconds = time.perf_counter() - t0
             return Candidate(spec.name, seconds, error=err.with_path(prepared.path), variant=variant.options)
         except InputError as err:  # a graph the placer refuses (exact's size guard): the user's to fix
+            if pgraph is not variant.placement_graph:  # the passes line counted another graph
+                err.problem += (
+                    f" without forward-only placement, which {spec.name} turns off to see every edge "
+                    f"(the other placers see {variant.placement_graph.num_ops:,})"
+                )
             raise err.with_path(prepared.path) from None
         if pgraph is not graph:
             placement = expand(placement, pgraph, graph, expands_sequence)

@@ -260,9 +260,9 @@ def gap(evaluated_us: float, lower_bound_us: float) -> float:
 def too_big(nodes: int, max_nodes: int) -> InputError:
     """The error for a graph over the size guard: what exact takes, and what to use instead."""
     return InputError(
-        f"exact solves graphs of up to {max_nodes:,} nodes after the passes; this one has {nodes:,}: "
-        "use --algo auto (m-TOPO, m-ETF and m-SCT, refined; exact where the graph is small enough), "
-        "or shrink the graph with --coplace and --fusion where one is off"
+        f"exact solves graphs of up to {max_nodes:,} nodes after the passes (use --algo auto: m-TOPO, "
+        "m-ETF and m-SCT, refined, and exact where the graph is small enough; or shrink the graph with "
+        f"--coplace and --fusion where one is off); this one has {nodes:,}"
     )
 
 
