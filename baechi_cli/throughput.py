@@ -97,7 +97,6 @@ import numpy as np
 from baechi_cli.devices import DeviceSpec
 from baechi_cli.errors import InfeasibleError, InputError
 from baechi_cli.graph import OpGraph
-from baechi_cli.passes.training import STEP_OP
 from baechi_cli.passes.unionfind import UnionFind
 
 # Floating-point slack when comparing loads summed in different orders.
@@ -1440,12 +1439,15 @@ def load_model(
         m if m is not None else ic.latency_us + b / ic.bandwidth_bytes_per_us
         for m, b in zip(tensors.measured_us, tensors.nbytes)
     ]
+    owner_of = {r: weight.owner for weight in tied for r in weight.readers}
     for t, src in enumerate(tensors.src):
-        # A copy's gradient contribution (passes.training) stays put: the all-reduce moves it.
+        # A copy's gradient of the weight (passes.training: the buffer its owner's backward adds
+        # into and its update reads) stays put: the all-reduce moves it.
+        reader = graph.forward_op[src]
         if (
             graph.is_backward[src]
-            and graph.forward_op[src] in copies
-            and all(graph.op_types[w] == STEP_OP for w in dst[t])
+            and reader in owner_of
+            and all(graph.forward_op[w] == owner_of[reader] for w in dst[t])
         ):
             cost[t] = 0.0
     return LoadModel(

@@ -240,6 +240,25 @@ CASES = (
         output="last_hidden_state",
     ),
     Case(
+        "albert_base",
+        "AlbertConfig",
+        "AlbertModel",
+        "AlbertModel(AlbertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=3072), "
+        "add_pooling_layer=False), last_hidden_state",
+        "text",
+        {
+            "hidden_size": 768,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+            "attn_implementation": "eager",
+            **NO_DROPOUT,
+        },
+        {"attn_implementation": "eager", "vocab_size": 1000, **SMALL_TRANSFORMER, **NO_DROPOUT},
+        (4, 32),
+        (2, 16),
+        output="last_hidden_state",
+    ),
+    Case(
         "gpt2",
         "GPT2Config",
         "GPT2LMHeadModel",
@@ -282,7 +301,7 @@ def build(case: Case, quick: bool) -> tuple[Any, Any]:
 
     config = getattr(transformers, case.config_class)(**(case.quick if quick else case.full))
     torch.manual_seed(0)
-    extra = {"add_pooling_layer": False} if case.name == "bert_base" else {}
+    extra = {"add_pooling_layer": False} if case.model_class in ("BertModel", "AlbertModel") else {}
     model = OneOutput(getattr(transformers, case.model_class)(config, **extra), case.output)
     distinct_values(model)
     shape = case.quick_input if quick else case.full_input

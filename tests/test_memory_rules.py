@@ -199,9 +199,13 @@ def test_a_cast_to_its_own_dtype_is_a_view():
     assert mark_views(b.build(), "onnx").view_of == {same: (a, 0)}
 
 
-def test_tied_weights_contribute_a_gradient_each_until_the_step(tmp_path):
-    """GPT-2's embedding is also its output layer: each reader's gradient lives until opt.step(), and
-    the owner adds them into a new buffer, as AccumulateGrad does (bench/framework.md, gpt2)."""
+def test_tied_weights_share_one_gradient_buffer_until_the_update(tmp_path):
+    """A weight three ops read (ALBERT's shared layers; GPT-2's embedding, also its output layer):
+    autograd adds each reader's gradient into one buffer as it comes. The last reader's backward,
+    the first to run, starts the buffer, which lives until the owner's update as its .grad; every
+    other gradient of the weight lives only while its backward op runs, and the first add makes a
+    new sum (ALBERT at 2x16 tokens: a buffer per reader, kept until the step, put the predicted
+    peak at 3.28x PyTorch's measured one; one buffer, 1.08x)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -211,15 +215,16 @@ def test_tied_weights_contribute_a_gradient_each_until_the_step(tmp_path):
     w = numpy_helper.from_array(np.ones((10, 4), np.float32), "wte")
     nodes = [
         helper.make_node("Gather", ["wte", "ids"], ["h"], name="embed"),
-        helper.make_node("MatMul", ["h", "wte_t"], ["logits"], name="lm_head"),
         helper.make_node("Transpose", ["wte"], ["wte_t"], name="tie", perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "wte_t"], ["mid"], name="mid"),
+        helper.make_node("Identity", ["wte"], ["wte_2"], name="tie2"),
+        helper.make_node("MatMul", ["mid", "wte_2"], ["logits"], name="lm_head"),
     ]
-    nodes = [nodes[0], nodes[2], nodes[1]]
     graph = helper.make_graph(
         nodes,
         "tied",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3, 10])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3, 4])],
         [w],
     )
     path = tmp_path / "tied.onnx"
@@ -228,17 +233,25 @@ def test_tied_weights_contribute_a_gradient_each_until_the_step(tmp_path):
     names = g.index()
     assert g.attrs[names["embed"]]["_accumulated_parameter_bytes"] == 160
     assert g.attrs[names["tie"]]["_shared_parameter_bytes"] == 160
+    assert g.attrs[names["tie2"]]["_shared_parameter_bytes"] == 160
+    assert g.attrs[names["tie2"]]["_gradient_buffer_owners"] == ["embed"]
+    assert g.attrs[names["tie2"]]["_gradient_buffer_bytes"] == [160]
+    assert "_gradient_buffer_bytes" not in g.attrs[names["tie"]]
     assert g.persistent_bytes[names["embed"]] == 160 and g.persistent_bytes[names["tie"]] == 0
 
-    t = synthesize_training(g, SPEC, ["bytes", "zero", "flops", "flops"], "sgd")
+    kinds = ["bytes" if t in ("Gather", "Transpose", "Identity") else "flops" for t in g.op_types]
+    t = synthesize_training(g, SPEC, kinds, "sgd")
     tn = t.index()
-    tie_grad, embed_grad, step = tn["gradients/tie"], tn["gradients/embed"], tn["optimizer/step"]
-    contribution = len(t.output_bytes[tie_grad]) - 1
-    assert t.output_bytes[tie_grad][contribution] == 160
-    assert any(
-        t.edge_src[e] == tie_grad and t.edge_port[e] == contribution for e in t.in_edges[step]
-    )  # kept until the step
-    assert t.temporary_bytes[embed_grad] == g.temporary_bytes[names["embed"]] + 160  # grad + new
+    tie, tie2, embed = tn["gradients/tie"], tn["gradients/tie2"], tn["gradients/embed"]
+    update = tn["optimizer/embed"]
+    buffer = len(t.output_bytes[tie2]) - 1
+    assert t.output_bytes[tie2][buffer] == 160  # the buffer
+    readers = {t.edge_dst[e] for e in t.out_edges[tie2] if t.edge_port[e] == buffer}
+    assert readers == {embed, update}  # the owner adds into it; its update reads it as .grad
+    assert t.temporary_bytes[tie] == g.temporary_bytes[names["tie"]] + 2 * 160  # the first add: a new sum
+    assert t.temporary_bytes[embed] == g.temporary_bytes[names["embed"]] + 160
+    assert t.output_bytes[embed][-1] == 0  # the owner's .grad is the buffer
+    assert all(sum(t.output_bytes[v]) < 160 for v in (tie, embed))
 
 
 def test_an_infeasible_one_device_run_names_the_device_the_op_and_the_excess():

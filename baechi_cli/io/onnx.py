@@ -135,7 +135,10 @@ Graph mapping:
   each explicit input edge, in edge order: initializers and omitted inputs
   have none), and, for a float initializer several ops read (tied
   weights), ``_shared_parameter_bytes`` on every reader but the first (its
-  owner) and ``_accumulated_parameter_bytes`` on the owner.
+  owner), ``_accumulated_parameter_bytes`` on the owner, and on the last
+  reader ``_gradient_buffer_owners`` and ``_gradient_buffer_bytes`` (the
+  owner's name and the initializer's bytes, one entry per initializer), and
+  on the one before it ``_gradient_sum_bytes``.
 * ``attrs[v]["_module"]``: for a PyTorch export, the qualified name of the
   module the node's op came from (``"layer1.0.conv1"``; ``""`` the root),
   from the legacy exporter's node names or the dynamo exporter's node
@@ -1076,8 +1079,10 @@ def _own_initializers(graph: OpGraph, inits: dict[str, _Tensor], consumers: dict
     for name, ops in consumers.items():
         persistent[ops[0]] += inits[name].nbytes
         if len(ops) > 1 and inits[name].dtype.startswith(("float", "bfloat")):
-            # A shared weight (tied embeddings): every reader contributes a gradient of its
-            # size, which the owner accumulates (see passes.training).
+            # A shared weight (tied embeddings, ALBERT's shared layers): every reader's backward
+            # computes a gradient of its size, which autograd adds into one buffer as it comes;
+            # the last reader's, computed first, starts the buffer, and the owner's .grad is it
+            # (see passes.training).
             for v in ops[1:]:
                 attrs = graph.attrs[v]
                 attrs["_shared_parameter_bytes"] = (
@@ -1087,6 +1092,12 @@ def _own_initializers(graph: OpGraph, inits: dict[str, _Tensor], consumers: dict
             owner["_accumulated_parameter_bytes"] = owner.get("_accumulated_parameter_bytes", 0) + (
                 inits[name].nbytes
             )
+            last = graph.attrs[ops[-1]]
+            last.setdefault("_gradient_buffer_owners", []).append(graph.names[ops[0]])
+            last.setdefault("_gradient_buffer_bytes", []).append(inits[name].nbytes)
+            # The first add is counted as making a new buffer (passes.training says why).
+            first_add = graph.attrs[ops[-2]]
+            first_add["_gradient_sum_bytes"] = first_add.get("_gradient_sum_bytes", 0) + inits[name].nbytes
         root = find(ops[0])
         for v in ops[1:]:
             other = find(v)

@@ -264,7 +264,8 @@ def synthesize_training(
     grad_op: dict[int, int] = {}
     feeds_backward: set[int] = set()  # backward ops that send a gradient to another one
     composite = gelu_saved(graph)  # exported composites that autograd runs as one op
-    contributions: list[tuple[int, int]] = []  # (backward op, port): gradients of a shared weight
+    # A shared weight's gradient buffer, by its owner's name: (the last reader's backward op, port).
+    buffers: dict[str, list[tuple[int, int]]] = {}
     for v in reversed(order):
         if not need[v]:
             continue
@@ -272,8 +273,11 @@ def synthesize_training(
         wanted = [t for t in dict.fromkeys(inputs) if need[t[0]]]
         owns = graph.persistent_bytes[v] > 0
         scale = _multiplier(kinds[v], len(wanted) + owns)
+        attrs = graph.attrs[v]
+        # An owner's gradient of a shared weight is the buffer its readers' gradients went into.
+        accumulated = attrs.get("_accumulated_parameter_bytes", 0)
         out_bytes = [graph.output_bytes[u][p] for u, p in wanted] + (
-            [graph.persistent_bytes[v]] if owns else []
+            [graph.persistent_bytes[v] - accumulated] if owns else []
         )
         # v's float outputs nothing reads are the model's: the loss is taken of them.
         read = {graph.edge_port[e] for e in graph.out_edges[v]}
@@ -312,12 +316,28 @@ def synthesize_training(
         )
         grad_op[v] = b
         grad_port[b] = {t: k for k, t in enumerate(wanted)}
-        # Tied weights: a reader's gradient of the shared weight lives until opt.step(); the
-        # owner's backward adds the contributions into a new buffer (AccumulateGrad's grad + new).
-        shared = graph.attrs[v].get("_shared_parameter_bytes", 0)
-        if shared:
-            contributions.append((b, builder.add_output(b, shared, None, "float32")))
-        builder.add_temporary(b, graph.attrs[v].get("_accumulated_parameter_bytes", 0))
+        # Tied weights: autograd adds each reader's gradient of the shared weight into one
+        # buffer as it comes. The last reader's gradient, the first computed, is that buffer;
+        # it lives until the owner's update, as the owner's .grad. Every other reader's, and
+        # the owner's, lives while its backward op runs. The first add is counted as making a
+        # new buffer, a third copy while the reader before the last runs: GPT-2's measured
+        # peak (sgd) is there, one embedding above the in-place count. ALBERT's first add is
+        # in place, so there it counts its largest shared tensor too many (bench/framework.md).
+        held = attrs.get("_gradient_buffer_bytes", [])
+        if held:
+            buffer_port = builder.add_output(b, sum(held), None, "float32")
+            for owner in attrs["_gradient_buffer_owners"]:
+                buffers.setdefault(owner, []).append((b, buffer_port))
+        builder.add_temporary(
+            b,
+            attrs.get("_shared_parameter_bytes", 0)
+            - sum(held)
+            + accumulated
+            + attrs.get("_gradient_sum_bytes", 0),
+        )
+        for holder, port in buffers.get(graph.names[v], ()) if accumulated else ():
+            builder.add_edge(holder, b, port)  # the owner adds its own gradient into the buffer
+            feeds_backward.add(holder)
         builder.add_edge(v, b, CONTROL_PORT)
         # The gradients of v's outputs, from the loss and the backward ops of its consumers.
         incoming = []
@@ -332,7 +352,7 @@ def synthesize_training(
                 incoming.append((gw, grad_port[gw][(v, p)]))
                 builder.add_edge(gw, b, incoming[-1][1])
                 feeds_backward.add(gw)
-        if graph.view_of.get(v, RESIDENT) != RESIDENT and len(incoming) == 1:
+        if graph.view_of.get(v, RESIDENT) != RESIDENT and len(incoming) == 1 and not held:
             builder.set_view(b, *incoming[0])  # a view's gradient is the incoming one, viewed back
         saved = composite.get(v) or saved_for_backward(graph.op_types[v], kinds[v])
         _keep_saved(builder, graph, need, v, b, inputs, saved)
@@ -346,8 +366,6 @@ def synthesize_training(
         for b in grad_op.values():
             if b not in feeds_backward:
                 builder.add_edge(b, step, CONTROL_PORT)
-        for b, port in contributions:
-            builder.add_edge(b, step, port)
     # Optimizer updates, after every backward op so that ids stay grouped.
     update_op, slots = UPDATE_OP[optimizer], OPTIMIZER_SLOTS[optimizer]
     # Update times depend only on the parameter bytes: many layers share a size.
@@ -370,6 +388,8 @@ def synthesize_training(
         )
         b = grad_op[v]
         builder.add_edge(b, u, len(grad_port[b]))
+        for holder, port in buffers.get(graph.names[v], ()):
+            builder.add_edge(holder, u, port)  # the shared weight's .grad, until its update
         builder.add_edge(step, u, CONTROL_PORT)  # an update exists only where a gradient does
     # The outputs go to the loss, not to the caller, who holds only what it fed (ops without inputs).
     fed = frozenset((v, port) for v, port in graph.held_outputs if not graph.in_edges[v])
