@@ -121,6 +121,29 @@ def test_a_module_call_holds_its_arguments_until_it_returns(tmp_path):
     assert read_onnx(_save(tmp_path, _model(nodes, [x], [y]), name="plain.onnx")).scope_holds == ()
 
 
+def test_a_module_called_twice_is_two_calls_not_one(tmp_path):
+    """ALBERT's one layer module runs twelve times; the exporter suffixes only a name's last scope
+    (/layer_1/Add, /layer/ffn_1/Tanh), so the prefix /layer spans both calls. The first call's
+    input is held by the call it entered that the names tell apart (ffn), not to the second's end."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="/embed/Relu"),
+        helper.make_node("Tanh", ["r"], ["a"], name="/layer/ffn/Tanh"),  # r enters layer and ffn
+        helper.make_node("Sigmoid", ["a"], ["b"], name="/layer/ffn/Sigmoid"),
+        helper.make_node("Add", ["b", "r"], ["c"], name="/layer/Add"),
+        helper.make_node("Tanh", ["c"], ["d"], name="/layer/ffn_1/Tanh"),  # the second call
+        helper.make_node("Sigmoid", ["d"], ["e"], name="/layer/ffn_1/Sigmoid"),
+        helper.make_node("Add", ["e", "c"], ["y"], name="/layer_1/Add"),
+    ]
+    x = helper.make_tensor_value_info("x", F, [2, 3])
+    y = helper.make_tensor_value_info("y", F, [2, 3])
+    g = read_onnx(_save(tmp_path, _model(nodes, [x], [y]), name="twice.onnx"))
+    names = g.index()
+    held_until = {(g.names[u], g.names[w]) for u, _, w in g.scope_holds}
+    assert ("/embed/Relu", "/layer/ffn/Sigmoid") in held_until  # ffn's first call
+    # Not held into the second call, as one call spanning both would hold it (to /layer/ffn_1/Sigmoid).
+    assert all(w <= names["/layer/Add"] for u, _, w in g.scope_holds if u == names["/embed/Relu"])
+
+
 def test_cnn_batch_bound_by_dims_and_dims_win_over_batch_size(tmp_path):
     """--dim N=2 gives the same sizes as --batch-size 2; a --dim beats --batch-size for that name."""
     path = _save(tmp_path, _cnn())

@@ -182,7 +182,7 @@ from baechi_cli.errors import OP_NAME_LIMIT, InputError, one_line, truncate
 from baechi_cli.graph import GraphBuilder, OpGraph
 from baechi_cli.io import protowire
 from baechi_cli.io.files import mapped_input, write_atomic
-from baechi_cli.io.torch_modules import ModuleMap, module_map, module_paths, parameter_module
+from baechi_cli.io.torch_modules import CALL_SUFFIX, ModuleMap, module_map, module_paths, parameter_module
 
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto, TensorProto, TypeProto
@@ -1042,12 +1042,29 @@ def scope_holds(graph: OpGraph, scopes: Sequence[list[str] | None]) -> tuple[tup
     no hold); a call is a scope prefix, its last op the last in op order (the
     trace's order). Measured on transformers' ResNet-50 in ``eval()``: the
     input of each conv stays while its batch norm runs, as the module that
-    called both holds it. O(E x scope depth).
+    called both holds it.
+
+    A module called several times that has submodules is not one call: the
+    exporter marks a repeated call on the last scope of a name only
+    (``layer_3/Add``, but ``layer/attention_3/MatMul`` for its submodule), so
+    the prefix ``layer`` covers every call. No hold is taken at such a prefix;
+    the tensor is held by the innermost call it entered that is one.
+    Measured on transformers' ALBERT, one layer module called twelve times,
+    forward pass at 4x32 tokens, 51.7 MB measured: 66.9 MB predicted with
+    every layer's inputs held to the twelfth call's end, 51.5 MB without.
+    O(E x scope depth).
     """
     last: dict[tuple[str, ...], int] = {}
     for v, scope in enumerate(scopes):
         for k in range(1, len(scope or ()) + 1):
             last[tuple(scope[:k])] = v  # type: ignore[index]
+    repeated = set()  # prefixes whose last scope also appears as <scope>_<call>
+    for scope in scopes:
+        for k, name in enumerate(scope or ()):
+            call = CALL_SUFFIX.fullmatch(name)
+            if call:
+                repeated.add((*scope[:k], call.group(1)))  # type: ignore[index]
+    merged = repeated & {key[:-1] for key in last}  # ... that have submodules
     holds = set()
     for e in range(graph.num_edges):
         u, v, port = graph.edge_src[e], graph.edge_dst[e], graph.edge_port[e]
@@ -1058,6 +1075,8 @@ def scope_holds(graph: OpGraph, scopes: Sequence[list[str] | None]) -> tuple[tup
         i = 0
         while i < len(inner) and i < len(outer) and inner[i] == outer[i]:
             i += 1
+        while i < len(inner) and tuple(inner[: i + 1]) in merged:
+            i += 1  # several calls under one prefix: the next scope in
         if i < len(inner):  # v's call i was entered with the tensor
             w = last[tuple(inner[: i + 1])]
             if w != v:

@@ -133,7 +133,8 @@ _ATOM = r"(?:[A-Za-z_]\w*|\d+)"
 _SCOPE = re.compile(rf"{_ATOM}(?:\.{_ATOM})*")
 _NUMERIC_TAIL = re.compile(r"(?:\.\d+)+")
 _OP = re.compile(r"[A-Za-z_]\w*")
-_CALL_SUFFIX = re.compile(r"(.*)_(\d+)")
+# A legacy exporter scope of a repeated module call: "<scope>_<call index>".
+CALL_SUFFIX = re.compile(r"(.*)_(\d+)")
 
 
 class UnmappedOp(NamedTuple):
@@ -365,7 +366,7 @@ def _legacy_path(node_name: str) -> _Legacy | None:
     if not scopes:
         return _Legacy("", None)
     last = scopes[-1]
-    called = _CALL_SUFFIX.fullmatch(last)
+    called = CALL_SUFFIX.fullmatch(last)
     base = called.group(1) if called else None
     if base is not None and not _SCOPE.fullmatch(base):
         base = None
