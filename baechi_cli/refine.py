@@ -189,6 +189,8 @@ class Refined:
     full_evaluations: int = 0  # full evaluator runs: the start's (unless given), memory checks, the result's
     memory_checks: int = 0  # improvements whose memory was counted (a full evaluation)
     kept_sequence: bool = False  # whether the start's order was kept
+    # It stopped at a local optimum with budget left (``stop_at_local_optimum``, or no kick fits).
+    stalled: bool = False
     history: list[tuple[int, float, str]] = field(default_factory=list)  # (evaluations, value, move kind)
 
     @property
@@ -215,17 +217,20 @@ def refine(
     seed: int = 0,
     start_evaluation: Evaluation | None = None,
     timer: StepTimer | None = None,
+    stop_at_local_optimum: bool = False,
 ) -> Refined:
     """Improve ``start`` by local search within ``max_evaluations`` fast evaluations (module docstring).
 
     ``start_evaluation``, when the caller has it, is ``evaluate(graph, devices,
     start)`` (a full evaluation saved); ``timer`` a StepTimer of ``graph`` on
-    ``devices`` (one built saved). ValueError when ``start`` does not cover
-    the graph or splits a group.
+    ``devices`` (one built saved). ``stop_at_local_optimum``: where the climb
+    would kick, stop instead (``Refined.stalled``), so that a caller can spend
+    the rest on another start. ValueError when ``start`` does not cover the
+    graph or splits a group.
     """
     t0 = time.perf_counter()
     search = _Search(graph, devices, start, seed, start_evaluation, timer)
-    search.run(max_evaluations)
+    stalled = search.run(max_evaluations, kick=not stop_at_local_optimum)
     placement, evaluation = search.result()
     return Refined(
         placement=placement,
@@ -239,6 +244,7 @@ def refine(
         full_evaluations=search.full_evaluations,
         memory_checks=search.memory_checks,
         kept_sequence=search.sequence is not None,
+        stalled=stalled,
         history=search.history,
     )
 
@@ -1054,10 +1060,11 @@ class _Search:
                 worse.append((value, m))
         return False, True
 
-    def run(self, max_evaluations: int) -> None:
+    def run(self, max_evaluations: int, kick: bool = True) -> bool:
         """Climb until the budget is spent (module docstring): passes cycle through the levels,
         staying at one while it improves; when every level was swept in full without
-        improving, kick."""
+        improving, kick, or, without ``kick``, stop there. True when it stopped at a local
+        optimum with budget left."""
         budget = max(0, int(max_evaluations))
         # A pass may not take more than this, so a long sweep of one level cannot
         # starve the others.
@@ -1076,8 +1083,10 @@ class _Search:
             if len(swept) < len(LEVELS):
                 level = (level + 1) % len(LEVELS)
                 continue
-            if not worse or self.evaluations >= budget:
+            if self.evaluations >= budget:
                 break
+            if not kick or not worse:
+                return True
             # A local optimum: kick (take one of the least-bad moves) and climb again.
             least = sorted(range(len(worse)), key=lambda i: (worse[i][0], i))[:KICK_CHOICES]
             value, move = worse[least[self.rng.randrange(len(least))]]
@@ -1085,12 +1094,13 @@ class _Search:
             dev = [targets.get(u, d) for u, d in enumerate(self.dev)]
             device_of = self._ops(dev, move)
             if not self._fits(device_of, self.sequence):
-                break
+                return True
             self._commit(dev, device_of, value, f"{move.kind}: {move.label}", kick=True)
             self.failed.clear()
             swept.clear()
             worse = []
             level = 0
+        return False
 
     def result(self) -> tuple[Placement, Evaluation]:
         """The best placement seen (the start's when none beat it) and its full evaluation."""

@@ -16,11 +16,22 @@ auto never trusts one setting. It runs, cheapest first:
    whose placement graph equals one already tried is listed, not rerun. An
    option the user pinned (``--no-fusion``, ``--forward-only``, ...) is
    not varied;
-3. local search from the best plan (:func:`baechi_cli.refine.refine`),
-   judged move by move by the simulator, with what is left of the budget
-   after its setup (:data:`baechi_cli.refine.SETUP_EVALUATIONS`);
-4. on a placement graph small enough, CP-SAT (:mod:`baechi_cli.placers.exact`),
-   which returns an optimal plan or the best it found with a proven bound.
+3. on a placement graph small enough, CP-SAT (:mod:`baechi_cli.placers.exact`),
+   which returns an optimal plan or the best it found with a proven bound;
+4. local search (:func:`baechi_cli.refine.refine`), judged move by move by
+   the simulator, with what is left of the budget after its setup
+   (:data:`baechi_cli.refine.SETUP_EVALUATIONS`): from the best plan, and,
+   each time a climb reaches a local optimum with budget left, from the next
+   distinct plan instead of kicking (:data:`REFINE_STARTS` plans at most;
+   the last kicks on). A bigger budget then goes to other starts rather
+   than only to kicks around the first: the GNMT layer graph's default
+   budget refines three plans, to 337.601 ms (one plan, kicking: 337.607);
+   cnn.pb on 4x8GB with ``--budget 4``, 0.968 ms (1.000). On 15 of
+   bench/search.md's cases at budgets 1, 4 and 16 s, no plan got slower.
+   A bigger budget can still give a slower plan: transformer.pb on 4x8GB,
+   68.154 ms at 1 s, 68.842 at 16 s, where another setting of the passes
+   gives a better start whose climb finds nothing and reaches no local
+   optimum within the budget.
 
 Every plan is expanded onto the ops and judged by the one evaluator, and the
 fastest one that fits wins (the earlier one on ties). Stages 2-4 run within
@@ -70,6 +81,9 @@ SCT_LP_S_PER_NODE_POWER = (1.6e-7, 1.8)  # seconds = a * nodes ** b
 
 # Share of the budget other settings of the passes may take; refinement gets the rest.
 SETTINGS_SHARE = 0.5
+# Distinct plans refinement may start from, in turn, each after the one before stopped at a local
+# optimum with budget left (refine_stage).
+REFINE_STARTS = 3
 # auto runs the exact solver on a graph of at most this many nodes (the op graph
 # itself, else the chosen plan's placement graph), for at most EXACT_SECONDS of
 # CP-SAT's deterministic time: small graphs are where it proves optima quickly.
@@ -225,50 +239,78 @@ def run_candidates(
 
 
 def refine_stage(prepared: Prepared, options: PlaceOptions, search: Search) -> None:
-    """Local search from the best plan so far with what is left of the budget (a candidate when it ran)."""
+    """Local search with what is left of the budget: from the best plan so far, then, each time
+    the climb stops at a local optimum with budget left, from the next distinct plan
+    (:data:`REFINE_STARTS` at most; the last one kicks on at its local optima). Each refined plan
+    that beats its start is a candidate.
+    """
     from baechi_cli.refine import SETUP_EVALUATIONS, evaluation_cost, refine
 
-    start = fastest(search.candidates)
-    if start is None or start.placement is None or prepared.bounds.gap(start.evaluation.value_us) == 0:
-        return
+    starts = refine_starts(search.candidates)
     per_evaluation = evaluation_cost(prepared.graph)
-    # Its setup is charged too, so that the budget bounds what refinement takes in all.
-    evaluations = int(max(0.0, search.budget_s - search.spent_s) / per_evaluation) - SETUP_EVALUATIONS
-    if evaluations < 1:
-        return
-    refined = refine(
-        prepared.graph,
-        prepared.devices,
-        start.placement,
-        max_evaluations=evaluations,
-        seed=options.seed,
-        start_evaluation=start.evaluation,
-        timer=prepared.timer,
+    for k, start in enumerate(starts):
+        best = fastest(search.candidates)
+        if best is None or prepared.bounds.gap(best.evaluation.value_us) == 0:  # type: ignore[union-attr]
+            return
+        # Its setup is charged too, so that the budget bounds what refinement takes in all.
+        evaluations = int(max(0.0, search.budget_s - search.spent_s) / per_evaluation) - SETUP_EVALUATIONS
+        if evaluations < 1:
+            return
+        refined = refine(
+            prepared.graph,
+            prepared.devices,
+            start.placement,  # type: ignore[arg-type]
+            max_evaluations=evaluations,
+            seed=options.seed,
+            start_evaluation=start.evaluation,
+            timer=prepared.timer,
+            stop_at_local_optimum=k + 1 < len(starts),
+        )
+        search.spent_s += (SETUP_EVALUATIONS + refined.evaluations) * per_evaluation
+        if refined.evaluation.value_us < start.evaluation.value_us:  # type: ignore[union-attr]
+            placement = refined.placement
+            placement.info = {
+                "refinement": {
+                    "start": start.label,
+                    "start_step_time_us": refined.start_value_us,
+                    "evaluations": refined.evaluations,
+                    "moves_tried": refined.moves_tried,
+                    "moves_accepted": refined.moves_accepted,
+                    "seed": options.seed,
+                }
+            }
+            search.candidates.append(
+                Candidate(
+                    start.algorithm,
+                    refined.seconds,
+                    placement,
+                    prepared.judge(placement, refined.evaluation),
+                    variant=start.variant,
+                    stage="refine",
+                    start=start.label,
+                )
+            )
+        if not refined.stalled:
+            return  # the budget is spent
+
+
+def refine_starts(candidates: list[Candidate]) -> list[Candidate]:
+    """The plans refinement may start from: the feasible candidates, fastest first (the earlier
+    on ties), one per distinct placement, :data:`REFINE_STARTS` at most."""
+    feasible = sorted(
+        (c for c in candidates if c.ok),
+        key=lambda c: c.evaluation.value_us,  # type: ignore[union-attr]
     )
-    search.spent_s += (SETUP_EVALUATIONS + refined.evaluations) * per_evaluation
-    if not refined.evaluation.value_us < start.evaluation.value_us:  # type: ignore[union-attr]
-        return  # nothing better found: the start stays the plan
-    placement = refined.placement
-    placement.info = {
-        "refinement": {
-            "start": start.label,
-            "start_step_time_us": refined.start_value_us,
-            "evaluations": refined.evaluations,
-            "moves_tried": refined.moves_tried,
-            "moves_accepted": refined.moves_accepted,
-            "seed": options.seed,
-        }
-    }
-    candidate = Candidate(
-        start.algorithm,
-        refined.seconds,
-        placement,
-        prepared.judge(placement, refined.evaluation),
-        variant=start.variant,
-        stage="refine",
-        start=start.label,
-    )
-    search.candidates.append(candidate)
+    starts: list[Candidate] = []
+    seen: set[tuple[int, ...]] = set()
+    for c in feasible:
+        key = tuple(c.placement.device_of)  # type: ignore[union-attr]
+        if key not in seen:
+            seen.add(key)
+            starts.append(c)
+            if len(starts) == REFINE_STARTS:
+                break
+    return starts
 
 
 def exact_stage(prepared: Prepared, search: Search) -> None:

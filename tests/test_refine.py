@@ -128,8 +128,8 @@ def test_two_independent_chains_go_to_two_devices():
     assert r.moves_accepted >= 1 and r.evaluations <= 53
 
 
-def test_a_good_start_comes_back_unchanged():
-    # One chain: any split only adds transfers.
+def one_chain() -> OpGraph:
+    """Six 50 µs ops in a chain, each sending 1 MB: any split only adds transfers."""
     b = GraphBuilder()
     prev = -1
     for i in range(6):
@@ -137,12 +137,32 @@ def test_a_good_start_comes_back_unchanged():
         if prev >= 0:
             b.add_edge(prev, v)
         prev = v
-    g = b.build()
+    return b.build()
+
+
+def test_a_good_start_comes_back_unchanged():
+    g = one_chain()
     start = Placement([0] * 6)
     r = refine(g, parse_devices("4x1GB"), start, max_evaluations=200)
     assert r.placement is start
     assert r.evaluation.value_us == r.start_value_us == 300.0
     assert r.evaluations == 200  # kicks spent the budget, and the best seen was the start
+
+
+def test_at_a_local_optimum_it_can_stop_instead_of_kicking():
+    """The same climb as above, asked to stop where it would kick: it hands back the rest of
+    the budget (refine_stage spends it on another start)."""
+    g = one_chain()
+    start = Placement([0] * 6)
+    spec = parse_devices("4x1GB")
+    kicking = refine(g, spec, start, max_evaluations=200)
+    stopping = refine(g, spec, start, max_evaluations=200, stop_at_local_optimum=True)
+    assert kicking.kicks > 0 and not kicking.stalled
+    assert stopping.stalled and stopping.kicks == 0 and stopping.evaluations < 200
+    assert stopping.placement is start
+    # Short of its first local optimum, it spends the budget like the kicking climb.
+    short = refine(g, spec, start, max_evaluations=3, stop_at_local_optimum=True)
+    assert not short.stalled and short.evaluations == 3
 
 
 def test_groups_move_whole():
