@@ -59,7 +59,7 @@ def test_auto_beats_the_original_baechi_on_the_gnmt_layer_graph():
 
 def test_refinement_moves_on_to_the_next_distinct_plan_at_a_local_optimum():
     """On the GNMT layer graph the best plan's climb reaches a local optimum within the default
-    budget; the rest goes to the next distinct plans, and the last one refined wins (337.601 ms,
+    budget; the rest goes to the next distinct plans, and one of those, refined, wins (337.601 ms,
     where refining only the best plan, kicking at its optima, stopped at 337.607 ms)."""
     outcome = place_model(GNMT_LAYERS, parse_devices(WORKLOAD_DEVICES), PlaceOptions())
     refined = [c for c in outcome.candidates if c.stage == "refine"]
