@@ -1,5 +1,5 @@
 """`python -m baechi_cli` is the `baechi` command."""
 
-from baechi_cli.cli import main
+from baechi_cli.cli.commands import main
 
 main(prog_name="baechi")

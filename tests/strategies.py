@@ -36,11 +36,11 @@ from itertools import pairwise
 
 from hypothesis import strategies as st
 
-from baechi_cli.devices import DEFAULT_FLOPS, Device, DeviceSpec, Interconnect
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
-from baechi_cli.passes.unionfind import UnionFind
+from baechi_cli.core.devices import DEFAULT_FLOPS, Device, DeviceSpec, Interconnect
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.core.unionfind import UnionFind
+from baechi_cli.evaluator.sim import SimResult, Transfer
 from baechi_cli.placers.memory import own_bytes
-from baechi_cli.sim import SimResult, Transfer
 
 COMPUTE_US = (10.0, 0.0, 1.0, 50.0, 200.0)
 OUTPUT_BYTES = (100, 0, 1000, 20000)

@@ -1,4 +1,4 @@
-"""Lower bounds (baechi_cli.bounds): never above any simulated step, and the transfer-cut bound's reach.
+"""Lower bounds (baechi_cli.evaluator.bounds): never above any simulated step, and the transfer-cut bound's reach.
 
 The property test draws a graph, devices (parallel or sequential channels,
 per-link overrides, two device kinds) and a device per colocation group, and
@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import dags, device_specs, with_kind_times
 
-from baechi_cli.bounds import LowerBounds, lower_bounds
-from baechi_cli.devices import Interconnect, parse_devices
-from baechi_cli.graph import GraphBuilder, OpGraph
-from baechi_cli.sim import simulate
+from baechi_cli.core.devices import Interconnect, parse_devices
+from baechi_cli.core.graph import GraphBuilder, OpGraph
+from baechi_cli.evaluator.bounds import LowerBounds, lower_bounds
+from baechi_cli.evaluator.sim import simulate
 
 TESTDATA = os.path.join(os.path.dirname(__file__), "..", "testdata")
 
@@ -118,7 +118,7 @@ def test_one_device_and_an_empty_graph():
 def test_on_a_real_training_graph_the_bound_charges_transfers():
     # mlp.pb on Baechi's PCIe testbed: any split pays a 134 µs latency against a 338 µs
     # step, so the bound is more than twice the critical path.
-    from baechi_cli.pipeline import PlaceOptions, prepare
+    from baechi_cli.app.place import PlaceOptions, prepare
 
     prepared = prepare(
         os.path.join(TESTDATA, "mlp.pb"), parse_devices("rtx2080x4"), PlaceOptions(), lambda _: None

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 import pytest
 from click.testing import CliRunner
 
-from baechi_cli import calibrate as cal
-from baechi_cli.calibrate import (
+from baechi_cli.app import calibrate as cal
+from baechi_cli.app.calibrate import (
     CALIBRATE_STAGES,
     Add,
     Conv,
@@ -30,10 +30,8 @@ from baechi_cli.calibrate import (
     parse_targets,
     plan_for,
 )
-from baechi_cli.cli import main
-from baechi_cli.costs.analytic import estimate_costs, op_time_us
-from baechi_cli.costs.registry import COMPUTE_CLASS_OF, OpCount, name_table, rule_for
-from baechi_cli.devices import (
+from baechi_cli.cli.commands import main
+from baechi_cli.core.devices import (
     COMPUTE_CLASSES,
     Device,
     DeviceSpec,
@@ -41,8 +39,10 @@ from baechi_cli.devices import (
     dump_devices_yaml,
     parse_devices,
 )
-from baechi_cli.errors import InputError, MissingDependencyError
-from baechi_cli.graph import GraphBuilder
+from baechi_cli.core.errors import InputError, MissingDependencyError
+from baechi_cli.core.graph import GraphBuilder
+from baechi_cli.costs.analytic import estimate_costs, op_time_us
+from baechi_cli.costs.registry import COMPUTE_CLASS_OF, OpCount, name_table, rule_for
 from baechi_cli.io.onnx import read_onnx
 
 TESTDATA = pathlib.Path(__file__).parents[1] / "testdata"

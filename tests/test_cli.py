@@ -6,7 +6,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from baechi_cli.cli import main
+from baechi_cli.cli.commands import main
 from baechi_cli.proto_gen import tf_graph_pb2 as pb
 
 TESTDATA = os.path.join(os.path.dirname(__file__), "..", "testdata")

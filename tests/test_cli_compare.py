@@ -6,7 +6,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from baechi_cli.cli import main
+from baechi_cli.cli.commands import main
 
 WORKLOADS = os.path.join(os.path.dirname(__file__), "..", "testdata", "workloads")
 GNMT = os.path.join(WORKLOADS, "throughput_LayerGraphs_gnmt_training.json")

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 from onnxmodels import ONNX_MODELS, OnnxModel, onnx_model, zero_weights_beside
 
-from baechi_cli.cli import main
+from baechi_cli.cli.commands import main
 from baechi_cli.io.onnx import CONFIGURATION, DEVICE_KEY, read_onnx
 
 

@@ -10,10 +10,10 @@ import pathlib
 import pytest
 from realgraphs import REAL_GRAPHS, real_graph
 
+from baechi_cli.core.devices import Device, DeviceSpec, parse_devices
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.costs.analytic import RULES, estimate_costs
 from baechi_cli.costs.registry import ZERO, dtype_size, register, rules_markdown
-from baechi_cli.devices import Device, DeviceSpec, parse_devices
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 
 SPEC = parse_devices("2x8GB")  # RTX 2080 defaults: 10.07 TFLOP/s, 448 GB/s, 5 us launch
 DEV = SPEC.devices[0]

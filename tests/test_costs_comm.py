@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
+from baechi_cli.core.devices import load_devices_yaml, parse_devices
+from baechi_cli.core.errors import InputError, MissingDependencyError
 from baechi_cli.costs import comm
 from baechi_cli.costs.comm import (
     CommFit,
@@ -20,8 +22,6 @@ from baechi_cli.costs.comm import (
     measure_transfers,
     normalize_device,
 )
-from baechi_cli.devices import load_devices_yaml, parse_devices
-from baechi_cli.errors import InputError, MissingDependencyError
 
 SIZES = [2**e for e in range(29)]  # the default sweep, 1 B .. 256 MiB
 BAECHI_LAT, BAECHI_US_PER_BYTE = 134.0, 0.0001754

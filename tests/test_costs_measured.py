@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from baechi_cli.core.errors import InputError, MissingDependencyError
 from baechi_cli.costs.measured import FeedSpec, MeasuredRun, measure_graphdef, synthetic_feeds
-from baechi_cli.errors import InputError, MissingDependencyError
 from baechi_cli.proto_gen.tf_graph_pb2 import GraphDef
 
 TESTDATA = Path(__file__).resolve().parent.parent / "testdata"

@@ -23,6 +23,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxmodels import ONNX_MODELS
 
+from baechi_cli.core.devices import parse_devices
 from baechi_cli.costs.analytic import count_ops, estimate_costs
 from baechi_cli.costs.profile import rule_kinds
 from baechi_cli.costs.registry import (
@@ -37,7 +38,6 @@ from baechi_cli.costs.registry import (
     rules_markdown,
 )
 from baechi_cli.costs.rules_onnx import ALIASES, onnx_view
-from baechi_cli.devices import parse_devices
 from baechi_cli.io.onnx import read_onnx
 
 SPEC = parse_devices("2x8GB")

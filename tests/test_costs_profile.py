@@ -10,13 +10,13 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from baechi_cli.cli import main
+from baechi_cli.app.place import PlaceOptions, place_model
+from baechi_cli.app.profile import profile_model
+from baechi_cli.cli.commands import main
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import InputError
 from baechi_cli.costs.profile import SCHEMA, apply_profile, dumps, load_profile, parse
-from baechi_cli.devices import parse_devices
-from baechi_cli.errors import InputError
-from baechi_cli.io.models import load_model
-from baechi_cli.pipeline import PlaceOptions, place_model
-from baechi_cli.profiling import profile_model
+from baechi_cli.io.formats import load_model
 
 TESTDATA = os.path.join(os.path.dirname(__file__), "..", "testdata")
 CNN = os.path.join(TESTDATA, "cnn.pb")
@@ -266,7 +266,7 @@ def test_profile_totals_are_finite_for_every_committed_graph():
 @pytest.mark.tf
 def test_cli_comm_calibration_writes_a_device_yaml(tmp_path):
     pytest.importorskip("tensorflow")
-    from baechi_cli.devices import load_devices_yaml
+    from baechi_cli.core.devices import load_devices_yaml
 
     out = tmp_path / "devices.yaml"
     r = run("profile", "--comm", "--max-bytes", "20", "-d", "2x8GB", "-o", str(out))

@@ -22,9 +22,9 @@ from collections.abc import Callable
 import pytest
 from realgraphs import REAL_GRAPHS, real_graph
 
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.graph import OpGraph
 from baechi_cli.costs.analytic import estimate_costs
-from baechi_cli.devices import parse_devices
-from baechi_cli.graph import OpGraph
 from baechi_cli.io.graphdef import read_graphdef
 
 SPEC = parse_devices("4x8GB")

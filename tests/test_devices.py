@@ -1,6 +1,6 @@
 import pytest
 
-from baechi_cli.devices import (
+from baechi_cli.core.devices import (
     PRESETS,
     Device,
     devices_from_yaml,
@@ -8,7 +8,7 @@ from baechi_cli.devices import (
     parse_devices,
     parse_size,
 )
-from baechi_cli.errors import InputError
+from baechi_cli.core.errors import InputError
 
 
 def test_counts_and_sizes():

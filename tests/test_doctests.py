@@ -53,8 +53,8 @@ MODULES = _modules()
 
 def test_discovery_finds_the_passes():
     for name in (
-        "baechi_cli.graph",
-        "baechi_cli.sim",
+        "baechi_cli.core.graph",
+        "baechi_cli.evaluator.sim",
         "baechi_cli.passes.fusion",
         "baechi_cli.placers.memory",
     ):

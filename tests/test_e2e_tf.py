@@ -10,7 +10,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from baechi_cli.cli import main
+from baechi_cli.cli.commands import main
 
 pytest.importorskip("tensorflow")
 

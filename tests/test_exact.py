@@ -43,11 +43,12 @@ import random
 import pytest
 
 from baechi_cli import placers
-from baechi_cli.devices import DEFAULT_FLOPS, Device, DeviceSpec, Interconnect
-from baechi_cli.errors import InfeasibleError, InputError
-from baechi_cli.evaluate import device_order, evaluate
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
-from baechi_cli.placers import ExactOptions, Placement
+from baechi_cli.core.devices import DEFAULT_FLOPS, Device, DeviceSpec, Interconnect
+from baechi_cli.core.errors import InfeasibleError, InputError
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.evaluator.evaluate import device_order, evaluate
+from baechi_cli.evaluator.placement import Placement
+from baechi_cli.placers import ExactOptions
 from baechi_cli.placers import exact as exact_mod
 from baechi_cli.placers.exact import solve
 
@@ -309,8 +310,8 @@ def test_the_cli_refuses_a_graph_over_the_guard_naming_the_file_and_writing_noth
 
     from click.testing import CliRunner
 
-    from baechi_cli.cli import main
-    from baechi_cli.errors import EXIT_BAD_INPUT
+    from baechi_cli.cli.commands import main
+    from baechi_cli.core.errors import EXIT_BAD_INPUT
 
     monkeypatch.chdir(os.path.join(os.path.dirname(__file__), ".."))  # the path as a user types it
     out, report = tmp_path / "placed.pb", tmp_path / "report.json"
@@ -337,7 +338,7 @@ def test_the_cli_says_which_graph_exact_placed(tmp_path, monkeypatch):
 
     from click.testing import CliRunner
 
-    from baechi_cli.cli import main
+    from baechi_cli.cli.commands import main
 
     monkeypatch.chdir(os.path.join(os.path.dirname(__file__), ".."))
     args = ["place", "testdata/mlp.pb", "--devices", "4x8GB", "--algo", "exact", "--budget", "0.5"]

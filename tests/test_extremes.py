@@ -17,12 +17,12 @@ import random
 import pytest
 from click.testing import CliRunner
 
-from baechi_cli.cli import main
-from baechi_cli.devices import DeviceSpec
+from baechi_cli.cli.commands import main
+from baechi_cli.core.devices import DeviceSpec
 from baechi_cli.proto_gen import tf_graph_pb2 as pb
 
 ALGOS = ("auto", "topo", "etf", "sct", "single")
-MAX_DEVICES = 65536  # the most --devices accepts (baechi_cli/devices.py, MAX_DEVICES)
+MAX_DEVICES = 65536  # the most --devices accepts (baechi_cli/core/devices.py, MAX_DEVICES)
 BERT = "testdata/workloads/latency_OperatorGraphs_bert_l-3_inference.json"
 
 

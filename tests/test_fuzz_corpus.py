@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from fuzz.oracle import check, memory_limit
 from fuzz.targets import TARGETS
 
-from baechi_cli.cli import main
+from baechi_cli.cli.commands import main
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).resolve().parent / "fuzz_corpus"

@@ -20,8 +20,8 @@ from fuzz.mutators import dump_json, mutate_bytes, mutate_document
 from fuzz.oracle import Target, check, check_case, make_case, memory_limit
 from fuzz.targets import TARGETS
 
-from baechi_cli.errors import InputError
-from baechi_cli.graph import GraphBuilder
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.graph import GraphBuilder
 
 CI_SEED = 1
 # Cases per reader: each test a few seconds on one core of a 2-core machine.

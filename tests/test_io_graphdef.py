@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from baechi_cli.errors import InputError
-from baechi_cli.graph import CONTROL_PORT
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.graph import CONTROL_PORT
 from baechi_cli.io.graphdef import DTYPE_NAMES, DTYPE_SIZES, read_graphdef, write_placed_graphdef
 from baechi_cli.proto_gen import tf_graph_pb2 as pb
 

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from baechi_cli.errors import InputError
+from baechi_cli.core.errors import InputError
 from baechi_cli.io.onnx import read_onnx, read_onnx_with_notes
 
 F = TensorProto.FLOAT

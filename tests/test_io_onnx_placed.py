@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from baechi_cli.errors import InputError
+from baechi_cli.core.errors import InputError
 from baechi_cli.io.onnx import CONFIGURATION, DEVICE_KEY, read_onnx, write_placed_onnx
 
 F = TensorProto.FLOAT

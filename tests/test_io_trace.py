@@ -23,12 +23,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from baechi_cli.devices import Device, DeviceSpec, Interconnect, parse_devices
-from baechi_cli.errors import InputError
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.core.devices import Device, DeviceSpec, Interconnect, parse_devices
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.evaluator.sim import SimResult, simulate
 from baechi_cli.io import trace as trace_mod
 from baechi_cli.io.trace import build_trace, merge_traces, write_trace
-from baechi_cli.sim import SimResult, simulate
 
 TRANSFER_CATS = {"transfer", "send", "recv"}
 
@@ -494,7 +494,7 @@ def test_merged_traces_keep_each_placement_apart():
 def test_cli_writes_traces(tmp_path):
     from click.testing import CliRunner
 
-    from baechi_cli.cli import main
+    from baechi_cli.cli.commands import main
 
     cnn = os.path.join(os.path.dirname(__file__), "..", "testdata", "cnn.pb")
     out = tmp_path / "place.json"

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from baechi_cli.errors import InputError
-from baechi_cli.graph import OpGraph
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.graph import OpGraph
 from baechi_cli.io.workload_json import WorkloadMeta, read_workload_json, read_workload_meta
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "testdata" / "workloads"

@@ -6,10 +6,10 @@ from hypothesis import HealthCheck, given, settings
 from strategies import dags, device_specs
 
 from baechi_cli import placers
-from baechi_cli.devices import Device, DeviceSpec, Interconnect, parse_devices
-from baechi_cli.errors import InfeasibleError
-from baechi_cli.evaluate import evaluate
-from baechi_cli.graph import GraphBuilder
+from baechi_cli.core.devices import Device, DeviceSpec, Interconnect, parse_devices
+from baechi_cli.core.errors import InfeasibleError
+from baechi_cli.core.graph import GraphBuilder
+from baechi_cli.evaluator.evaluate import evaluate
 from baechi_cli.placers.listsched import list_schedule
 from baechi_cli.placers.memory import MemoryLedger, ample, own_bytes
 
@@ -93,7 +93,7 @@ def test_every_placement_the_pipeline_returns_fits_the_ops(memory):
     # what the pipeline hands back fits every device as the evaluator counts the ops.
     import os
 
-    from baechi_cli.pipeline import PlaceOptions, prepare, run_candidate
+    from baechi_cli.app.place import PlaceOptions, prepare, run_candidate
 
     model = os.path.join(os.path.dirname(os.path.dirname(__file__)), "testdata", "torch_resnet.onnx")
     options = PlaceOptions(training=True, optimizer="adam")

@@ -5,6 +5,8 @@ Every expected peak here is counted by hand from the rule it tests.
 
 from __future__ import annotations
 
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.costs.memory_rules import (
     RESIDENT,
     gelu_saved,
@@ -12,10 +14,8 @@ from baechi_cli.costs.memory_rules import (
     one_kernel_gelus,
     saved_for_backward,
 )
-from baechi_cli.devices import parse_devices
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.evaluator.sim import simulate
 from baechi_cli.passes.training import synthesize_training
-from baechi_cli.sim import simulate
 
 F32 = ["float32"]
 SPEC = parse_devices("2x1GB")
@@ -210,7 +210,7 @@ def test_tied_weights_share_one_gradient_buffer_until_the_update(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from baechi_cli.io.models import load_model
+    from baechi_cli.io.formats import load_model
 
     w = numpy_helper.from_array(np.ones((10, 4), np.float32), "wte")
     nodes = [
@@ -259,8 +259,8 @@ def test_an_infeasible_one_device_run_names_the_device_the_op_and_the_excess():
 
     import pytest
 
-    from baechi_cli.errors import InfeasibleError
-    from baechi_cli.pipeline import PlaceOptions, place_model
+    from baechi_cli.app.place import PlaceOptions, place_model
+    from baechi_cli.core.errors import InfeasibleError
 
     model = os.path.join(os.path.dirname(os.path.dirname(__file__)), "testdata", "torch_resnet.onnx")
     options = PlaceOptions(algo="single", training=True, optimizer="adam")

@@ -5,10 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import dags
 
-from baechi_cli.errors import InputError
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder
+from baechi_cli.core.unionfind import UnionFind
 from baechi_cli.passes.colocation import colocate, colocation_pairs
-from baechi_cli.passes.unionfind import UnionFind
 
 
 def test_class_attrs_merge_transitively():

@@ -7,7 +7,6 @@ strategies in tests/strategies.py, so failures shrink to small graphs.
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 
 import pytest
@@ -16,14 +15,15 @@ from hypothesis import strategies as st
 from strategies import check_timeline, dags, device_specs, is_topological, same_timeline, training_dags
 
 from baechi_cli import placers
-from baechi_cli.errors import InfeasibleError
-from baechi_cli.evaluate import evaluate
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.core.errors import InfeasibleError
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.evaluator.evaluate import evaluate
 from baechi_cli.passes.contract import contract, groups_of, node_index, placement_of, sequence_of
 from baechi_cli.passes.coplace import coplace
 from baechi_cli.passes.forward_only import forward_only
 from baechi_cli.passes.fusion import fuse
 from baechi_cli.placers.memory import own_bytes
+from baechi_cli.search.candidates import expand
 
 # ------------------------------------------------------------ checker
 
@@ -278,19 +278,6 @@ def test_sequence_of_a_pure_contraction_is_topological(g, ndev):
 # ------------------------------------------------------------ end to end
 
 
-def _expand():
-    """``expand`` from wherever it lives now (it is moving out of the pipeline module)."""
-    for module in (
-        "baechi_cli.pipeline",
-        "baechi_cli.evaluate",
-        "baechi_cli.passes.contract",
-        "baechi_cli.placers",
-    ):
-        try:
-            return importlib.import_module(module).expand
-        except (ImportError, AttributeError):
-            continue
-    raise ImportError("no module of baechi_cli defines expand()")
 
 
 @pytest.mark.parametrize("algo", placers.names())
@@ -322,7 +309,7 @@ def test_reduced_placement_expands_to_a_valid_one(algo, g, with_forward_only, ca
         # the plan is judged on the graph it was made for
         assert same_timeline(placement.predicted, evaluate(reduced, spec, placement).timeline)
     if reduced is not g:
-        placement = _expand()(placement, reduced, g, with_sequence=not with_forward_only)
+        placement = expand(placement, reduced, g, with_sequence=not with_forward_only)
     if placement.sequence is not None:
         assert is_topological(g, placement.sequence)
     ev = evaluate(g, spec, placement)

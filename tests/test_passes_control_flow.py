@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from strategies import dags
 from test_io_graphdef import _cyclic, write
 
-from baechi_cli.errors import InputError
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.core.unionfind import UnionFind
 from baechi_cli.io.graphdef import read_graphdef
 from baechi_cli.passes.control_flow import control_flow
-from baechi_cli.passes.unionfind import UnionFind
 
 
 def add_loop(b: GraphBuilder, frame: str, init: int, body=None) -> tuple[list[int], int]:

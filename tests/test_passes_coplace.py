@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import dags, training_dags
 
-from baechi_cli.graph import GraphBuilder, OpGraph
+from baechi_cli.core.graph import GraphBuilder, OpGraph
+from baechi_cli.core.unionfind import UnionFind
 from baechi_cli.passes.coplace import coplace
-from baechi_cli.passes.unionfind import UnionFind
 from baechi_cli.placers.memory import own_bytes
 
 BIG = 10**12

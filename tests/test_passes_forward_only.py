@@ -7,12 +7,12 @@ from hypothesis import strategies as st
 from strategies import dags, training_dags
 from test_passes_contract import check_contraction
 
-from baechi_cli.devices import parse_devices
-from baechi_cli.evaluate import evaluate
-from baechi_cli.graph import GraphBuilder, OpGraph
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.graph import GraphBuilder, OpGraph
+from baechi_cli.evaluator.evaluate import evaluate
+from baechi_cli.evaluator.placement import Placement
 from baechi_cli.passes.contract import groups_of, placement_of
 from baechi_cli.passes.forward_only import forward_only
-from baechi_cli.placers import Placement
 from baechi_cli.placers.memory import safe_peaks
 
 

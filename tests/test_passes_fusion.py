@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from strategies import dags, training_dags
 from test_passes_contract import check_contraction
 
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.passes.contract import node_index
 from baechi_cli.passes.coplace import coplace
 from baechi_cli.passes.fusion import fuse

@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import dags, is_topological
 
-from baechi_cli.devices import parse_devices
-from baechi_cli.errors import InputError
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.evaluator.sim import simulate
 from baechi_cli.passes.forward_only import forward_only
 from baechi_cli.passes.training import (
     LOSS_OP,
@@ -22,7 +23,6 @@ from baechi_cli.passes.training import (
     needs_gradient,
     synthesize_training,
 )
-from baechi_cli.sim import simulate
 
 DEVICES = parse_devices("2x8GB")
 F32 = ["float32"]
@@ -208,7 +208,7 @@ def test_synthesized_step_is_close_to_tensorflows_own(onnx_name: str, pb: str):
     """The same Keras model: its inference ONNX export with --training against TensorFlow's
     own Momentum training graph (bench/onnx.md, "Synthesized against real"). The memory model
     itself is judged against PyTorch's measured steps in bench/framework.md."""
-    from baechi_cli.pipeline import PlaceOptions, prepare
+    from baechi_cli.app.place import PlaceOptions, prepare
 
     testdata = pathlib.Path(__file__).resolve().parent.parent / "testdata"
     devices = parse_devices("1x1000GB")

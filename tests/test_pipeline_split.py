@@ -5,7 +5,7 @@
   all-reduced once per minibatch. The all-reduce and the copies are checked against their closed
   forms, and the schedule's sync against a hand-computed minibatch.
 * Tuning: the max-load split's stage boundaries moved to where the simulated schedule runs
-  fastest (``placers.pipeline._tune``), over :class:`baechi_cli.throughput.ProgramOrder`'s splits.
+  fastest (``placers.pipeline._tune``), over :class:`baechi_cli.pipeline.throughput.ProgramOrder`'s splits.
 
 The model is a real ONNX file built with onnx.helper, with legacy-exporter node names, so that it
 has module paths and torch's cut points.
@@ -22,13 +22,13 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from baechi_cli.cli import main
-from baechi_cli.devices import parse_devices
-from baechi_cli.errors import InputError
-from baechi_cli.pipeline import PassOptions, PlaceOptions, prepare
-from baechi_cli.placers.pipeline import TUNE_EVALUATIONS, _PerOp, _program_cuts, _stage_costs
-from baechi_cli.schedule import StageCosts, simulate_pipeline
-from baechi_cli.throughput import LoadModel, ProgramOrder, Split, TiedWeight, load_model, solve
+from baechi_cli.app.place import PassOptions, PlaceOptions, prepare
+from baechi_cli.cli.commands import main
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import InputError
+from baechi_cli.pipeline.placer import TUNE_EVALUATIONS, _PerOp, _program_cuts, _stage_costs
+from baechi_cli.pipeline.schedules import StageCosts, simulate_pipeline
+from baechi_cli.pipeline.throughput import LoadModel, ProgramOrder, Split, TiedWeight, load_model, solve
 
 VOCAB, WIDTH, LAYERS = 4096, 512, 8
 
@@ -218,7 +218,7 @@ def test_tuning_moves_boundaries_to_a_faster_schedule(tmp_path):
 def test_pipeline_notes_say_what_the_user_must_do():
     """A skip torch runs (a mask under 1F1B) says nothing; one it cannot names the value and the
     stages; a copied tied weight asks for the gradient sum, one shared on a device for one tensor."""
-    from baechi_cli.notes import pipeline_notes
+    from baechi_cli.app.notes import pipeline_notes
 
     mask = {"value": "/Where", "from_stage": 0, "to_stage": 3, "needs_gradient": False, "torch_runs_it": True}
     assert pipeline_notes({"skips": [mask]}) == []

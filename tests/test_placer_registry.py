@@ -17,10 +17,10 @@ import sys
 import pytest
 
 from baechi_cli import placers
-from baechi_cli.devices import parse_devices
-from baechi_cli.errors import InputError
-from baechi_cli.evaluate import evaluate
-from baechi_cli.pipeline import PlaceOptions, place_model
+from baechi_cli.app.place import PlaceOptions, place_model
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import InputError
+from baechi_cli.evaluator.evaluate import evaluate
 from baechi_cli.placers import sct_lp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,7 +36,7 @@ module = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = module
 spec.loader.exec_module(module)
 exec(open(sys.argv[2]).read(), vars(placers))
-from baechi_cli.cli import main
+from baechi_cli.cli.commands import main
 main(sys.argv[3:], prog_name="baechi")
 """
 

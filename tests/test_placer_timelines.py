@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 from strategies import check_timeline, dags, device_specs, placement_cases, same_timeline, with_kind_times
 
 from baechi_cli import placers
-from baechi_cli.devices import Device, DeviceSpec, Interconnect, parse_devices
-from baechi_cli.errors import InfeasibleError
-from baechi_cli.evaluate import device_order, evaluate
-from baechi_cli.graph import GraphBuilder
+from baechi_cli.core.devices import Device, DeviceSpec, Interconnect, parse_devices
+from baechi_cli.core.errors import InfeasibleError
+from baechi_cli.core.graph import GraphBuilder
+from baechi_cli.evaluator.evaluate import device_order, evaluate
+from baechi_cli.evaluator.sim import ListSchedule, simulate
 from baechi_cli.placers.listsched import list_schedule
-from baechi_cli.sim import ListSchedule, simulate
 
 
 def run(name, graph, devices):

@@ -16,12 +16,12 @@ from strategies import (
 )
 
 from baechi_cli import placers
-from baechi_cli.devices import parse_devices
-from baechi_cli.errors import InfeasibleError
-from baechi_cli.evaluate import device_order, evaluate
-from baechi_cli.graph import GraphBuilder
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import InfeasibleError
+from baechi_cli.core.graph import GraphBuilder
+from baechi_cli.evaluator.evaluate import device_order, evaluate
+from baechi_cli.evaluator.sim import lower_bound
 from baechi_cli.placers.memory import MemoryLedger
-from baechi_cli.sim import lower_bound
 
 
 def chain(n, out_bytes=100, compute=10.0, persistent=0):

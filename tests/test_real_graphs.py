@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 from realgraphs import REAL_GRAPHS, real_graph
 
-from baechi_cli.cli import main
+from baechi_cli.cli.commands import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 

@@ -1,4 +1,4 @@
-"""Refinement by local search (baechi_cli.refine) and its fast evaluator (sim.StepTimer).
+"""Refinement by local search (baechi_cli.search.refine) and its fast evaluator (sim.StepTimer).
 
 The fast evaluator must give simulate()'s step time exactly (the search trusts
 it, and the result is judged by the full evaluator); the search must never
@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import dags, placement_cases, training_dags
 
-from baechi_cli.devices import Device, DeviceSpec, Interconnect, parse_devices
-from baechi_cli.evaluate import device_order, evaluate
-from baechi_cli.graph import GraphBuilder, OpGraph
-from baechi_cli.placers import Placement
-from baechi_cli.refine import LEVELS, evaluation_cost, refine, scope_keys
-from baechi_cli.sim import StepTimer, simulate
+from baechi_cli.core.devices import Device, DeviceSpec, Interconnect, parse_devices
+from baechi_cli.core.graph import GraphBuilder, OpGraph
+from baechi_cli.evaluator.evaluate import device_order, evaluate
+from baechi_cli.evaluator.placement import Placement
+from baechi_cli.evaluator.sim import StepTimer, simulate
+from baechi_cli.search.refine import LEVELS, evaluation_cost, refine, scope_keys
 
 # --------------------------------------------------------------------------- StepTimer
 
@@ -288,7 +288,7 @@ def test_a_module_across_steps_moves_as_one():
 
 def _with_thresholds(boundary: int, where: int, fn):
     """``fn()`` with refine's numpy thresholds set so (restored after)."""
-    from baechi_cli import refine as refine_module
+    from baechi_cli.search import refine as refine_module
 
     saved = refine_module.VECTOR_BOUNDARY, refine_module.VECTOR_MIN
     refine_module.VECTOR_BOUNDARY, refine_module.VECTOR_MIN = boundary, where
@@ -303,7 +303,7 @@ def _with_thresholds(boundary: int, where: int, fn):
 def test_numpy_paths_give_the_python_loops_results_exactly(case, data):
     # Big clusters take numpy paths (boundary, where, transfers); forced onto every cluster,
     # they must give the loops' lists and floats to the last bit, or the ranking could change.
-    from baechi_cli.refine import _Search
+    from baechi_cli.search.refine import _Search
 
     graph, devices, device_of, _ = case
     for ops in graph.group_members().values():  # keep colocation groups whole
@@ -392,7 +392,7 @@ def _same(a, b) -> bool:
 def _prepared(name: str):
     from realgraphs import real_graph
 
-    from baechi_cli.pipeline import PlaceOptions, prepare
+    from baechi_cli.app.place import PlaceOptions, prepare
 
     try:
         path = real_graph(name)

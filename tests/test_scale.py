@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from baechi_cli import placers
-from baechi_cli.devices import parse_devices
-from baechi_cli.evaluate import evaluate
-from baechi_cli.graph import CONTROL_PORT
-from baechi_cli.sim import lower_bound, simulate
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.graph import CONTROL_PORT
+from baechi_cli.evaluator.evaluate import evaluate
+from baechi_cli.evaluator.sim import lower_bound, simulate
 
 sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
 from synthetic import layered_dag  # noqa: E402

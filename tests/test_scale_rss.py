@@ -39,7 +39,7 @@ def test_200k_ops_place_with_topo_within_a_fifth_of_8_gb(tmp_path, devices):
         "    kib = next(line.split()[1] for line in status.splitlines() if line.startswith('VmHWM:'))\n"
         f"    pathlib.Path({str(peak_file)!r}).write_text(kib)\n"
         "atexit.register(peak)\n"
-        "from baechi_cli.cli import main; main()"
+        "from baechi_cli.cli.commands import main; main()"
     )
     argv = [sys.executable, "-c", code, "place", str(path), "--devices", devices, "--algo", "topo"]
     proc = subprocess.run([*argv, "--report", str(report), "-q"], capture_output=True, text=True, check=False)

@@ -1,4 +1,4 @@
-"""Tests for baechi_cli.schedule: closed forms, hand-computed timelines, and a brute-force checker.
+"""Tests for baechi_cli.pipeline.schedules: closed forms, hand-computed timelines, and a brute-force checker.
 
 The checker re-derives every constraint of the model from the returned events
 and transfers alone (dependencies, one op at a time per stage, one send at a
@@ -15,8 +15,8 @@ import random
 
 import pytest
 
-from baechi_cli.errors import InputError
-from baechi_cli.schedule import (
+from baechi_cli.core.errors import InputError
+from baechi_cli.pipeline.schedules import (
     SCHEDULES,
     PipelineTiming,
     StageCosts,
@@ -432,7 +432,7 @@ def test_interleaved_order_is_torchs(devices, chunks, microbatches):
     pytest.importorskip("torch")
     from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
 
-    from baechi_cli.schedule import device_orders
+    from baechi_cli.pipeline.schedules import device_orders
 
     class Stage:  # what the schedule reads of a stage to compute its order
         def __init__(self, index: int, rank: int) -> None:
@@ -469,7 +469,7 @@ def test_zbv_order_and_stage_devices_are_torchs(devices, microbatches):
     pytest.importorskip("torch")
     from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
 
-    from baechi_cli.schedule import device_orders, stage_devices
+    from baechi_cli.pipeline.schedules import device_orders, stage_devices
 
     stages_count = 2 * devices
 

@@ -10,8 +10,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, 
 
 SCRIPT = """
 import tensorflow  # first, on purpose
-from baechi_cli.devices import parse_devices
-from baechi_cli.errors import SolverError
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import SolverError
 from baechi_cli.io.workload_json import read_workload_json
 from baechi_cli.placers.sct_lp import solve_favorite_lp
 g = read_workload_json("testdata/workloads/throughput_LayerGraphs_gnmt_training.json")

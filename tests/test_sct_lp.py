@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from baechi_cli.devices import DEFAULT_BANDWIDTH_BYTES_PER_US, DEFAULT_LATENCY_US, parse_devices
-from baechi_cli.errors import EXIT_SOLVER, InputError, SolverError
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder
+from baechi_cli.core.devices import DEFAULT_BANDWIDTH_BYTES_PER_US, DEFAULT_LATENCY_US, parse_devices
+from baechi_cli.core.errors import EXIT_SOLVER, InputError, SolverError
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder
 from baechi_cli.placers import sct_lp
 from baechi_cli.placers.sct_lp import LPResult, favorite_children, lp_edges, solve_favorite_lp
 

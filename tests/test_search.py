@@ -9,10 +9,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from baechi_cli.cli import main
-from baechi_cli.devices import parse_devices
-from baechi_cli.pipeline import PassOptions, PlaceOptions, place_model, prepare
-from baechi_cli.search import auto_search, default_budget, settings
+from baechi_cli.app.place import PassOptions, PlaceOptions, place_model, prepare
+from baechi_cli.cli.commands import main
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.search.auto import auto_search, default_budget, settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = os.path.join(ROOT, "testdata", "workloads")
@@ -205,7 +205,7 @@ def test_exact_places_the_graph_with_every_edge_not_the_forward_only_one():
     # forward-only placement drops the backward ops' edges; exact's proofs are about
     # the schedule of the graph it sees, so it must see them (cnn.pb: 75 nodes with
     # forward-only placement, 210 without; exact takes at most 200).
-    from baechi_cli.errors import InputError
+    from baechi_cli.core.errors import InputError
 
     with pytest.raises(InputError, match="this one has 210"):
         place_model(CNN, parse_devices("4x8GB"), PlaceOptions(algo="exact"))

@@ -1,4 +1,4 @@
-"""The sidecar JSON (baechi_cli.verify.sidecar): one validator for verify --run and the profiler, and ranges.
+"""The sidecar JSON (baechi_cli.io.sidecar): one validator for verify --run and the profiler, and ranges.
 
 Float inputs take a float range [low, high), integer inputs an integer one
 within their dtype, other dtypes none; both feed builders (verify's
@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from baechi_cli.core.errors import InputError
 from baechi_cli.costs.measured import FeedSpec, _read_sidecar, synthetic_feeds
-from baechi_cli.errors import InputError
+from baechi_cli.io.sidecar import RUN_KEYS, load_sidecar, range_values, validate_sidecar
 from baechi_cli.verify.run import _make_feeds
-from baechi_cli.verify.sidecar import RUN_KEYS, load_sidecar, range_values, validate_sidecar
 
 TESTDATA = Path(__file__).resolve().parent.parent / "testdata"
 HAVE_TF = importlib.util.find_spec("tensorflow") is not None

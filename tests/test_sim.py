@@ -1,4 +1,4 @@
-"""Tests for baechi_cli.sim: hand-computed timelines and random-DAG properties.
+"""Tests for baechi_cli.evaluator.sim: hand-computed timelines and random-DAG properties.
 
 Every spec here uses latency 10 µs and bandwidth 100 bytes/µs, so moving b
 bytes between two devices takes exactly ``10 + b / 100`` µs:
@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import dags, op_durations
 
-from baechi_cli.devices import Device, DeviceSpec, Interconnect
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder
-from baechi_cli.sim import Transfer, lower_bound, simulate
+from baechi_cli.core.devices import Device, DeviceSpec, Interconnect
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder
+from baechi_cli.evaluator.sim import Transfer, lower_bound, simulate
 
 LAT, BW = 10.0, 100.0
 

@@ -19,15 +19,15 @@ def _modules_after(code: str) -> set[str]:
 
 def test_place_does_not_import_tensorflow(tmp_path):
     mods = _modules_after(
-        "from baechi_cli.cli import main\n"
+        "from baechi_cli.cli.commands import main\n"
         f"main(['place', {CNN!r}, '--devices', '2x8GB', '-q', '-o', {str(tmp_path / 'p.pb')!r}],"
         " standalone_mode=False)"
     )
-    assert "baechi_cli.pipeline" in mods
+    assert "baechi_cli.app.place" in mods
     assert not any(m == "tensorflow" or m.startswith("tensorflow.") for m in mods)
 
 
 def test_help_imports_only_the_cli():
-    mods = _modules_after("from baechi_cli.cli import main")
+    mods = _modules_after("from baechi_cli.cli.commands import main")
     heavy = {"tensorflow", "numpy", "google.protobuf", "ortools", "networkx", "onnx", "rich", "yaml"}
     assert not heavy & mods

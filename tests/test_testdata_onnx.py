@@ -10,7 +10,7 @@ import pytest
 from onnx import external_data_helper
 from onnxmodels import ONNX_MODEL_NAMES, ONNX_MODELS, OnnxModel, onnx_model, zero_weights_beside
 
-from baechi_cli.errors import InputError
+from baechi_cli.core.errors import InputError
 from baechi_cli.io.onnx import read_onnx, read_onnx_with_notes
 
 MAX_GRAPH_BYTES = 3_000_000  # inline weights; an external-weight graph is far smaller

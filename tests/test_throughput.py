@@ -1,4 +1,4 @@
-"""Tarnawski et al.'s max-load model and its solver (baechi_cli.throughput), and --objective throughput.
+"""Tarnawski et al.'s max-load model and its solver (baechi_cli.pipeline.throughput), and --objective throughput.
 
 The solver is checked against brute force: on small random DAGs every
 assignment of units to stages that is monotone along the edges (a
@@ -21,17 +21,17 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from baechi_cli.cli import main
-from baechi_cli.devices import parse_devices
-from baechi_cli.errors import InfeasibleError
+from baechi_cli.cli.commands import main
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import InfeasibleError
 from baechi_cli.io.workload_json import read_workload_json, read_workload_meta
-from baechi_cli.throughput import (
+from baechi_cli.pipeline.throughput import (
+    Growing,
     LoadModel,
-    _build_units,
     _enumerate_ideals,
-    _Growing,
     _Lattice,
     _range_loads,
+    build_units,
     evaluate,
     solve,
     units,
@@ -118,7 +118,7 @@ def random_training_model(n: int, seed: int, accelerators: int, cpus: int, memor
 def brute_force_with_cpus(model: LoadModel) -> float:
     """The least max-load over every monotone labelling of the units with stages, each stage an
     accelerator or a CPU core (at most as many of each as the model has); inf: none is valid."""
-    u = _build_units(model)
+    u = build_units(model)
     k, devices = model.accelerators, model.num_devices
     best = float("inf")
     for stage in itertools.product(range(devices), repeat=u.n):
@@ -158,11 +158,11 @@ def test_lattice_proof_equals_brute_force_with_cpus_memory_and_gradients(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_lattice_prices_every_stage_like_a_growing_set(seed):
     # load(J - I) = accel[J] - accel[I] + bnd[J] + the cut corrections of I, for every pair I ⊂ J.
-    u = _build_units(random_training_model(9, seed, 2, 0, float("inf")))
+    u = build_units(random_training_model(9, seed, 2, 0, float("inf")))
     lattice = _Lattice(u, _enumerate_ideals(u, 10**6))
     rows = np.arange(lattice.count)
     delta = lattice.delta(rows, rows)
-    grow = _Growing(u)
+    grow = Growing(u)
     for i in range(lattice.count):
         for j in range(lattice.count):
             inner, outer = lattice.member[i], lattice.member[j]
@@ -181,11 +181,11 @@ def test_lattice_prices_every_stage_like_a_growing_set(seed):
 def test_interval_ranges_are_priced_like_growing_sets(seed):
     # The interval DP's ranges of a topological order, priced as the lattice prices stages.
     model = random_training_model(12, seed, 2, 1, 30.0)
-    u = _build_units(model)
+    u = build_units(model)
     order = list(range(u.n))
     accel, cpu = _range_loads(u, order, model.accelerators, model.cpus, model.memory)
     for a in range(u.n):
-        grow = _Growing(u)
+        grow = Growing(u)
         for b in range(a, u.n):
             grow.add(order[b])
             fits = not grow.bad and grow.size <= model.memory
@@ -226,7 +226,7 @@ def test_evaluation_counts_a_tensor_once_per_receiving_device():
 
 
 def workload_model(name: str):
-    from baechi_cli.throughput import load_model
+    from baechi_cli.pipeline.throughput import load_model
 
     path = f"{WORKLOADS}/{name}"
     graph, meta = read_workload_json(path), read_workload_meta(path)
@@ -269,7 +269,7 @@ def test_backward_units_follow_their_colour_class():
 
 
 def test_mixed_accelerators_count_at_the_slowest_and_smallest():
-    from baechi_cli.throughput import load_model
+    from baechi_cli.pipeline.throughput import load_model
 
     graph = read_workload_json(f"{WORKLOADS}/throughput_LayerGraphs_gnmt_training.json")
     model = load_model(graph, parse_devices("1x16GB,1x8GB"))
@@ -329,7 +329,8 @@ def test_a_workload_without_max_fpgas_needs_devices(tmp_path):
 
 
 def test_registry_default_matches_the_solver():
-    from baechi_cli import placers, throughput
+    from baechi_cli import placers
+    from baechi_cli.pipeline import throughput
 
     assert placers.PipelineOptions().max_sets == throughput.DEFAULT_MAX_SETS
 

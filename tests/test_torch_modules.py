@@ -413,9 +413,9 @@ def test_parameters_read_by_a_fused_node_place_their_module():
 def test_dynamo_style_export_maps_the_folded_modules(tmp_path):
     """A model shaped like the dynamo exporter's output (node metadata scopes, initializers named
     after parameters), through the pipeline: the conv whose batch norm absorbed it is mapped."""
-    from baechi_cli.devices import parse_devices
+    from baechi_cli.app.place import PlaceOptions, prepare
+    from baechi_cli.core.devices import parse_devices
     from baechi_cli.io.onnx import module_map_of
-    from baechi_cli.pipeline import PlaceOptions, prepare
 
     def scoped(node, *scopes):
         entry = node.metadata_props.add()

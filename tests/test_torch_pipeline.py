@@ -22,11 +22,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from baechi_cli.cli import main
-from baechi_cli.devices import parse_devices
-from baechi_cli.errors import InputError
+from baechi_cli.cli.commands import main
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import InputError
 from baechi_cli.io.onnx import onnx_node_ops, read_onnx
-from baechi_cli.io.torch_pipeline import (
+from baechi_cli.pipeline.torch_split import (
     BEGINNING,
     Boundary,
     graph_boundaries,
@@ -555,7 +555,7 @@ def _torch_skips(pipe) -> dict[int, int]:
 def test_skips_are_the_values_torch_sends_past_a_stage(exported, stages):
     """graph_skips against torch's own split graph: the stages whose values skip one, and how far
     (cutting a block's attention from its MLP twice sends the residual past a stage)."""
-    from baechi_cli.io.torch_pipeline import graph_skips
+    from baechi_cli.pipeline.torch_split import graph_skips
 
     torch, model, x, graph = exported
     boundaries = graph_boundaries(graph)
@@ -571,8 +571,8 @@ def test_skips_are_the_values_torch_sends_past_a_stage(exported, stages):
 def test_a_skipped_activation_needs_a_gradient(tmp_path):
     """In the training step, the residual that four stages send past two (the transformer cut
     inside block 1 three times) has a backward op: a skip torch cannot run under any schedule."""
-    from baechi_cli.io.torch_pipeline import graph_skips
-    from baechi_cli.pipeline import PlaceOptions, prepare
+    from baechi_cli.app.place import PlaceOptions, prepare
+    from baechi_cli.pipeline.torch_split import graph_skips
 
     torch = pytest.importorskip("torch")
     model, x = _transformer(torch)
@@ -660,7 +660,7 @@ def test_two_stages_per_device_plans_build_in_torch(exported, tmp_path, name):
     two, stage s on device s % devices as ScheduleInterleaved1F1B assigns them; zbv: two, in the V
     ScheduleZBVZeroBubble assigns), the placement puts each stage's ops on that device, and the
     stages in turn compute the model's output."""
-    from baechi_cli.schedule import stage_devices
+    from baechi_cli.pipeline.schedules import stage_devices
 
     torch, model, x, graph = exported
     onnx_path = str(tmp_path / "model.onnx")
@@ -698,7 +698,7 @@ def test_torch_copies_a_tied_weight_to_each_stage_that_reads_it(tmp_path):
     embedding and the head, which baechi lists as a weight to copy (``replicate_tied``); cut between
     them, torch's pipeline() gives both stages the weight, equal, and the stages compute the model."""
     torch = pytest.importorskip("torch")
-    from baechi_cli.throughput import load_model
+    from baechi_cli.pipeline.throughput import load_model
 
     model, x = _transformer(torch)
     model.head.weight = model.embed.weight

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from baechi_cli.cli import main
-from baechi_cli.errors import InputError
+from baechi_cli.cli.commands import main
+from baechi_cli.cli.render.verify import SHOWN
+from baechi_cli.core.errors import InputError
+from baechi_cli.io.sidecar import default_sidecar
+from baechi_cli.io.tfsupport import map_device, normalize_device, shorten_tf_message
 from baechi_cli.proto_gen import tf_graph_pb2 as pb
-from baechi_cli.render.verify import SHOWN
-from baechi_cli.tfsupport import map_device, normalize_device, shorten_tf_message
 from baechi_cli.verify.run import verify_placed_graph
-from baechi_cli.verify.sidecar import default_sidecar
 from baechi_cli.verify.static import StaticResult, static_check
 
 TESTDATA = Path(__file__).resolve().parent.parent / "testdata"
@@ -375,7 +375,7 @@ def test_json_output(tmp_path: Path) -> None:
 def test_static_check_never_imports_tensorflow(tmp_path: Path) -> None:
     placed = _placed(tmp_path, CNN, _all_on("/device:GPU:0"))
     code = (
-        "import sys\nfrom baechi_cli.cli import main\n"
+        "import sys\nfrom baechi_cli.cli.commands import main\n"
         f"try:\n    main(['verify', {placed!r}, '--original', {CNN!r}])\n"
         "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
         "print(any(m == 'tensorflow' or m.startswith('tensorflow.') for m in sys.modules))"

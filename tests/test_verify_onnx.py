@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from onnxmodels import ONNX_MODELS, OnnxModel, onnx_model
 
-from baechi_cli.cli import main
+from baechi_cli.cli.commands import main
 from baechi_cli.io.onnx import CONFIGURATION, DEVICE_KEY
 from baechi_cli.verify.onnx import _compare_output, static_check_onnx
 

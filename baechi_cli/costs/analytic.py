@@ -65,6 +65,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from baechi_cli.core.devices import Device, DeviceSpec
+from baechi_cli.core.graph import OpGraph
 from baechi_cli.costs.registry import (
     NO_KERNEL_KINDS,
     NO_RULE,
@@ -86,8 +88,6 @@ from baechi_cli.costs.registry import (
     rules_markdown,
 )
 from baechi_cli.costs.rules_onnx import CONTROL_FLOW, InnerCount, count_control_flow, onnx_view
-from baechi_cli.devices import Device, DeviceSpec
-from baechi_cli.graph import OpGraph
 
 __all__ = [
     "OP_SETS",
@@ -159,7 +159,7 @@ def op_time_us(
     """Roofline time of one op on ``device``: compute- or memory-bound, plus launch overhead.
 
     The compute bound is at the device's FLOP/s for the op's ``compute_class``
-    (:meth:`~baechi_cli.devices.Device.flops_for`).
+    (:meth:`~baechi_cli.core.devices.Device.flops_for`).
     """
     if not launches_kernel:
         return 0.0

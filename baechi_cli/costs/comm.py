@@ -9,11 +9,11 @@ local machine through this module:
   bytes between two local devices with TensorFlow and fits them;
 * :func:`fit_transfer_model` / :func:`fit_samples` are the fit alone (pure);
 * :func:`interconnect_yaml` writes the ``interconnect:`` block, or a complete
-  device YAML that :func:`baechi_cli.devices.load_devices_yaml` reads back.
+  device YAML that :func:`baechi_cli.core.devices.load_devices_yaml` reads back.
 
 Only :func:`measure_transfers` and :func:`local_device_pair` need TensorFlow;
 they import it when called and raise
-:class:`~baechi_cli.errors.MissingDependencyError` without it.
+:class:`~baechi_cli.core.errors.MissingDependencyError` without it.
 
 The fit
 -------
@@ -35,7 +35,7 @@ so fits compare.
 
 * A fitted slope that is not positive (the time did not grow with size over
   the measured range by more than 1e-9 of the largest time: nothing was
-  copied) raises :class:`~baechi_cli.errors.InputError`; so do fewer than two
+  copied) raises :class:`~baechi_cli.core.errors.InputError`; so do fewer than two
   distinct sizes, mismatched lengths and negative or non-finite values.
 * A negative fitted latency is clamped to 0 and the slope refitted through
   the origin (same weighting); the fit's ``note`` says so and the YAML repeats
@@ -121,9 +121,9 @@ from typing import Any
 
 import numpy as np
 
-from baechi_cli import tfsupport
-from baechi_cli.devices import COMM_MODES, DeviceSpec
-from baechi_cli.errors import InputError
+from baechi_cli.core.devices import COMM_MODES, DeviceSpec
+from baechi_cli.core.errors import InputError
+from baechi_cli.io import tfsupport
 
 WEIGHTINGS = ("ols", "relative")
 # Sizes up to this many bytes are timed at least SMALL_REPEATS times.
@@ -250,7 +250,7 @@ def fit_transfer_model(
         >>> fit_transfer_model([1, 2**20], [90.0, 80.0])
         Traceback (most recent call last):
         ...
-        baechi_cli.errors.InputError: the transfer time did not grow with size (fitted slope -9.537e-06 us/byte): nothing was copied, so there is no bandwidth to fit
+        baechi_cli.core.errors.InputError: the transfer time did not grow with size (fitted slope -9.537e-06 us/byte): nothing was copied, so there is no bandwidth to fit
     """
     if weighting not in WEIGHTINGS:
         raise InputError(f"unknown weighting '{weighting}' (use {' or '.join(WEIGHTINGS)})")
@@ -337,7 +337,7 @@ def interconnect_yaml(fit: CommFit, devices: DeviceSpec | None = None, mode: str
 
     With ``devices``, a complete device YAML (their ``devices:`` list and
     ``links`` overrides, with the fit as the default latency and bandwidth)
-    that :func:`baechi_cli.devices.load_devices_yaml` reads back; ``mode``
+    that :func:`baechi_cli.core.devices.load_devices_yaml` reads back; ``mode``
     defaults to theirs. Without, only the ``interconnect:`` block, to paste
     into a device file; ``mode`` defaults to ``sequential``. Numbers keep 7
     significant digits.
@@ -425,7 +425,7 @@ _LOCAL_DEVICE_RE = re.compile(r"/device:(CPU|GPU):(\d+)")
 def normalize_device(name: str) -> tuple[str, int]:
     """``"gpu:1"``, ``"/GPU:1"``, ``"/job:localhost/.../device:GPU:1"`` -> ``("GPU", 1)``.
 
-    Spellings are unified by :func:`baechi_cli.tfsupport.normalize_device`;
+    Spellings are unified by :func:`baechi_cli.io.tfsupport.normalize_device`;
     anything but a local CPU or GPU is an InputError.
 
     Example:
@@ -434,7 +434,7 @@ def normalize_device(name: str) -> tuple[str, int]:
         >>> normalize_device("TPU:0")
         Traceback (most recent call last):
         ...
-        baechi_cli.errors.InputError: device 'TPU:0' is not a local CPU or GPU (use e.g. /device:GPU:0 or CPU:1)
+        baechi_cli.core.errors.InputError: device 'TPU:0' is not a local CPU or GPU (use e.g. /device:GPU:0 or CPU:1)
     """
     m = _LOCAL_DEVICE_RE.fullmatch(tfsupport.normalize_device(name))
     if not m:

@@ -11,10 +11,10 @@ that did not run in any measured step are absent from ``ops`` and listed in
 ``not_run`` (GraphDef order): the caller keeps analytic costs for them and
 flags them. ``progress(done, total)`` is called after every warmup and
 measured step (``total = warmup + steps``). TensorFlow is imported lazily;
-without it the call raises :class:`~baechi_cli.errors.MissingDependencyError`
+without it the call raises :class:`~baechi_cli.core.errors.MissingDependencyError`
 (exit 5). Everything else that stops a run -- a graph that cannot run
 standalone, a missing init op or batch size, an op failing at run time -- is
-an :class:`~baechi_cli.errors.InputError` (exit 2) naming the file, the op
+an :class:`~baechi_cli.core.errors.InputError` (exit 2) naming the file, the op
 where there is one, and the problem on one line.
 
 What runs
@@ -23,7 +23,7 @@ What runs
   present, gives the feeds (``inputs``: name, dtype, shape, optional
   ``range`` [low, high), integers or floats as the dtype), the fetches
   (``train_op`` and ``loss``), the init op (``init_op``), the ``batch_size``
-  and the feed ``seed``; :func:`baechi_cli.verify.sidecar.validate_sidecar`
+  and the feed ``seed``; :func:`baechi_cli.io.sidecar.validate_sidecar`
   checks it (a dim may be -1 here: the batch size fills it). Every key is
   optional; what it lacks comes from the conventions below.
 * **Init** (run once, untraced, before the warmup): the ``init_op`` argument,
@@ -52,7 +52,7 @@ What runs
   (:func:`synthetic_feeds`): from ``numpy.random.RandomState(seed)`` (the
   sidecar's ``seed``, else :data:`DEFAULT_SEED`), integers and floats
   uniform in the sidecar's ``range`` when it gives one
-  (:func:`~baechi_cli.verify.sidecar.range_values`); else floats and
+  (:func:`~baechi_cli.io.sidecar.range_values`); else floats and
   complex numbers standard normal, integers zeros (valid class labels and
   gather indices); bools false; strings empty. A ``DT_RESOURCE`` or
   ``DT_VARIANT`` placeholder is a handle captured by a ``tf.function`` (TF2
@@ -156,8 +156,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from baechi_cli.errors import InputError, MissingDependencyError
-from baechi_cli.tfsupport import as_written_config, import_tensorflow, normalize_device, shorten_tf_message
+from baechi_cli.core.errors import InputError, MissingDependencyError
+from baechi_cli.io.tfsupport import as_written_config, import_tensorflow, normalize_device, shorten_tf_message
 
 if TYPE_CHECKING:
     import numpy as np
@@ -341,14 +341,14 @@ def synthetic_feeds(specs: Sequence[FeedSpec], seed: int) -> dict[str, np.ndarra
 
     One ``numpy.random.RandomState(seed)`` draws, in ``specs`` order, ranged
     integers and floats (uniform in ``[low, high)``,
-    :func:`~baechi_cli.verify.sidecar.range_values`) and floats and complex
+    :func:`~baechi_cli.io.sidecar.range_values`) and floats and complex
     numbers without a range (standard normal); integers without a range are
     zeros, bools false, strings empty. Other dtypes, a range the dtype
     cannot take and a tensor too large to allocate raise InputError.
     """
     import numpy as np
 
-    from baechi_cli.verify.sidecar import range_values
+    from baechi_cli.io.sidecar import range_values
 
     tf = _import_tensorflow(None)
     rng = np.random.RandomState(seed)
@@ -418,7 +418,7 @@ def _read_graphdef(tf: Any, path: str) -> Any:
 
 def _read_sidecar(path: str) -> tuple[str | None, dict[str, Any] | None]:
     """(path, contents) of ``<model>.json`` beside the model, or (None, None) when there is none."""
-    from baechi_cli.verify.sidecar import load_sidecar
+    from baechi_cli.io.sidecar import load_sidecar
 
     candidate = Path(path).with_suffix(".json")
     if candidate == Path(path) or not candidate.is_file():

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.core.graph import CONTROL_PORT, OpGraph
 
 VIEW_OPS: dict[str, frozenset[str]] = {
     "tensorflow": frozenset(

@@ -14,14 +14,14 @@ of two profiles reads op by op. The keys docs/DESIGN.md lists ("Outputs") are a 
 * :func:`dumps` / :func:`write_profile` serialise it (same profile -> same bytes);
 * :func:`load_profile` reads and validates one: a wrong schema, malformed
   JSON, a negative, NaN or infinite cost, or a fractional byte count is an
-  :class:`~baechi_cli.errors.InputError` naming the file and the op;
+  :class:`~baechi_cli.core.errors.InputError` naming the file and the op;
 * :func:`apply_profile` puts a profile's costs on a graph read from the same
   model; missing or extra op names and port counts that differ are an error
   listing the first mismatches.
 
 Example (a two-op graph, costed by hand, through JSON and back):
 
-    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> x = b.add_op("x", "Placeholder", output_bytes=[400])
     >>> y = b.add_op("y", "Relu", output_bytes=[400], compute_us=2.5)
@@ -48,14 +48,14 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
 
-from baechi_cli.errors import InputError, one_line, truncate
-from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.core.errors import InputError, one_line, truncate
+from baechi_cli.core.graph import CONTROL_PORT, OpGraph
 from baechi_cli.proto_gen import profile_pb2
 
 if TYPE_CHECKING:
     from baechi_cli.costs.analytic import CostReport
     from baechi_cli.costs.measured import MeasuredRun
-    from baechi_cli.sim import SimResult
+    from baechi_cli.evaluator.sim import SimResult
 
 SCHEMA = "baechi.profile/v1"
 ANALYTIC, MEASURED, MIXED = "analytic", "measured", "mixed"

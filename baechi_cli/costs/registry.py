@@ -65,7 +65,7 @@ model both read:
 
 Some rules also carry a *compute class* (:attr:`RuleEntry.compute_class`):
 their kernels reach a FLOP rate of their own, and a device's ``efficiency``
-table scales its ``flops`` for them (:meth:`baechi_cli.devices.Device.flops_for`).
+table scales its ``flops`` for them (:meth:`baechi_cli.core.devices.Device.flops_for`).
 :data:`COMPUTE_CLASS_OF` names them by TensorFlow op type -- convolutions and
 their gradients ``conv``, depthwise ones ``depthwise``; matmuls, batched
 matmuls and einsum ``gemm`` -- and an ONNX op counted by a TensorFlow rule
@@ -98,7 +98,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from baechi_cli.devices import CONV, DEPTHWISE, GEMM
+from baechi_cli.core.devices import CONV, DEPTHWISE, GEMM
 
 Shape = tuple[int, ...]
 

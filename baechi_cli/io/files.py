@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
-from baechi_cli.errors import InputError
+from baechi_cli.core.errors import InputError
 
 # A mapped file this small is read whole to tell a blank one ("the file is empty") as read_input does;
 # a bigger one is not blank for any format read this way.

@@ -3,7 +3,7 @@
 Contract
 --------
 :func:`read_graphdef` turns a binary (``.pb``) or text (``.pbtxt``) GraphDef
-into an :class:`~baechi_cli.graph.OpGraph`, parsed with the project's own
+into an :class:`~baechi_cli.core.graph.OpGraph`, parsed with the project's own
 schema (``proto/tf_graph.proto``), so reading never imports TensorFlow unless
 the file lacks output shapes (see below). The format is decided by content:
 text when the bytes look like text or the extension is ``.pbtxt``/``.txt``,
@@ -12,7 +12,7 @@ binary otherwise, the other format tried when the first fails.
 * Ops get dense ids in NodeDef order; ``names`` keeps the NodeDef names.
 * Edges: per node, its data inputs in NodeDef input order (``"x"`` is port 0,
   ``"x:k"`` port k), then its control inputs (``"^x"``, port
-  :data:`~baechi_cli.graph.CONTROL_PORT`, 0 bytes). An input used twice gives
+  :data:`~baechi_cli.core.graph.CONTROL_PORT`, 0 bytes). An input used twice gives
   two edges.
 * ``output_dtypes[v]``: one name per output port, from the op registry of TF
   2.21 (``tf_op_registry.json``) or, for a node whose op is a library
@@ -51,7 +51,7 @@ binary otherwise, the other format tried when the first fails.
   the reader keeps every edge: the control-flow pass removes those back
   edges and rejects every other cycle.
 
-Every problem with the input raises :class:`~baechi_cli.errors.InputError`
+Every problem with the input raises :class:`~baechi_cli.core.errors.InputError`
 naming the file, the op when there is one, and the problem.
 
 :func:`write_placed_graphdef` writes the input graph back with every
@@ -68,8 +68,8 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from baechi_cli.errors import OP_NAME_LIMIT, InputError, one_line, truncate
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.core.errors import OP_NAME_LIMIT, InputError, one_line, truncate
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.io.files import read_input, write_atomic
 
 if TYPE_CHECKING:
@@ -634,7 +634,7 @@ def _infer_shapes(graph_def: GraphDef, first_op: str) -> dict[str, list[tuple[in
     """Output shapes of every node by TensorFlow's shape inference (imports TensorFlow)."""
     try:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        from baechi_cli.tfsupport import import_tensorflow
+        from baechi_cli.io.tfsupport import import_tensorflow
 
         tf = import_tensorflow()
     except ImportError:
@@ -650,7 +650,7 @@ def _infer_shapes(graph_def: GraphDef, first_op: str) -> dict[str, list[tuple[in
         with graph.as_default():
             tf.compat.v1.import_graph_def(tf_graph_def, name="")
     except Exception as err:  # TensorFlow raises ValueError or any of its OpError kinds here
-        from baechi_cli.tfsupport import shorten_tf_message
+        from baechi_cli.io.tfsupport import shorten_tf_message
 
         # TensorFlow quotes whole NodeDefs, names and attrs included: keep its first line, shortened.
         first_line = shorten_tf_message(str(err)) if str(err).strip() else type(err).__name__

@@ -3,14 +3,14 @@
 Contract
 --------
 :func:`read_onnx` turns an ONNX model (``.onnx``, opset 13 or newer) into an
-:class:`~baechi_cli.graph.OpGraph`; :func:`read_onnx_with_notes` returns the
+:class:`~baechi_cli.core.graph.OpGraph`; :func:`read_onnx_with_notes` returns the
 same graph with the notes a report should show (external data not loaded,
 sizes that are guesses). The ``onnx`` package parses, checks and infers; the
 external weight files are never read (placement needs only dims).
 :func:`write_placed_onnx` writes the model back with each node annotated
 with its device (see its docstring).
 
-Steps, in order, each failure an :class:`~baechi_cli.errors.InputError`
+Steps, in order, each failure an :class:`~baechi_cli.core.errors.InputError`
 naming the file (and the op or tensor when there is one):
 
 1. Parse the bytes as a ``ModelProto`` (``onnx.load(path,
@@ -178,8 +178,8 @@ from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from baechi_cli.errors import OP_NAME_LIMIT, InputError, one_line, truncate
-from baechi_cli.graph import GraphBuilder, OpGraph
+from baechi_cli.core.errors import OP_NAME_LIMIT, InputError, one_line, truncate
+from baechi_cli.core.graph import GraphBuilder, OpGraph
 from baechi_cli.io import protowire
 from baechi_cli.io.files import mapped_input, write_atomic
 from baechi_cli.io.torch_modules import CALL_SUFFIX, ModuleMap, module_map, module_paths, parameter_module
@@ -239,7 +239,7 @@ _EXTERNAL_RECORD_BYTES = 1 << 16
 # shape inference do without (module docstring, step 4).
 _WEIGHT_BYTES = 4096
 _TENSOR_RAW_DATA = 9  # TensorProto.raw_data's field number
-#: Characters of an onnx or onnxruntime error message kept (:func:`~baechi_cli.errors.one_line`).
+#: Characters of an onnx or onnxruntime error message kept (:func:`~baechi_cli.core.errors.one_line`).
 MESSAGE_LIMIT = 300
 
 

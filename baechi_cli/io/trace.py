@@ -84,12 +84,12 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from baechi_cli import __version__
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.graph import CONTROL_PORT, OpGraph
 from baechi_cli.io.files import write_atomic
 
 if TYPE_CHECKING:
-    from baechi_cli.sim import SimResult
+    from baechi_cli.evaluator.sim import SimResult
 
 # Coincident 0 µs ops stacked on one track before the next one is opened
 # (Perfetto's slice tracker drops slices nested deeper than 512).

@@ -3,7 +3,7 @@
 Contract
 --------
 :func:`read_workload_json` turns a workload file into an
-:class:`~baechi_cli.graph.OpGraph` that is already costed: the analytic cost
+:class:`~baechi_cli.core.graph.OpGraph` that is already costed: the analytic cost
 model has nothing to add to it. The format (``testdata/workloads/`` holds the
 five published files; ``REFERENCE.md`` there documents the mapping)::
 
@@ -25,7 +25,7 @@ Times in the file are milliseconds, sizes bytes. Per node:
 * compute_us = ``fpgaLatency`` x 1000 (required). ``cpuLatency`` x 1000
   (default: the same) and ``supportedOnFpga`` (true/false or 1/0, default
   true) go to ``attrs[v]`` as ``cpu_us`` and ``accelerator``: only the
-  throughput objective's CPU cores (:mod:`baechi_cli.throughput`) use them.
+  throughput objective's CPU cores (:mod:`baechi_cli.pipeline.throughput`) use them.
 * persistent_bytes = ``size`` (resident for the whole step), default 0.
 * group: nodes sharing a ``colorClass`` form one colocation group whose id is
   its smallest op id; a node without one (absent or null) is alone.
@@ -50,7 +50,7 @@ are rounded up.
 :func:`read_workload_meta` returns the file's device limits
 (:class:`WorkloadMeta`), from which the CLI suggests a device spec.
 
-Every problem with the input raises :class:`~baechi_cli.errors.InputError`
+Every problem with the input raises :class:`~baechi_cli.core.errors.InputError`
 naming the file, the node when there is one, and the problem: unreadable or
 non-JSON bytes, a wrong top-level shape, a node without ``id`` or
 ``fpgaLatency``, a duplicate id, a number that is not finite and >= 0, an
@@ -68,8 +68,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from baechi_cli.errors import InputError, truncate
-from baechi_cli.graph import OpGraph, graph_from_columns
+from baechi_cli.core.errors import InputError, truncate
+from baechi_cli.core.graph import OpGraph, graph_from_columns
 from baechi_cli.io.files import read_input
 
 DEFAULT_OP_TYPE = "workload"

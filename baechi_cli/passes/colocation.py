@@ -25,7 +25,7 @@ groups by; :func:`describe_pair` words one for a message.
 Complexity: O(V + E) with near-constant union-find steps.
 
 Example:
-    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> w = b.add_op("w", "VarHandleOp", [0], output_dtypes=["resource"])
     >>> r = b.add_op("r", "ReadVariableOp", [400], attrs={"_input_types": ["resource"]})
@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from baechi_cli.errors import InputError
-from baechi_cli.graph import CONTROL_PORT, OpGraph
-from baechi_cli.passes.unionfind import UnionFind
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.graph import CONTROL_PORT, OpGraph
+from baechi_cli.core.unionfind import UnionFind
 
 EXEMPT_OP_TYPES = frozenset({"IdentityN", "PartitionedCall", "StatefulPartitionedCall"})
 
@@ -98,7 +98,7 @@ def colocation_pairs(graph: OpGraph) -> Iterator[tuple[int, int, str]]:
 def describe_pair(graph: OpGraph, op: int, other: int, kind: str) -> str:
     """Why ``op`` must run on ``other``'s device, as a phrase about ``op``.
 
-    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> w = b.add_op("w", "VarHandleOp", [0], output_dtypes=["resource"])
     >>> r = b.add_op("w/read", "ReadVariableOp", [4], colocate_with=["w"])

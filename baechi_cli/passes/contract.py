@@ -30,7 +30,7 @@ back onto the original ops.
 Complexity: O(V + E) plus sorting each node's members.
 
 Example:
-    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> x = b.add_op("x", "MatMul", [100], compute_us=5.0)
     >>> y = b.add_op("y", "Relu", [100], compute_us=1.0)
@@ -49,8 +49,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from baechi_cli.graph import CONTROL_PORT, OpGraph
-from baechi_cli.passes.unionfind import UnionFind
+from baechi_cli.core.graph import CONTROL_PORT, OpGraph
+from baechi_cli.core.unionfind import UnionFind
 
 
 def contract(

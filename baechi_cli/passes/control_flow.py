@@ -25,7 +25,7 @@ for cycles).
 Complexity: O(V + E) plus the union-find steps.
 
 Example:
-    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> x = b.add_op("x", "Const", [4])
     >>> enter = b.add_op("w/Enter", "Enter", [4], attrs={"frame_name": "w"})
@@ -46,8 +46,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from baechi_cli.graph import OpGraph
-from baechi_cli.passes.unionfind import UnionFind
+from baechi_cli.core.graph import OpGraph
+from baechi_cli.core.unionfind import UnionFind
 
 BACK_EDGE_OPS = frozenset({"NextIteration", "RefNextIteration"})
 ENTER_OPS = frozenset({"Enter", "RefEnter"})
@@ -101,7 +101,7 @@ def loop_frames(graph: OpGraph) -> list[int]:
 def control_flow(graph: OpGraph) -> OpGraph:
     """Return ``graph`` with loop frames colocated and loop back edges removed.
 
-    Raises :class:`~baechi_cli.errors.InputError` naming the ops of a cycle
+    Raises :class:`~baechi_cli.core.errors.InputError` naming the ops of a cycle
     that does not pass through a loop's back edge.
     """
     frames = loop_frames(graph)

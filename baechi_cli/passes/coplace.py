@@ -24,7 +24,7 @@ ever merge, so every colocation constraint still holds.
 Complexity: O(V + E) plus near-constant union-find steps.
 
 Example:
-    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> x = b.add_op("x", "Conv2D", [100])
     >>> y = b.add_op("y", "BiasAdd", [100])
@@ -50,9 +50,8 @@ branch with more compute (``r``) joins it (``p`` feeds both, so it stays).
 
 from __future__ import annotations
 
-from baechi_cli.graph import OpGraph
-from baechi_cli.passes.unionfind import UnionFind
-from baechi_cli.placers.memory import own_bytes
+from baechi_cli.core.graph import OpGraph, own_bytes
+from baechi_cli.core.unionfind import UnionFind
 
 
 def coplace(graph: OpGraph, *, max_group_bytes: int) -> OpGraph:

@@ -28,7 +28,7 @@ hold the whole model (the peak of a one-device run), the paper's condition.
 Complexity: O(V + E) plus the contraction.
 
 Example:
-    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> x = b.add_op("x", "MatMul", [100], compute_us=4.0)
     >>> y = b.add_op("y", "Relu", [100], compute_us=1.0)
@@ -45,9 +45,9 @@ Example:
 
 from __future__ import annotations
 
-from baechi_cli.graph import OpGraph
+from baechi_cli.core.graph import OpGraph
+from baechi_cli.core.unionfind import UnionFind
 from baechi_cli.passes.contract import contract
-from baechi_cli.passes.unionfind import UnionFind
 
 
 def forward_only(graph: OpGraph) -> OpGraph:

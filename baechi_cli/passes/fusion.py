@@ -32,7 +32,7 @@ per sweep.
 
 Example: a chain in one group fuses whole.
 
-    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> for name in "abc":
     ...     _ = b.add_op(name, "Relu", [4])
@@ -52,9 +52,9 @@ Add ``a -> c``: fusing ``a`` with ``c`` would close the cycle
 
 from __future__ import annotations
 
-from baechi_cli.graph import OpGraph
+from baechi_cli.core.graph import OpGraph
+from baechi_cli.core.unionfind import UnionFind
 from baechi_cli.passes.contract import contract
-from baechi_cli.passes.unionfind import UnionFind
 
 
 def fuse(graph: OpGraph) -> OpGraph:

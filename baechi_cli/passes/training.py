@@ -93,8 +93,8 @@ topological order of their forward ops (backward ops reversed), so
 Complexity: O(V + E).
 
 Example:
-    >>> from baechi_cli.graph import GraphBuilder
-    >>> from baechi_cli.devices import parse_devices
+    >>> from baechi_cli.core.graph import GraphBuilder
+    >>> from baechi_cli.core.devices import parse_devices
     >>> b = GraphBuilder()
     >>> x = b.add_op("x", "Input", [400], output_dtypes=["float32"])
     >>> fc = b.add_op("fc", "Gemm", [40], compute_us=10.0, persistent_bytes=4000,
@@ -115,12 +115,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.costs.analytic import op_time_us
 from baechi_cli.costs.memory_rules import RESIDENT, Saved, gelu_saved, saved_for_backward
 from baechi_cli.costs.registry import OpCount
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.errors import InputError
-from baechi_cli.graph import CONTROL_PORT, GraphBuilder, OpGraph
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 # The TensorFlow update op whose cost rule times each optimizer, and how many

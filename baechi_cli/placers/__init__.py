@@ -8,13 +8,13 @@ A placer is a function ``place(graph, devices, options) -> Placement``:
 * It returns which device each node runs on and, when it planned one, the
   order it committed nodes in (:attr:`Placement.sequence`, a topological
   order). It never judges itself: the pipeline expands the placement onto
-  the ops and :func:`baechi_cli.evaluate.evaluate` decides its step time,
+  the ops and :func:`baechi_cli.evaluator.evaluate.evaluate` decides its step time,
   memory and feasibility, for every placer alike.
 * It honours colocation groups (a whole group on one device) and, when
   :attr:`PlacerSpec.respects_memory`, returns only placements within device
   memory as the evaluator counts it on ``graph`` (m-TOPO, m-ETF and m-SCT:
   :func:`~baechi_cli.placers.memory.place_in_memory`), raising
-  :class:`~baechi_cli.errors.InfeasibleError` (what does not fit where, and
+  :class:`~baechi_cli.core.errors.InfeasibleError` (what does not fit where, and
   by how much) when it finds none.
 
 Adding a placer is one module with a ``place`` function plus one
@@ -34,35 +34,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from baechi_cli.errors import InputError
+from baechi_cli.core.errors import InputError
+from baechi_cli.evaluator.placement import Placement
 
 if TYPE_CHECKING:
-    from baechi_cli.devices import DeviceSpec
-    from baechi_cli.graph import OpGraph
-    from baechi_cli.sim import ListSchedule, SimResult
-
-
-@dataclass
-class Placement:
-    """Which device each node runs on, and the order the placer planned (if it planned one)."""
-
-    device_of: list[int]
-    # Every node in the order the placer committed it (a topological order); the
-    # evaluator runs each device's nodes in this order. None: the evaluator's
-    # dispatch rule orders them (earliest ready first).
-    sequence: list[int] | None = None
-    # The placer's own list schedule, for tests that compare its prediction with
-    # the evaluator's judgement; never used to judge the placement.
-    schedule: ListSchedule | None = field(default=None, repr=False)
-    info: dict[str, Any] = field(default_factory=dict)  # placer-specific facts for the report
-
-    @property
-    def predicted(self) -> SimResult | None:
-        """The timeline the placer itself planned (None when it planned none)."""
-        return None if self.schedule is None else self.schedule.result()
+    from baechi_cli.core.devices import DeviceSpec
+    from baechi_cli.core.graph import OpGraph
 
 
 @dataclass(frozen=True)
@@ -250,9 +230,11 @@ register(
 class PipelineOptions:
     """pipeline's options: microbatches per minibatch (None: Tarnawski's max-load of an endless
     stream), the schedule that runs them, CPU cores beside the devices, and how many sets the
-    exact search may enumerate (:mod:`baechi_cli.throughput`)."""
+    exact search may enumerate (:mod:`baechi_cli.pipeline.throughput`)."""
 
-    objective: str = "throughput"  # or "latency": one sample's time through the calls (baechi_cli.latency)
+    objective: str = (
+        "throughput"  # or "latency": one sample's time through the calls (baechi_cli.pipeline.latency)
+    )
     microbatches: int | None = None
     schedule: str = "auto"  # auto: the faster of 1f1b and interleaved
     cpus: int = 0
@@ -266,7 +248,7 @@ register(
         "pipeline split",
         "pipeline: stages for throughput or latency, Tarnawski et al.'s objectives solved exactly "
         "(--objective throughput|latency)",
-        "baechi_cli.placers.pipeline",
+        "baechi_cli.pipeline.placer",
         options=PipelineOptions,
         auto=False,  # a different objective: --objective throughput picks it
         # The model counts an op's own bytes (weights; a workload's `size`), not the

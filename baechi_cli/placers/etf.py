@@ -10,8 +10,8 @@ to the op's topological index, then the lower device index.
 Complexity and data structures: see :mod:`baechi_cli.placers.listsched`.
 
 Example:
-    >>> from baechi_cli.graph import GraphBuilder
-    >>> from baechi_cli.devices import parse_devices
+    >>> from baechi_cli.core.graph import GraphBuilder
+    >>> from baechi_cli.core.devices import parse_devices
     >>> b = GraphBuilder()
     >>> a = b.add_op("a", "A", [8], compute_us=100)
     >>> x = b.add_op("x", "X", [8], compute_us=100)
@@ -24,9 +24,10 @@ Example:
 
 from __future__ import annotations
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.graph import OpGraph
-from baechi_cli.placers import NoOptions, Placement
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.graph import OpGraph
+from baechi_cli.evaluator.placement import Placement
+from baechi_cli.placers import NoOptions
 from baechi_cli.placers.listsched import list_schedule
 from baechi_cli.placers.memory import place_in_memory
 

@@ -12,7 +12,7 @@ The model, over the nodes the placers see (after fusion; colocation groups in
 * per producer/consumer pair ``(u, v)`` in different groups ``S[v] >= E[u]``,
   and ``S[v] >= E[u] + c`` when they are on different devices, ``c`` the
   longest transfer among the tensors the pair carries
-  (:func:`baechi_cli.sim.transfer_length`: a measured time, else the link's
+  (:func:`baechi_cli.evaluator.sim.transfer_length`: a measured time, else the link's
   latency and bandwidth; a control edge is a 0-byte tensor, so it costs the
   latency). With per-link overrides the cost depends on the device pair:
   then, for each device ``b``, when v is on ``b``,
@@ -85,7 +85,7 @@ classes for the symmetry breaking) with makespan at most
 ``T (1 + 1e-9) / unit + Z`` for ``Z`` lengthened nodes. So CP-SAT's proven
 bound ``B`` on its model's optimum gives ``T >= (B - Z) unit / (1 + 1e-9)``
 for every placement: that is ``lower_bound_us`` (or the simulator's
-:func:`~baechi_cli.sim.lower_bound`, if larger). Conversely, the model's
+:func:`~baechi_cli.evaluator.sim.lower_bound`, if larger). Conversely, the model's
 schedule run by the evaluator in its order is late by at most one unit per
 node and per transfer on a chain: in ``parallel`` mode its step time is at
 most ``(objective + 2n) unit``. The answer is ``optimal`` iff the evaluator's
@@ -136,7 +136,7 @@ those DAGs (seeds 0-9 on four devices, 0-5 on three; as is: 14.6 counted
 seconds in all, 15 of 16 proven): the cumulative's overload checker and
 timetable edge finding (28.4, 15), dynamic precedences in the disjunctive
 (40.6, 13), the quick-restart portfolio as the search (116, 5), m-ETF's
-hint first refined by :mod:`baechi_cli.refine` (33.2, 13): a hint nearer
+hint first refined by :mod:`baechi_cli.search.refine` (33.2, 13): a hint nearer
 balance does not lead the search to the balanced schedule sooner; without
 the redundant cumulative (34.9, 13); branching on starts, lowest first
 (34.2, 13); the share without the LP cut into runs of 1, 1 and 1 counted
@@ -189,11 +189,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.errors import InfeasibleError, InputError, SolverError
-from baechi_cli.graph import CONTROL_PORT, OpGraph
-from baechi_cli.placers import ExactOptions, Placement
-from baechi_cli.sim import lower_bound, transfer_length
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.errors import InfeasibleError, InputError, SolverError
+from baechi_cli.core.graph import CONTROL_PORT, OpGraph
+from baechi_cli.evaluator.placement import Placement
+from baechi_cli.evaluator.sim import lower_bound, transfer_length
+from baechi_cli.placers import ExactOptions
 
 # Integer time: the horizon spans about this many units.
 HORIZON_UNITS = 1e7
@@ -278,7 +279,7 @@ def place(graph: OpGraph, devices: DeviceSpec, options: ExactOptions) -> Placeme
     ``exact_counted_seconds`` (CP-SAT's deterministic time), ``exact_nodes``,
     ``exact_source`` (which of the three it is) and ``exact_reproducible``.
     """
-    from baechi_cli.evaluate import evaluate
+    from baechi_cli.evaluator.evaluate import evaluate
     from baechi_cli.placers import get
 
     if graph.num_ops > options.max_nodes:
@@ -433,7 +434,7 @@ class _Watch:
         self.callback = Callback()
 
     def on_solution(self, cb) -> None:
-        from baechi_cli.evaluate import evaluate
+        from baechi_cli.evaluator.evaluate import evaluate
 
         pr = self.problem
         device_of = [
@@ -660,7 +661,7 @@ class _Problem:
 
     def _hint_schedule(self, per_group: list[int]) -> tuple[list[int], int]:
         """The hint's schedule in the model (its order on each device, earliest starts) and makespan."""
-        from baechi_cli.evaluate import device_order, evaluate
+        from baechi_cli.evaluator.evaluate import device_order, evaluate
 
         g, n = self.graph, self.n
         device_of = [per_group[self.group_of[v]] for v in range(n)]
@@ -983,7 +984,7 @@ class _Problem:
     # ------------------------------------------------------------------ the run
 
     def run(self, time_limit: float | None, workers: int, t0: float) -> ExactResult:
-        from baechi_cli.evaluate import evaluate
+        from baechi_cli.evaluator.evaluate import evaluate
 
         graph, devices, n = self.graph, self.devices, self.n
         if n == 0:

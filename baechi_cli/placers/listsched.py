@@ -17,7 +17,7 @@ exceed the budget there, or should no device have room for any ready op, the
 schedule goes on over budget and says so in its estimate, and
 :func:`~baechi_cli.placers.memory.place_in_memory` retries with a margin.
 
-Start times come from :class:`~baechi_cli.sim.ListSchedule`, the simulator's
+Start times come from :class:`~baechi_cli.evaluator.sim.ListSchedule`, the simulator's
 list-schedule API (device channels and cached copies in ``sequential``
 mode). The placement carries the commit order; the evaluator judges it
 (exactly as planned in ``parallel`` mode, see ListSchedule).
@@ -37,7 +37,7 @@ has a case: 93 -> 82 µs); its stale key then overstates it, and another
 op may be committed first where ETF's rule would take it. The evaluator
 judges the result either way.
 
-Interchangeable devices (:meth:`~baechi_cli.devices.DeviceSpec.classes`:
+Interchangeable devices (:meth:`~baechi_cli.core.devices.DeviceSpec.classes`:
 same kind, same budget, no per-pair link) that hold nothing yet are in the
 same state: no op, idle channels, nothing live, the same candidates at the
 same times (their inputs all come from elsewhere). Of such a class only the
@@ -62,11 +62,11 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.graph import OpGraph
-from baechi_cli.placers import Placement
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.graph import OpGraph
+from baechi_cli.evaluator.placement import Placement
+from baechi_cli.evaluator.sim import ListSchedule
 from baechi_cli.placers.liveness import LiveLedger
-from baechi_cli.sim import ListSchedule
 
 # (op, device, device_of so far) -> 0 most preferred; breaks ties between one op's devices. It must
 # give every device of one class holding no op the same answer (only one of them is asked).

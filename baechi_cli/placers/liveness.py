@@ -1,8 +1,8 @@
 """LiveLedger: the memory a list schedule holds on each device, counted as the evaluator counts it.
 
-m-ETF, m-SCT and m-TOPO build a :class:`~baechi_cli.sim.ListSchedule` one op
+m-ETF, m-SCT and m-TOPO build a :class:`~baechi_cli.evaluator.sim.ListSchedule` one op
 at a time, so they know when each committed op runs. The ledger follows that
-schedule with the evaluator's memory rules (:mod:`baechi_cli.sim`):
+schedule with the evaluator's memory rules (:mod:`baechi_cli.evaluator.sim`):
 
 * persistent bytes of the colocation groups on a device, for the whole step;
 * an op's output from its start until its last consumer on that device and
@@ -36,9 +36,9 @@ received while other ops run, the number of ops it spans on that device.
 Flat lists throughout; buffers are numbered as they are allocated.
 
 Example:
-    >>> from baechi_cli.graph import GraphBuilder
-    >>> from baechi_cli.devices import parse_devices
-    >>> from baechi_cli.sim import ListSchedule
+    >>> from baechi_cli.core.graph import GraphBuilder
+    >>> from baechi_cli.core.devices import parse_devices
+    >>> from baechi_cli.evaluator.sim import ListSchedule
     >>> b = GraphBuilder()
     >>> a = b.add_op("a", "A", [100], compute_us=1)
     >>> c = b.add_op("c", "C", [10], compute_us=1)
@@ -58,10 +58,10 @@ import heapq
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.graph import CONTROL_PORT, OpGraph
+from baechi_cli.evaluator.sim import ListSchedule
 from baechi_cli.placers.memory import first_fit
-from baechi_cli.sim import ListSchedule
 
 INF = float("inf")
 

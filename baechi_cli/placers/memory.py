@@ -21,8 +21,8 @@ ledger fits the simulator, which is how every placer keeps its promise never
 to exceed device memory.
 
 Example:
-    >>> from baechi_cli.graph import GraphBuilder
-    >>> from baechi_cli.devices import parse_devices
+    >>> from baechi_cli.core.graph import GraphBuilder
+    >>> from baechi_cli.core.devices import parse_devices
     >>> b = GraphBuilder()
     >>> a = b.add_op("a", "A", [100], persistent_bytes=50)
     >>> c = b.add_op("c", "C", [10])
@@ -40,13 +40,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.errors import InfeasibleError
-from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.errors import InfeasibleError
+from baechi_cli.core.graph import CONTROL_PORT, OpGraph, own_bytes
 
 if TYPE_CHECKING:
-    from baechi_cli.placers import Placement
-    from baechi_cli.sim import SimResult
+    from baechi_cli.evaluator.placement import Placement
+    from baechi_cli.evaluator.sim import SimResult
 
 # Placements tried before giving up: the first with each device's memory as its
 # budget, each later one with the budgets the evaluator showed too generous cut.
@@ -89,7 +89,7 @@ def place_in_memory(
 
     The placement's ``info["memory"]`` says how many attempts it took.
     """
-    from baechi_cli.evaluate import evaluate
+    from baechi_cli.evaluator.evaluate import evaluate
 
     if ample(graph, devices):
         return attempt(None)
@@ -153,15 +153,6 @@ def first_fit(sizes: Sequence[int], free: list[int]) -> bool:
         else:
             return False
     return True
-
-
-def own_bytes(graph: OpGraph) -> list[int]:
-    """Bytes each op holds on its device for the whole step in the ledger: persistent + outputs.
-
-    Temporary bytes are not summed: the ledger charges a device the largest
-    of its ops' temporaries once.
-    """
-    return [graph.persistent_bytes[v] + sum(graph.output_bytes[v]) for v in range(graph.num_ops)]
 
 
 def safe_peaks(graph: OpGraph, device_of: Sequence[int], ndev: int) -> list[int]:

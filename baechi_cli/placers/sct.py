@@ -22,7 +22,7 @@
    critical ops), so both run; the second costs one more list schedule, next
    to the LP's solve.
 
-A failed or timed-out LP is a :class:`~baechi_cli.errors.SolverError`, never
+A failed or timed-out LP is a :class:`~baechi_cli.core.errors.SolverError`, never
 a silent fallback to m-ETF. The report gets the solver's backend, status,
 objective (the LP makespan, a relaxation of the schedule) and seconds.
 
@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import time
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.evaluate import evaluate
-from baechi_cli.graph import OpGraph
-from baechi_cli.placers import Placement, SCTOptions
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.graph import OpGraph
+from baechi_cli.evaluator.evaluate import evaluate
+from baechi_cli.evaluator.placement import Placement
+from baechi_cli.evaluator.sim import StepTimer
+from baechi_cli.placers import SCTOptions
 from baechi_cli.placers.listsched import list_schedule
 from baechi_cli.placers.memory import place_in_memory
 from baechi_cli.placers.sct_lp import favorite_children, solve_favorite_lp
-from baechi_cli.sim import StepTimer
 
 
 def place(graph: OpGraph, devices: DeviceSpec, options: SCTOptions) -> Placement:

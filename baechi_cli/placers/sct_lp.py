@@ -28,7 +28,7 @@ since every other op ends before its successors start.
 
 The LP is always feasible (all ``x_e = 1`` and ``s`` = earliest start times)
 and bounded (``w >= 0``), so any answer but "optimal" is a solver failure,
-reported as :class:`~baechi_cli.errors.SolverError`: never a silent fallback.
+reported as :class:`~baechi_cli.core.errors.SolverError`: never a silent fallback.
 
 Backends (OR-Tools ``pywraplp``): HiGHS's dual simplex by default, chosen by
 measurement (bench/lp_backends.md); GLOP, CLP and PDLP by name.
@@ -45,8 +45,8 @@ Example (the fork of the tests: ``a`` feeds ``l`` over 5 µs and ``r`` over
 8 µs; at most one child can skip its transfer, and the LP splits the
 difference, ``5 x_l = 8 x_r``, leaving ``r`` below 1/2):
 
-    >>> from baechi_cli.graph import GraphBuilder
-    >>> from baechi_cli.devices import parse_devices
+    >>> from baechi_cli.core.graph import GraphBuilder
+    >>> from baechi_cli.core.devices import parse_devices
     >>> b = GraphBuilder()
     >>> a, l, r = (b.add_op(name, "X", [0], compute_us=10) for name in "alr")
     >>> _ = b.add_edge(a, l, transfer_us=5.0)
@@ -65,9 +65,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.errors import InputError, SolverError
-from baechi_cli.graph import OpGraph
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.errors import InputError, SolverError
+from baechi_cli.core.graph import OpGraph
 
 # User-facing name -> (pywraplp solver id, solver-specific parameters).
 # HiGHS is asked for as "HIGHS_LP" (its "HIGHS" id is the MIP flavour) and

@@ -6,9 +6,10 @@ by the simulator's peak, like every other placement.
 
 from __future__ import annotations
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.graph import OpGraph
-from baechi_cli.placers import NoOptions, Placement
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.graph import OpGraph
+from baechi_cli.evaluator.placement import Placement
+from baechi_cli.placers import NoOptions
 
 
 def largest_device(devices: DeviceSpec) -> int:

@@ -19,8 +19,8 @@ Complexity: O((V + E) log V) for the order; with memory to count, O(V + E)
 for the schedule and the ledger, times the devices tried per group.
 
 Example:
-    >>> from baechi_cli.graph import GraphBuilder
-    >>> from baechi_cli.devices import parse_devices
+    >>> from baechi_cli.core.graph import GraphBuilder
+    >>> from baechi_cli.core.devices import parse_devices
     >>> b = GraphBuilder()
     >>> ids = [b.add_op(f"op{i}", "X", [8], compute_us=10) for i in range(4)]
     >>> for s, d in zip(ids, ids[1:]): _ = b.add_edge(s, d)
@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from baechi_cli.devices import DeviceSpec
-from baechi_cli.graph import OpGraph
-from baechi_cli.placers import NoOptions, Placement
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.graph import OpGraph
+from baechi_cli.evaluator.placement import Placement
+from baechi_cli.evaluator.sim import ListSchedule
+from baechi_cli.placers import NoOptions
 from baechi_cli.placers.liveness import LiveLedger
 from baechi_cli.placers.memory import place_in_memory
-from baechi_cli.sim import ListSchedule
 
 
 def place(graph: OpGraph, devices: DeviceSpec, options: NoOptions) -> Placement:

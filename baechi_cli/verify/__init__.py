@@ -9,9 +9,9 @@ nothing itself and importing it imports nothing else. By concern:
 * :mod:`~baechi_cli.verify.diff` -- what tells a placed graph from its original (GraphDef; shared with ONNX);
 * :mod:`~baechi_cli.verify.run` -- training the placed GraphDef in TensorFlow in a subprocess
   (``python -m baechi_cli.verify``, :mod:`baechi_cli.verify.__main__`);
-* :mod:`~baechi_cli.verify.sidecar` -- the sidecar JSON that says what such a run feeds and fetches;
+* :mod:`~baechi_cli.io.sidecar` -- the sidecar JSON that says what such a run feeds and fetches;
 * :mod:`~baechi_cli.verify.onnx` -- :func:`~baechi_cli.verify.onnx.verify_onnx`, the same for ONNX
   models, run in onnxruntime.
 
-Rendering the reports for a terminal is :mod:`baechi_cli.render.verify`'s.
+Rendering the reports for a terminal is :mod:`baechi_cli.cli.render.verify`'s.
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from baechi_cli.errors import truncate
+from baechi_cli.core.errors import truncate
 
 if TYPE_CHECKING:
     from baechi_cli.proto_gen.tf_graph_pb2 import GraphDef, NodeDef

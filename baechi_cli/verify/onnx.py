@@ -3,14 +3,14 @@
 ``baechi verify PLACED.onnx [--original MODEL.onnx] [--run]`` (see the README)
 reaches :func:`verify_onnx`, which returns an :class:`OnnxVerifyReport`
 (``baechi.verify/v1`` as JSON, with ``"format": "onnx"``);
-:func:`baechi_cli.render.verify.render_onnx_report` prints it. What a placed
+:func:`baechi_cli.cli.render.verify.render_onnx_report` prints it. What a placed
 model is: :func:`baechi_cli.io.onnx.write_placed_onnx`. Differences are
 counted and kept as :mod:`baechi_cli.verify.diff` does for GraphDefs.
 
 Static check (:func:`static_check_onnx`, never imports onnxruntime)
 -------------------------------------------------------------------
 * PLACED (and the original) parse as an ONNX ``ModelProto`` with a graph
-  of at least one node; otherwise :class:`~baechi_cli.errors.InputError`.
+  of at least one node; otherwise :class:`~baechi_cli.core.errors.InputError`.
 * ``onnx.checker.check_model(full_check=False)`` passes, on the file so
   that external data resolves beside it. When external weight files are
   absent, the top-level initializers stored there are checked as graph
@@ -67,7 +67,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from baechi_cli.errors import InputError, MissingDependencyError, one_line, truncate
+from baechi_cli.core.errors import InputError, MissingDependencyError, one_line, truncate
 from baechi_cli.io.onnx import (
     CONFIGURATION,
     DEVICE_KEY,

@@ -36,8 +36,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from baechi_cli.errors import InputError
-from baechi_cli.graph import CONTROL_PORT, OpGraph
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.graph import CONTROL_PORT, OpGraph
 from baechi_cli.passes.colocation import is_handle_type
 
 #: Consumers of a resource handle that neither read nor write the value.
@@ -88,7 +88,7 @@ def variable_races(graph: OpGraph, fetches: Sequence[str]) -> list[Race]:
     one bitset per op over the A accesses, O(L * (V + E) * A / 64) word
     operations (L: 1 plus the depth of nested loops), and O(W * A) for the pairs (W writes).
 
-    >>> from baechi_cli.graph import GraphBuilder
+    >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> w = b.add_op("w", "VariableV2", [4], output_dtypes=["float32_ref"])
     >>> read = b.add_op("w/read", "Identity", [4], output_dtypes=["float32"])
@@ -250,7 +250,7 @@ def step_races(graph: OpGraph, model_path: str) -> tuple[list[Race], str]:
     """
     from pathlib import Path
 
-    from baechi_cli.verify.sidecar import load_sidecar
+    from baechi_cli.io.sidecar import load_sidecar
 
     sidecar = Path(model_path).with_suffix(".json")
     if sidecar == Path(model_path) or not sidecar.is_file():

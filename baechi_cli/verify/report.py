@@ -5,10 +5,10 @@
 :func:`~baechi_cli.verify.run.verify_placed_graph`, and returns a
 :class:`VerifyReport`, whose :meth:`~VerifyReport.to_json` is the
 ``baechi.verify/v1`` document of ``baechi verify --json``
-(:func:`baechi_cli.render.verify.render_report` prints it for humans).
+(:func:`baechi_cli.cli.render.verify.render_report` prints it for humans).
 Problems the checks find are in the report (``ok`` is the verdict); bad input
-raises :class:`~baechi_cli.errors.InputError` and a ``run`` without
-TensorFlow :class:`~baechi_cli.errors.MissingDependencyError`.
+raises :class:`~baechi_cli.core.errors.InputError` and a ``run`` without
+TensorFlow :class:`~baechi_cli.core.errors.MissingDependencyError`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from baechi_cli.errors import InputError
-from baechi_cli.tfsupport import require_tensorflow
+from baechi_cli.core.errors import InputError
+from baechi_cli.io.sidecar import default_sidecar
+from baechi_cli.io.tfsupport import require_tensorflow
 from baechi_cli.verify.run import NEEDS_TENSORFLOW, VerifyResult, verify_placed_graph
-from baechi_cli.verify.sidecar import default_sidecar
 from baechi_cli.verify.static import StaticResult, static_check
 
 REPORT_SCHEMA = "baechi.verify/v1"

@@ -26,7 +26,7 @@ The subprocess:
    op's device; its constant folding and other rewrites replace nodes) and
    with the classic graph optimizer at ``L0`` (no constant folding or CSE, so
    Const nodes run too and get checked). The graph thus runs as written
-   (:func:`baechi_cli.tfsupport.as_written_config`).
+   (:func:`baechi_cli.io.tfsupport.as_written_config`).
 4. Runs the sidecar's ``init_op``, then ``loss`` + ``train_op`` for ``steps``
    steps with ``FULL_TRACE``, and reads from the step stats the device each
    node actually ran on. Every node of the graph that ran and has a requested
@@ -74,10 +74,10 @@ settings measures the threads, not the placement.
 Failures are results, not exceptions: a placement TF rejects (e.g. "Cannot
 colocate nodes ...") comes back with ``ok=False`` and TF's message shortened
 to one line in ``error``. Only bad arguments (missing files, a malformed
-sidecar) raise :class:`~baechi_cli.errors.InputError`, and a missing
-TensorFlow raises :class:`~baechi_cli.errors.MissingDependencyError`.
+sidecar) raise :class:`~baechi_cli.core.errors.InputError`, and a missing
+TensorFlow raises :class:`~baechi_cli.core.errors.MissingDependencyError`.
 
-The sidecar is :mod:`baechi_cli.verify.sidecar`'s. Command line of the
+The sidecar is :mod:`baechi_cli.io.sidecar`'s. Command line of the
 subprocess (:func:`main`, reached through ``baechi_cli/verify/__main__.py``):
 ``python -m baechi_cli.verify PLACED SIDECAR --devices N [--original MODEL]
 [--reference-loss JSON] [--steps K] [--json]``; exit status 0 when the check
@@ -97,8 +97,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from baechi_cli.errors import EXIT_OK, BaechiError, InputError, one_line
-from baechi_cli.tfsupport import (
+from baechi_cli.core.errors import EXIT_OK, BaechiError, InputError, one_line
+from baechi_cli.io.sidecar import load_sidecar, numpy_dtype, range_values
+from baechi_cli.io.tfsupport import (
     MESSAGE_LIMIT,
     as_written_config,
     map_device,
@@ -106,7 +107,6 @@ from baechi_cli.tfsupport import (
     shorten_tf_message,
 )
 from baechi_cli.verify.races import Race, variable_races
-from baechi_cli.verify.sidecar import load_sidecar, numpy_dtype, range_values
 
 EXIT_VERIFY_FAILED = 1
 RELATIVE_TOLERANCE = 1e-6
@@ -334,7 +334,7 @@ def _make_feeds(sidecar: dict[str, Any], steps: int) -> list[dict[str, Any]]:
 
     ``numpy.random.RandomState(seed)`` draws, input by input: values uniform
     in the input's ``range`` [low, high) when it has one (integers or floats,
-    :func:`~baechi_cli.verify.sidecar.range_values`); else integers uniform
+    :func:`~baechi_cli.io.sidecar.range_values`); else integers uniform
     in [0, 2), bools uniform, floats and complex numbers standard normal,
     strings empty.
     """
@@ -652,7 +652,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
     else:
-        from baechi_cli.render.verify import render_run_text
-
-        print(render_run_text(result))
+        print(run_text(result))
     return EXIT_OK if result.ok else EXIT_VERIFY_FAILED
+
+
+def run_text(result: VerifyResult) -> str:
+    """A run check's result as plain lines: the verdict, the error, devices, losses, misplaced ops."""
+    lines = [
+        f"{'OK' if result.ok else 'FAILED'}: {result.ops_checked}/{result.ops_total} ops checked"
+        + (f", {result.ops_unconstrained} without a device" if result.ops_unconstrained else "")
+    ]
+    if result.error:
+        lines.append(f"error: {result.error}")
+    if result.devices_used:
+        lines.append("devices used: " + ", ".join(f"{d} {n}" for d, n in result.devices_used.items()))
+    if result.loss_placed or result.loss_reference:
+        kind = (
+            "bitwise equal" if result.losses_bitwise_equal else "equal" if result.losses_equal else "DIFFER"
+        )
+        lines.append(f"loss placed {result.loss_placed} reference {result.loss_reference} ({kind})")
+    if result.loss_placed_again:
+        again = "bit-identical" if result.deterministic else f"DIFFERENT ({result.loss_placed_again})"
+        lines.append(f"second placed run: {again}")
+    if result.variables_compared:
+        lines.append(
+            f"variables: {result.variables_differing} of {result.variables_compared} differ from the "
+            f"reference's (largest relative distance {result.max_variable_difference:.3g})"
+        )
+    lines += [f"race: {race}" for race in result.races]
+    for op, requested, actual in result.misplaced[:20]:
+        lines.append(f"misplaced: {op}: requested {requested}, ran on {actual}")
+    if len(result.misplaced) > 20:
+        lines.append(f"... and {len(result.misplaced) - 20} more misplaced ops")
+    return "\n".join(lines)

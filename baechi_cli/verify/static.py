@@ -15,14 +15,14 @@ with the project's own schema and reports, as a :class:`StaticResult`:
   placer groups by), and every op of a TF1 while loop with the loop's
   outermost ``Enter`` (:func:`baechi_cli.passes.control_flow.loop_frames`)
   are on one device. Devices are compared after
-  :func:`~baechi_cli.tfsupport.normalize_device`: ``/device:GPU:1``,
+  :func:`~baechi_cli.io.tfsupport.normalize_device`: ``/device:GPU:1``,
   ``/GPU:1``, ``/gpu:1`` and ``/job:localhost/replica:0/task:0/device:GPU:1``
   are one device.
 
 Lists keep the first :data:`~baechi_cli.verify.diff.KEEP` problems of each
 kind and count them all. Differences, missing devices and broken constraints
 are results (``ok=False``); only unreadable or malformed graphs raise
-:class:`~baechi_cli.errors.InputError`.
+:class:`~baechi_cli.core.errors.InputError`.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from baechi_cli.errors import InputError
-from baechi_cli.tfsupport import device_index, normalize_device
+from baechi_cli.core.errors import InputError
+from baechi_cli.io.tfsupport import device_index, normalize_device
 from baechi_cli.verify.diff import KEEP, compare_graphs
 
 if TYPE_CHECKING:
-    from baechi_cli.graph import OpGraph
+    from baechi_cli.core.graph import OpGraph
     from baechi_cli.proto_gen.tf_graph_pb2 import GraphDef
 
 #: Kinds of colocation constraint, as counted in ``StaticResult.constraints``.
@@ -185,7 +185,7 @@ def structure_graph(graph_def: GraphDef) -> OpGraph:
     same op registry and attr decoding), but lenient about types: a node whose
     types cannot be worked out gets none (its resource inputs then go unchecked).
     """
-    from baechi_cli.graph import GraphBuilder
+    from baechi_cli.core.graph import GraphBuilder
     from baechi_cli.io.graphdef import decode_nodes
 
     decoded = decode_nodes(graph_def, lenient_types=True)

@@ -97,8 +97,8 @@ def _placed_mlp() -> bytes:
 
 
 def _refused_sidecar(path: Path) -> bool:
-    from baechi_cli.errors import BaechiError
-    from baechi_cli.verify.sidecar import load_sidecar
+    from baechi_cli.core.errors import BaechiError
+    from baechi_cli.io.sidecar import load_sidecar
 
     try:
         load_sidecar(str(path))
@@ -112,7 +112,7 @@ def check_cli(cli: CliCase, workdir: Path) -> str | None:
     failure on one line. A sidecar the validator accepts is skipped (None)."""
     from click.testing import CliRunner
 
-    from baechi_cli.cli import main
+    from baechi_cli.cli.commands import main
 
     for entry in workdir.iterdir():
         if entry.is_dir():

@@ -11,7 +11,7 @@ it, must within :data:`TIME_LIMIT_S` either
 * return a well-formed result (an OpGraph whose columns agree, with no
   negative or non-finite sizes and times, no dangling edge, unique names;
   a DeviceSpec with devices; a sidecar dict), or
-* raise a :class:`~baechi_cli.errors.BaechiError` whose message is one line
+* raise a :class:`~baechi_cli.core.errors.BaechiError` whose message is one line
   of at most :data:`MESSAGE_LIMIT` characters naming the input, with exit
   code 2 (bad input) or 5 (a missing optional dependency).
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from baechi_cli.errors import EXIT_BAD_INPUT, EXIT_MISSING_DEPENDENCY, BaechiError
+from baechi_cli.core.errors import EXIT_BAD_INPUT, EXIT_MISSING_DEPENDENCY, BaechiError
 from fuzz.mutators import mutate_bytes
 from fuzz.targets import TARGETS, Target
 
@@ -177,8 +177,8 @@ def _check_error(err: BaechiError, target: Target, path: str) -> str | None:
 
 def check_result(result: Any) -> str | None:
     """None when the reader's result is well formed (see the module docstring), else the problem."""
-    from baechi_cli.devices import DeviceSpec
-    from baechi_cli.graph import OpGraph
+    from baechi_cli.core.devices import DeviceSpec
+    from baechi_cli.core.graph import OpGraph
 
     if isinstance(result, OpGraph):
         return check_graph(result)
@@ -197,7 +197,7 @@ def _bad_amount(x: Any) -> bool:
 
 def check_graph(g: Any) -> str | None:
     """The problem with OpGraph ``g`` that a later stage would trip over, or None. O(V + E)."""
-    from baechi_cli.graph import CONTROL_PORT
+    from baechi_cli.core.graph import CONTROL_PORT
 
     n = g.num_ops
     per_op = ("op_types", "output_bytes", "compute_us", "persistent_bytes", "temporary_bytes", "group")

@@ -5,13 +5,13 @@ A :class:`Target` names one reader as the CLI calls it:
 =========  ==================  ===================================================================
 name       file                call
 =========  ==================  ===================================================================
-graphdef   ``model.pb``        :func:`baechi_cli.io.models.load_model` (binary GraphDef reader)
-pbtxt      ``model.pbtxt``     :func:`~baechi_cli.io.models.load_model` (text GraphDef reader)
-onnx       ``model.onnx``      :func:`~baechi_cli.io.models.load_model` (ONNX reader)
-workload   ``model.json``      :func:`~baechi_cli.io.models.load_model` and ``read_workload_meta``
+graphdef   ``model.pb``        :func:`baechi_cli.io.formats.load_model` (binary GraphDef reader)
+pbtxt      ``model.pbtxt``     :func:`~baechi_cli.io.formats.load_model` (text GraphDef reader)
+onnx       ``model.onnx``      :func:`~baechi_cli.io.formats.load_model` (ONNX reader)
+workload   ``model.json``      :func:`~baechi_cli.io.formats.load_model` and ``read_workload_meta``
 sidecar    ``model.json``      ``load_sidecar`` as ``verify --run`` and as the profiler call it,
                                then ``verify``'s feeds for small inputs
-devices    ``devices.yaml``    :func:`baechi_cli.devices.parse_devices` of the path (``--devices F``)
+devices    ``devices.yaml``    :func:`baechi_cli.core.devices.parse_devices` of the path (``--devices F``)
 devspec    ``spec.txt``        ``parse_devices`` of the file's text (``--devices 4x8GB``)
 profile    ``costs.json``      ``load_profile`` then ``apply_profile`` to the seed's model, as
                                ``place --profile`` does
@@ -672,8 +672,8 @@ def _sidecar_inputs(rng: random.Random, doc: Any) -> Any:
 def profile_seeds() -> list[Seed]:
     import tempfile
 
-    from baechi_cli.devices import parse_devices
-    from baechi_cli.profiling import profile_model
+    from baechi_cli.app.profile import profile_model
+    from baechi_cli.core.devices import parse_devices
 
     seeds = []
     models = [
@@ -751,7 +751,7 @@ interconnect: {mode: parallel}
 
 @functools.cache
 def devices_seeds() -> list[Seed]:
-    from baechi_cli.devices import PRESETS, dump_devices_yaml, parse_devices
+    from baechi_cli.core.devices import PRESETS, dump_devices_yaml, parse_devices
 
     seeds = [
         Seed("README", _README_YAML.encode(), weight=3),
@@ -830,7 +830,7 @@ def devspec_structure(rng: random.Random, seed: Seed) -> bytes:
 
 
 def _load(path: str, options: dict[str, Any]) -> Any:
-    from baechi_cli.io.models import load_model
+    from baechi_cli.io.formats import load_model
 
     return load_model(path, options.get("batch_size"), options.get("dims")).graph
 
@@ -848,8 +848,8 @@ _FEED_ELEMENTS = 100_000
 
 def _read_sidecar(path: str, options: dict[str, Any]) -> Any:
     from baechi_cli.costs.measured import _read_sidecar as profiler_read
+    from baechi_cli.io.sidecar import load_sidecar
     from baechi_cli.verify.run import _make_feeds
-    from baechi_cli.verify.sidecar import load_sidecar
 
     profiler_read(str(Path(path).with_suffix(".pb")))  # the profiler's reading of <model>.json
     data = load_sidecar(path)
@@ -859,13 +859,13 @@ def _read_sidecar(path: str, options: dict[str, Any]) -> Any:
 
 
 def _read_devices_file(path: str, options: dict[str, Any]) -> Any:
-    from baechi_cli.devices import parse_devices
+    from baechi_cli.core.devices import parse_devices
 
     return parse_devices(path)
 
 
 def _read_devspec(path: str, options: dict[str, Any]) -> Any:
-    from baechi_cli.devices import parse_devices
+    from baechi_cli.core.devices import parse_devices
 
     # As the shell hands it over: any bytes, undecodable ones as surrogates.
     return parse_devices(Path(path).read_bytes().decode("utf-8", "surrogateescape"))
@@ -873,8 +873,8 @@ def _read_devspec(path: str, options: dict[str, Any]) -> Any:
 
 @functools.cache
 def _profiled_graph(model: str, batch_size: int | None, dims: str | None) -> Any:
-    from baechi_cli.io.models import load_model
-    from baechi_cli.pipeline import with_views
+    from baechi_cli.app.place import with_views
+    from baechi_cli.io.formats import load_model
 
     graph, fmt, _ = load_model(model, batch_size, json.loads(dims) if dims else None)
     return with_views(graph, fmt)

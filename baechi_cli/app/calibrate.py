@@ -1,0 +1,862 @@
+"""``baechi devices calibrate``: a device spec measured on the local hardware with PyTorch.
+
+Contract. :func:`calibrate` takes the devices to measure (``cpu``, or one or
+more ``cuda:K``: :func:`parse_targets`), a :class:`Runner` that times kernels
+on them (:class:`TorchRunner`, or a stand-in in tests) and a :class:`Plan`
+(what to run: :func:`plan_for`), and returns a :class:`Calibration`: what was
+measured per device and per device pair, the device YAML made of it, and the
+:class:`~baechi_cli.core.devices.DeviceSpec` that YAML reads back as (the spec is
+parsed from the text, so what a user loads is what was reported). It writes
+nothing; the command writes the YAML, atomically.
+
+What is measured, per device, in float32, each kernel as the median of
+``plan.repeats`` timed runs after ``plan.warmup`` untimed ones; a run ends
+when the device has finished (CUDA is synchronised before and after):
+
+* ``flops``: ``n x n`` matmuls (``torch.mm``) at the plan's sizes; the best
+  rate ``2 n^3 / time`` (as the MatMul rule counts): the sustained peak.
+* ``efficiency.conv``: conv2d at ResNet-like shapes (3x3 and 1x1 filters,
+  stride 1, same padding), forward and backward (input and filter gradients,
+  one ``convolution_backward``); FLOPs as baechi's Conv2D,
+  Conv2DBackpropInput and Conv2DBackpropFilter rules count them (the rules
+  themselves are called); total FLOPs over total time, divided by ``flops``.
+  Backward is included because a training step's convolutions are two-thirds
+  gradients, and the ``conv`` class covers the gradient rules too.
+* ``memory_bandwidth``: ``a + b`` on ``plan.elements`` float32 elements into
+  a preallocated output (``out=``): bytes read + written over time. Into a
+  fresh output, each large run would page-fault its output in and time the
+  allocator rather than the memory.
+* ``launch_overhead``: ``plan.launches`` adds of 1-element tensors in a row,
+  time per call: framework dispatch plus kernel launch, an op's fixed cost.
+* ``memory``: CUDA's total memory of the device; for ``cpu``, the machine's
+  physical memory (``os.sysconf``).
+
+With two or more CUDA devices, each pair's device-to-device copies
+(``dst.copy_(src)``) of ``2**e`` bytes for ``e`` in ``plan.transfer_exps``
+are fitted to ``latency + bytes / bandwidth`` by
+:func:`baechi_cli.costs.comm.fit_samples` (ordinary least squares). The
+interconnect's defaults are the pairs' median latency and bandwidth; with
+more than one pair, every pair is also a ``links`` entry. The mode is
+``parallel`` (contention between transfers is not measured). With one device
+the interconnect is baechi's default, Baechi's PCIe fit, and the header says
+so. ``count`` > 1 writes that many copies of one measured device.
+
+Measured numbers are written to 4 significant digits (efficiency 3), memory
+to the byte; a comment header says what was measured, with which torch
+version and threads, and when.
+
+Errors, each one line, raised before anything is written: a device that is
+not ``cpu`` or ``cuda:K``, listed twice, or that torch cannot see, ``count``
+with several devices (InputError, exit 2); torch not installed
+(MissingDependencyError, exit 5); a timed run that is zero, negative or not
+finite -- a broken timer -- (InputError naming the device and the kernel).
+
+PyTorch's defaults are kept, since they are what a model's step runs with:
+its thread count on the CPU; on CUDA, TF32 for cuDNN convolutions but not
+for matmuls, so there ``efficiency.conv`` may exceed 1 (the header records
+the TF32 settings). The CUDA path has not been run on a GPU yet.
+
+Complexity: the default plan takes about 5 s on an idle 2-core CPU (``--quick``:
+about 1 s, plus torch's import); transfers run ``sum of (warmup + runs)``
+copies per size and pair.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from baechi_cli.core.devices import (
+    CONV,
+    DEPTHWISE,
+    Device,
+    DeviceSpec,
+    Interconnect,
+    devices_from_yaml,
+    dump_devices_yaml,
+    format_si,
+)
+from baechi_cli.core.errors import InputError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from baechi_cli.costs.comm import CommFit
+
+#: The stages :func:`calibrate` reports to its ``progress`` callback, in order (per device, then pairs).
+CALIBRATE_STAGES = ("gemm", "conv", "depthwise", "bandwidth", "launch", "transfers")
+_FLOAT32_BYTES = 4
+
+
+# --- what is measured ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A conv2d: ``batch`` images of ``size`` x ``size`` pixels, ``cin`` -> ``cout`` channels,
+    a ``kernel`` x ``kernel`` filter, stride 1, same padding; ``depthwise``: one filter per
+    channel (``groups = cin = cout``).
+
+    >>> s = ConvShape(8, 64, 64, 56, 3)
+    >>> str(s), s.forward_flops() == 2 * (8 * 56 * 56 * 64) * (3 * 3 * 64), s.backward_flops() / s.forward_flops()
+    ('3x3 64->64 @56x56, batch 8', True, 2.0)
+    >>> d = ConvShape(8, 144, 144, 56, 3, depthwise=True)
+    >>> str(d), d.forward_flops() == 2 * (8 * 56 * 56 * 144) * (3 * 3), d.backward_flops() / d.forward_flops()
+    ('3x3 depthwise 144 @56x56, batch 8', True, 2.0)
+    """
+
+    batch: int
+    cin: int
+    cout: int
+    size: int
+    kernel: int
+    depthwise: bool = False
+
+    def __str__(self) -> str:
+        k = self.kernel
+        channels = f"depthwise {self.cin}" if self.depthwise else f"{self.cin}->{self.cout}"
+        return f"{k}x{k} {channels} @{self.size}x{self.size}, batch {self.batch}"
+
+    @property
+    def groups(self) -> int:
+        return self.cin if self.depthwise else 1
+
+    def forward_flops(self) -> float:
+        """FLOPs of the forward convolution, as baechi's Conv2D (or DepthwiseConv2dNative) rule counts them."""
+        return _rule_flops(self._op("Conv2D"), [self._x(), self._filter()], self._y())
+
+    def backward_flops(self) -> float:
+        """FLOPs of the input and filter gradients, as the Conv2DBackprop{Input,Filter}V2 rules (or the
+        depthwise ones) count them."""
+        inputs = [self._x(), self._filter(), self._y()]
+        return _rule_flops(self._op("Conv2DBackpropInputV2"), inputs, self._x()) + _rule_flops(
+            self._op("Conv2DBackpropFilterV2"), inputs, self._filter()
+        )
+
+    def _op(self, dense: str) -> str:
+        if not self.depthwise:
+            return dense
+        return {
+            "Conv2D": "DepthwiseConv2dNative",
+            "Conv2DBackpropInputV2": "DepthwiseConv2dNativeBackpropInput",
+            "Conv2DBackpropFilterV2": "DepthwiseConv2dNativeBackpropFilter",
+        }[dense]
+
+    # TensorFlow's conventions, which the rules read: NHWC activations, HWIO filters.
+    def _x(self) -> tuple[int, ...]:
+        return (self.batch, self.size, self.size, self.cin)
+
+    def _y(self) -> tuple[int, ...]:
+        return (self.batch, self.size, self.size, self.cout)
+
+    def _filter(self) -> tuple[int, ...]:
+        # depthwise: TensorFlow's [kh, kw, in, multiplier] with a multiplier of 1
+        return (self.kernel, self.kernel, self.cin, 1 if self.depthwise else self.cout)
+
+
+def _rule_flops(op_type: str, inputs: Sequence[tuple[int, ...]], output: tuple[int, ...]) -> float:
+    """FLOPs of a float32 ``op_type`` with these input and output shapes, by its TensorFlow cost rule."""
+    from baechi_cli.costs.registry import OpView, rule_for
+
+    size = [math.prod(s) * _FLOAT32_BYTES for s in inputs]
+    attrs = {"strides": [1, 1, 1, 1], "padding": "SAME"}
+    view = OpView(
+        op_type,
+        attrs,
+        list(inputs),
+        ["float32"] * len(inputs),
+        size,
+        [output],
+        ["float32"],
+        [math.prod(output) * _FLOAT32_BYTES],
+    )
+    return rule_for(op_type).fn(view).flops
+
+
+def gemm_flops(n: int) -> float:
+    """FLOPs of an ``n x n`` by ``n x n`` matmul, as baechi's MatMul rule counts them (``2 n^3``).
+
+    >>> gemm_flops(1024) == 2 * 1024**3
+    True
+    """
+    return _rule_flops("MatMul", [(n, n), (n, n)], (n, n))
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``torch.mm`` of two ``n x n`` float32 matrices."""
+
+    n: int
+
+
+@dataclass(frozen=True)
+class Conv:
+    """conv2d of ``shape``: the forward, or both gradients (``backward``)."""
+
+    shape: ConvShape
+    backward: bool = False
+
+
+@dataclass(frozen=True)
+class Add:
+    """``torch.add(a, b, out=c)`` of ``elements`` float32 elements."""
+
+    elements: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    """``calls`` adds of 1-element tensors in a row."""
+
+    calls: int
+
+
+@dataclass(frozen=True)
+class Copy:
+    """``nbytes`` bytes copied from the runner's device to ``dst``."""
+
+    dst: str
+    nbytes: int
+
+
+Kernel = Gemm | Conv | Add | Launch | Copy
+
+
+def describe_kernel(kernel: Kernel) -> str:
+    """A kernel as error messages name it.
+
+    >>> describe_kernel(Gemm(512)), describe_kernel(Copy("cuda:1", 1024))
+    ('a 512x512 matmul', 'a copy of 1024 bytes to cuda:1')
+    """
+    if isinstance(kernel, Gemm):
+        return f"a {kernel.n}x{kernel.n} matmul"
+    if isinstance(kernel, Conv):
+        return f"a conv2d {'backward' if kernel.backward else 'forward'} ({kernel.shape})"
+    if isinstance(kernel, Add):
+        return f"a + b of {kernel.elements} elements"
+    if isinstance(kernel, Launch):
+        return f"{kernel.calls} tiny adds"
+    return f"a copy of {kernel.nbytes} bytes to {kernel.dst}"
+
+
+class Runner(Protocol):
+    """What :func:`calibrate` needs from a framework: timed kernels on named devices."""
+
+    def describe(self) -> str:
+        """The framework and its settings, for the YAML header: ``torch 2.13.0+cpu, 2 threads``."""
+        ...
+
+    def label(self, target: str) -> str:
+        """What device ``target`` is: ``NVIDIA H100 80GB HBM3``, ``AMD EPYC, 2 CPUs``."""
+        ...
+
+    def memory_bytes(self, target: str) -> int:
+        """The memory of ``target`` in bytes."""
+        ...
+
+    def prepare(self, target: str, kernel: Kernel) -> Callable[[], float]:
+        """Allocate ``kernel``'s tensors on ``target``; the callable runs it once and returns the seconds
+        it took, the device finished. The tensors live as long as the callable."""
+        ...
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run: matmul sizes, conv shapes, elements of the bandwidth add, calls of the launch
+    loop, transfer sizes (exponents of 2), and the warm-up and timed runs of each."""
+
+    gemm: tuple[int, ...]
+    conv: tuple[ConvShape, ...]
+    depthwise: tuple[ConvShape, ...]
+    elements: int
+    launches: int
+    transfer_exps: tuple[int, ...]
+    warmup: int
+    repeats: int
+
+
+# ResNet-50's convolutions: (cin, cout, size, kernel) of its stages' 3x3 and 1x1 layers.
+_RESNET_CONVS = (
+    (64, 64, 56, 3),
+    (128, 128, 28, 3),
+    (256, 256, 14, 3),
+    (512, 512, 7, 3),
+    (256, 64, 56, 1),
+    (64, 256, 56, 1),
+    (1024, 256, 14, 1),
+)
+# MobileNetV2's depthwise 3x3 convolutions at stride 1: (channels, size).
+_MOBILENET_DEPTHWISE = ((32, 112), (144, 56), (192, 28), (384, 14), (576, 14), (960, 7))
+
+
+def plan_for(target: str, quick: bool = False) -> Plan:
+    """The default plan for ``target`` (a CPU or a CUDA device), or the small ``quick`` one.
+
+    The sizes make each kernel long enough to time (a GPU gets larger ones)
+    and keep a full CPU calibration under a minute on two cores.
+
+    >>> plan_for("cuda:0").gemm, plan_for("cpu").gemm, plan_for("cpu", quick=True).repeats
+    ((1024, 2048, 4096, 8192), (256, 512, 1024, 2048), 3)
+    """
+    if quick:
+        return Plan(
+            gemm=(128, 256),
+            conv=(ConvShape(1, 32, 32, 28, 3), ConvShape(1, 64, 32, 28, 1)),
+            depthwise=(ConvShape(1, 32, 32, 28, 3, depthwise=True),),
+            elements=2**22,
+            launches=200,
+            transfer_exps=tuple(range(0, 21, 4)),
+            warmup=1,
+            repeats=3,
+        )
+    cuda = target.startswith("cuda")
+    batch = 32 if cuda else 8
+    return Plan(
+        gemm=(1024, 2048, 4096, 8192) if cuda else (256, 512, 1024, 2048),
+        conv=tuple(ConvShape(batch, *shape) for shape in _RESNET_CONVS),
+        depthwise=tuple(ConvShape(batch, c, c, size, 3, depthwise=True) for c, size in _MOBILENET_DEPTHWISE),
+        elements=2**26,
+        launches=1000,
+        transfer_exps=tuple(range(29)),
+        warmup=2,
+        repeats=7,
+    )
+
+
+def parse_targets(text: str) -> tuple[str, ...]:
+    """``--torch`` -> device names: ``cpu``, or CUDA devices ``cuda:K`` separated by commas.
+
+    ``cuda`` is ``cuda:0``. InputError for anything else, a device listed twice,
+    or ``cpu`` together with other devices.
+
+    >>> parse_targets("cuda:0, cuda:1"), parse_targets("cpu"), parse_targets("cuda")
+    (('cuda:0', 'cuda:1'), ('cpu',), ('cuda:0',))
+    >>> parse_targets("tpu")
+    Traceback (most recent call last):
+    ...
+    baechi_cli.core.errors.InputError: --torch 'tpu': not a device calibration can measure (use cpu or cuda:K, \
+several CUDA devices separated by commas)
+    """
+    targets: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip().lower()
+        m = re.fullmatch(r"cuda(?::(\d+))?", name)
+        if name in ("cpu", "cpu:0"):
+            name = "cpu"
+        elif m:
+            name = f"cuda:{int(m.group(1) or 0)}"
+        else:
+            raise InputError(
+                f"--torch '{raw.strip()}': not a device calibration can measure (use cpu or cuda:K, "
+                "several CUDA devices separated by commas)"
+            )
+        if name in targets:
+            raise InputError(f"--torch '{text}': {name} is listed twice")
+        targets.append(name)
+    if "cpu" in targets and len(targets) > 1:
+        raise InputError(
+            f"--torch '{text}': cpu is measured alone (transfers are timed between CUDA devices)"
+        )
+    return tuple(targets)
+
+
+# --- results ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One device's measurements; rates per second."""
+
+    target: str  # cpu, cuda:0
+    label: str  # what the device is
+    memory_bytes: int
+    gemm_flops: float  # the best matmul rate
+    gemm_n: int  # the size that reached it
+    conv_flops: float  # forward and backward together
+    conv_forward_flops: float
+    conv_backward_flops: float
+    depthwise_flops: float  # forward and backward together
+    bandwidth: float  # bytes/s
+    launch_us: float
+
+    @property
+    def conv_efficiency(self) -> float:
+        """Conv FLOP/s as a fraction of GEMM FLOP/s: the ``efficiency.conv`` factor."""
+        return self.conv_flops / self.gemm_flops
+
+    @property
+    def depthwise_efficiency(self) -> float:
+        """Depthwise conv FLOP/s as a fraction of GEMM FLOP/s: the ``efficiency.depthwise`` factor."""
+        return self.depthwise_flops / self.gemm_flops
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`calibrate` returns."""
+
+    measured: tuple[Measured, ...]
+    fits: tuple[CommFit, ...]  # one per measured device pair; empty for one device
+    spec: DeviceSpec  # as ``yaml`` reads back
+    yaml: str  # the device YAML, comment header included
+    wall_s: float
+
+
+# --- measuring ----------------------------------------------------------------------
+
+
+def _timed(runner: Runner, target: str, kernel: Kernel, warmup: int, runs: int) -> list[float]:
+    """Seconds of ``runs`` runs of ``kernel`` after ``warmup`` untimed ones; InputError unless each
+    is a positive, finite time."""
+    run = runner.prepare(target, kernel)
+    for _ in range(warmup):
+        run()
+    times = [run() for _ in range(runs)]
+    bad = next((t for t in times if not (math.isfinite(t) and t > 0)), None)
+    if bad is not None:
+        raise InputError(
+            f"{target}: timing {describe_kernel(kernel)} gave {bad!r} s, not a positive time: "
+            "the timer is broken, so nothing was written"
+        )
+    return times
+
+
+def _median_s(runner: Runner, target: str, kernel: Kernel, plan: Plan) -> float:
+    return statistics.median(_timed(runner, target, kernel, plan.warmup, plan.repeats))
+
+
+def _convs(
+    runner: Runner,
+    target: str,
+    shapes: Sequence[ConvShape],
+    plan: Plan,
+    steps: Callable[[int, int], None],
+) -> tuple[float, float, float, float]:
+    """Forward and backward FLOPs of ``shapes`` (as the rules count them), and their seconds."""
+    forward_flops = backward_flops = forward_s = backward_s = 0.0
+    for i, shape in enumerate(shapes, 1):
+        forward_flops += shape.forward_flops()
+        backward_flops += shape.backward_flops()
+        forward_s += _median_s(runner, target, Conv(shape), plan)
+        backward_s += _median_s(runner, target, Conv(shape, backward=True), plan)
+        steps(i, len(shapes))
+    return forward_flops, backward_flops, forward_s, backward_s
+
+
+def measure_device(
+    runner: Runner,
+    target: str,
+    plan: Plan,
+    progress: Callable[[str], None] = lambda stage: None,
+    steps: Callable[[int, int], None] = lambda done, total: None,
+) -> Measured:
+    """Measure one device (see the module docstring); ``progress`` gets each stage's name, ``steps``
+    the kernels done in it. InputError for a broken timer or a memory size that is not positive."""
+    progress("gemm")
+    best = (0.0, 0)
+    for i, n in enumerate(plan.gemm, 1):
+        best = max(best, (gemm_flops(n) / _median_s(runner, target, Gemm(n), plan), n))
+        steps(i, len(plan.gemm))
+
+    progress("conv")
+    forward_flops, backward_flops, forward_s, backward_s = _convs(runner, target, plan.conv, plan, steps)
+    progress("depthwise")
+    depthwise = _convs(runner, target, plan.depthwise, plan, steps)
+    depthwise_flops, depthwise_s = depthwise[0] + depthwise[1], depthwise[2] + depthwise[3]
+
+    progress("bandwidth")
+    moved = 3 * plan.elements * _FLOAT32_BYTES  # read a and b, write the sum
+    bandwidth = moved / _median_s(runner, target, Add(plan.elements), plan)
+
+    progress("launch")
+    launch_us = _median_s(runner, target, Launch(plan.launches), plan) / plan.launches * 1e6
+
+    memory = runner.memory_bytes(target)
+    if not memory > 0:
+        raise InputError(f"{target}: the device reports {memory} bytes of memory")
+    return Measured(
+        target=target,
+        label=runner.label(target),
+        memory_bytes=int(memory),
+        gemm_flops=best[0],
+        gemm_n=best[1],
+        conv_flops=(forward_flops + backward_flops) / (forward_s + backward_s),
+        conv_forward_flops=forward_flops / forward_s,
+        conv_backward_flops=backward_flops / backward_s,
+        depthwise_flops=depthwise_flops / depthwise_s,
+        bandwidth=bandwidth,
+        launch_us=launch_us,
+    )
+
+
+def measure_transfers(
+    runner: Runner,
+    targets: Sequence[str],
+    plan: Plan,
+    steps: Callable[[int, int], None] = lambda done, total: None,
+) -> tuple[CommFit, ...]:
+    """Time copies of ``2**e`` bytes (``e`` in ``plan.transfer_exps``) between every pair of
+    ``targets`` (first to second) and fit each pair; the fits in pair order."""
+    from baechi_cli.costs.comm import TransferSample, fit_samples, runs_for_size
+
+    pairs = list(itertools.combinations(targets, 2))
+    total, done = len(pairs) * len(plan.transfer_exps), 0
+    fits = []
+    for src, dst in pairs:
+        started = time.perf_counter()
+        samples = []
+        for e in plan.transfer_exps:
+            runs = runs_for_size(2**e, plan.repeats)
+            times = _timed(runner, src, Copy(dst, 2**e), plan.warmup, runs)
+            samples.append(TransferSample(2**e, tuple(t * 1e6 for t in times)))
+            done += 1
+            steps(done, total)
+        try:
+            fits.append(
+                fit_samples(
+                    samples, src=src, dst=dst, method="torch-copy", wall_s=time.perf_counter() - started
+                )
+            )
+        except InputError as err:
+            raise InputError(f"{src} -> {dst}: {err.problem}") from None
+    return tuple(fits)
+
+
+def calibrate(
+    targets: Sequence[str],
+    runner: Runner,
+    plan: Plan,
+    *,
+    count: int = 1,
+    command: str = "",
+    progress: Callable[[str], None] = lambda stage: None,
+    steps: Callable[[int, int], None] = lambda done, total: None,
+    when: datetime | None = None,
+) -> Calibration:
+    """Measure ``targets`` with ``runner`` following ``plan`` and make the device YAML.
+
+    ``count`` > 1 writes that many copies of the one device measured (InputError
+    with several targets). ``command`` heads the YAML's comment header; ``when``
+    (default: now) is the time it gives. ``progress`` and ``steps`` as for
+    :func:`measure_device` (the pairs' stage is ``transfers``).
+    """
+    _check_count(count, targets)
+    started = time.perf_counter()
+    measured = tuple(measure_device(runner, t, plan, progress, steps) for t in targets)
+    fits: tuple[CommFit, ...] = ()
+    if len(targets) > 1:
+        progress("transfers")
+        fits = measure_transfers(runner, targets, plan, steps)
+    spec = _spec(measured, fits, count)
+    header = _header(command, runner.describe(), plan, measured, fits, count, when or datetime.now(UTC))
+    text = dump_devices_yaml(spec, header)
+    return Calibration(
+        measured=measured,
+        fits=fits,
+        spec=devices_from_yaml(text, "the calibrated device spec"),
+        yaml=text,
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def _check_count(count: int, targets: Sequence[str]) -> None:
+    if count < 1:
+        raise InputError(f"--count {count}: must be at least 1")
+    if count > 1 and len(targets) > 1:
+        raise InputError("--count copies one measured device: give one device with --torch, or no --count")
+
+
+# --- the spec and its YAML ------------------------------------------------------------
+
+
+def _sig(value: float, digits: int = 4) -> float:
+    """``value`` to ``digits`` significant digits: what the measurement's noise leaves of it."""
+    return float(f"{value:.{digits}g}")
+
+
+def device_name(target: str, index: int | None = None) -> str:
+    """The name baechi writes into placed models for ``target``, or for copy ``index`` of it.
+
+    >>> device_name("cpu"), device_name("cuda:3"), device_name("cuda:3", 1)
+    ('/device:CPU:0', '/device:GPU:3', '/device:GPU:1')
+    """
+    kind = "CPU" if target == "cpu" else "GPU"
+    if index is None:
+        index = 0 if target == "cpu" else int(target.split(":")[1])
+    return f"/device:{kind}:{index}"
+
+
+def _spec(measured: Sequence[Measured], fits: Sequence[CommFit], count: int) -> DeviceSpec:
+    def device(m: Measured, name: str) -> Device:
+        return Device(
+            name=name,
+            memory_bytes=m.memory_bytes,
+            flops=_sig(m.gemm_flops),
+            memory_bandwidth=_sig(m.bandwidth),
+            launch_overhead_us=_sig(m.launch_us),
+            efficiency=((CONV, _sig(m.conv_efficiency, 3)), (DEPTHWISE, _sig(m.depthwise_efficiency, 3))),
+        )
+
+    if count > 1:
+        devices = tuple(device(measured[0], device_name(measured[0].target, i)) for i in range(count))
+    else:
+        devices = tuple(device(m, device_name(m.target)) for m in measured)
+    if not fits:
+        return DeviceSpec(devices, Interconnect())
+    latency = _sig(statistics.median(f.latency_us for f in fits))
+    bandwidth = _sig(statistics.median(f.bandwidth_bytes_per_us for f in fits))
+    links = {}
+    if len(fits) > 1:
+        index = {m.target: i for i, m in enumerate(measured)}
+        links = {
+            (index[f.src], index[f.dst]): (_sig(f.latency_us), _sig(f.bandwidth_bytes_per_us)) for f in fits
+        }
+    return DeviceSpec(devices, Interconnect("parallel", latency, bandwidth, links))
+
+
+def _power_of_2(n: int) -> str:
+    """``2^22`` for 4194304; other numbers as they are."""
+    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
+
+
+def _header(
+    command: str,
+    framework: str,
+    plan: Plan,
+    measured: Sequence[Measured],
+    fits: Sequence[CommFit],
+    count: int,
+    when: datetime,
+) -> list[str]:
+    """The YAML's comment lines: how it was made and what each number is."""
+
+    def rate(value: float, unit: str) -> str:
+        return format_si(value, unit, sep=" ")
+
+    sizes = ", ".join(str(n) for n in plan.gemm)
+    lines = [command] if command else []
+    lines += [
+        f"measured {when:%Y-%m-%d %H:%M} UTC with {framework}, float32; each time is the median of "
+        f"{plan.repeats} runs after {plan.warmup} warm-up run{'' if plan.warmup == 1 else 's'}",
+    ]
+    for m in measured:
+        memory = "physical memory" if m.target == "cpu" else "total memory"
+        lines += [
+            f"{m.target}: {m.label}; memory: {memory}",
+            f"  flops: best n x n matmul rate, n = {sizes}: {rate(m.gemm_flops, 'FLOP/s')} at n = {m.gemm_n}",
+            f"  efficiency.conv: conv2d forward + backward over {len(plan.conv)} ResNet-like shapes "
+            f"({plan.conv[0]}, ...): {rate(m.conv_flops, 'FLOP/s')} (forward "
+            f"{rate(m.conv_forward_flops, 'FLOP/s')}, backward {rate(m.conv_backward_flops, 'FLOP/s')})",
+            f"  efficiency.depthwise: depthwise 3x3 conv2d forward + backward over {len(plan.depthwise)} "
+            f"MobileNetV2 shapes ({plan.depthwise[0]}, ...): {rate(m.depthwise_flops, 'FLOP/s')}",
+            f"  memory_bandwidth: a + b into a preallocated output, {_power_of_2(plan.elements)} float32 "
+            "elements",
+            f"  launch_overhead: {plan.launches} adds of 1-element tensors in a row, per call",
+        ]
+    if count > 1:
+        lines.append(f"{count} devices like {measured[0].target}")
+    if not fits:
+        default = Interconnect()
+        lines.append(
+            "interconnect: not measured (one device): baechi's default, Baechi's PCIe fit "
+            f"({default.latency_us:g} us + {format_si(default.bandwidth_bytes_per_us * 1e6, 'B/s', 3, ' ')})"
+        )
+    else:
+        exps = plan.transfer_exps
+        lines.append(
+            f"interconnect: dst.copy_(src) of 2^{exps[0]}..2^{exps[-1]} bytes, least-squares fit of "
+            "latency + bytes / bandwidth per pair; defaults: the pairs' medians; parallel mode "
+            "(contention not measured)"
+        )
+        lines += [f"  {f.src} -> {f.dst}: {f.summary()}" + (f" ({f.note})" if f.note else "") for f in fits]
+    return lines
+
+
+# --- PyTorch --------------------------------------------------------------------------
+
+
+def physical_memory_bytes() -> int:
+    """The machine's physical memory (``os.sysconf``); InputError where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        raise InputError("cannot read this machine's physical memory (os.sysconf)") from None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "CPU"
+
+
+class TorchRunner:
+    """:class:`Runner` on PyTorch; :meth:`open` imports torch and checks that it sees the devices."""
+
+    def __init__(self, torch: Any, cuda: bool = False) -> None:
+        self._torch = torch
+        self._cuda = cuda  # whether the devices are CUDA devices
+
+    @classmethod
+    def open(cls, targets: Sequence[str]) -> TorchRunner:
+        """A runner for ``targets`` (as :func:`parse_targets` gives them).
+
+        MissingDependencyError without torch; InputError naming a CUDA device torch cannot see.
+        """
+        try:
+            import torch
+        except ImportError:
+            raise MissingDependencyError(
+                "calibration measures with PyTorch, which is not installed: pip install torch"
+            ) from None
+        for target in targets:
+            if target == "cpu":
+                continue
+            if not torch.cuda.is_available():
+                raise InputError(f"--torch {target}: torch {torch.__version__} sees no CUDA device here")
+            visible = torch.cuda.device_count()
+            if int(target.split(":")[1]) >= visible:
+                raise InputError(
+                    f"--torch {target}: torch sees {visible} CUDA device(s) here (cuda:0..cuda:{visible - 1})"
+                )
+        return cls(torch, cuda=targets[0] != "cpu")
+
+    def describe(self) -> str:
+        torch = self._torch
+        if not self._cuda:
+            return f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        on = {True: "on", False: "off"}
+        return (
+            f"torch {torch.__version__} (CUDA {torch.version.cuda}; TF32: matmul "
+            f"{on[bool(torch.backends.cuda.matmul.allow_tf32)]}, cuDNN {on[bool(torch.backends.cudnn.allow_tf32)]})"
+        )
+
+    def label(self, target: str) -> str:
+        if target == "cpu":
+            return f"{_cpu_model()}, {os.cpu_count()} CPUs"
+        return str(self._torch.cuda.get_device_name(self._torch.device(target)))
+
+    def memory_bytes(self, target: str) -> int:
+        if target == "cpu":
+            return physical_memory_bytes()
+        return int(self._torch.cuda.get_device_properties(self._torch.device(target)).total_memory)
+
+    def _sync(self, *targets: str) -> Callable[[], None]:
+        """Wait for the CUDA devices among ``targets`` to finish their work (nothing for the CPU)."""
+        torch = self._torch
+        cuda = [torch.device(t) for t in targets if t != "cpu"]
+
+        def sync() -> None:
+            for device in cuda:
+                torch.cuda.synchronize(device)
+
+        return sync
+
+    def prepare(self, target: str, kernel: Kernel) -> Callable[[], float]:
+        torch = self._torch
+        device = torch.device(target)
+        sync = self._sync(target)
+
+        def randn(*shape: int) -> Any:
+            return torch.randn(*shape, device=device)
+
+        work: Callable[[], Any]
+        if isinstance(kernel, Gemm):
+            a, b = randn(kernel.n, kernel.n), randn(kernel.n, kernel.n)
+
+            def work() -> Any:
+                return torch.mm(a, b)
+
+        elif isinstance(kernel, Conv):
+            s, pad = kernel.shape, kernel.shape.kernel // 2
+            x, w = randn(s.batch, s.cin, s.size, s.size), randn(s.cout, s.cin // s.groups, s.kernel, s.kernel)
+            if kernel.backward:
+                dy = randn(s.batch, s.cout, s.size, s.size)
+
+                def work() -> Any:
+                    # dx and dw, no bias: what autograd runs for a conv2d's gradients.
+                    return torch.ops.aten.convolution_backward(
+                        dy,
+                        x,
+                        w,
+                        None,
+                        [1, 1],
+                        [pad, pad],
+                        [1, 1],
+                        False,
+                        [0, 0],
+                        s.groups,
+                        [True, True, False],
+                    )
+
+            else:
+
+                def work() -> Any:
+                    return torch.nn.functional.conv2d(x, w, padding=pad, groups=s.groups)
+
+        elif isinstance(kernel, Add):
+            a, b, out = randn(kernel.elements), randn(kernel.elements), randn(kernel.elements)
+
+            def work() -> Any:
+                return torch.add(a, b, out=out)
+
+        elif isinstance(kernel, Launch):
+            a, b = randn(1), randn(1)
+            calls = range(kernel.calls)
+
+            def work() -> Any:
+                for _ in calls:
+                    torch.add(a, b)
+
+        else:
+            src = torch.ones(kernel.nbytes, dtype=torch.uint8, device=device)
+            dst = torch.empty(kernel.nbytes, dtype=torch.uint8, device=torch.device(kernel.dst))
+            sync = self._sync(target, kernel.dst)
+
+            def work() -> Any:
+                return dst.copy_(src)
+
+        def run() -> float:
+            sync()
+            start = time.perf_counter()
+            work()
+            sync()
+            return time.perf_counter() - start
+
+        return run
+
+
+def calibrate_torch(
+    devices: str,
+    *,
+    count: int = 1,
+    quick: bool = False,
+    command: str = "",
+    progress: Callable[[str], None] = lambda stage: None,
+    steps: Callable[[int, int], None] = lambda done, total: None,
+) -> Calibration:
+    """``baechi devices calibrate --torch DEVICES``: :func:`calibrate` with PyTorch and the default
+    (or ``quick``) plan of the first device. Errors as in the module docstring."""
+    targets = parse_targets(devices)
+    _check_count(count, targets)  # before torch's import, which takes seconds
+    runner = TorchRunner.open(targets)
+    return calibrate(
+        targets,
+        runner,
+        plan_for(targets[0], quick),
+        count=count,
+        command=command,
+        progress=progress,
+        steps=steps,
+    )

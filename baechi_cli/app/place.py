@@ -1,0 +1,316 @@
+"""The placement pipeline: load -> cost -> passes -> place -> expand -> evaluate -> write.
+
+Every stage is a function of OpGraph (plus options) to OpGraph or to a
+Placement; this module strings them together and times them. Every
+candidate placement, whichever placer made it, is expanded onto the ops and
+judged by :func:`baechi_cli.evaluator.evaluate.evaluate`; ``--algo auto`` keeps the
+best judged one. It never prints: ``progress(stage)`` is called as each
+stage starts so the CLI can draw a progress bar. The report and the compare
+document are assembled in :mod:`baechi_cli.app.report`, the notes in
+:mod:`baechi_cli.app.notes`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from baechi_cli import placers
+from baechi_cli.app.notes import pipeline_notes, placement_notes, race_note, uncovered_note
+from baechi_cli.app.outcome import PlaceOutcome
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.errors import InputError
+from baechi_cli.core.gcpause import cyclic_gc_paused
+from baechi_cli.core.graph import OpGraph
+from baechi_cli.evaluator.bounds import LowerBounds, lower_bounds
+from baechi_cli.evaluator.evaluate import Evaluation, evaluate
+from baechi_cli.evaluator.placement import Placement
+from baechi_cli.evaluator.sim import StepTimer
+from baechi_cli.io.formats import (
+    OP_SETS,
+    check_output_format,
+    check_writable,
+    load_model,
+    sha256_of,
+    write_placed_model,
+)
+from baechi_cli.passes.manager import (
+    PassOptions,
+    PassRecord,
+    constraint_passes,
+    optimization_passes,
+    run_pass,
+)
+from baechi_cli.placers.single import largest_device
+from baechi_cli.search.candidates import (
+    PlaceOptions,
+    Prepared,
+    ProfileCosts,
+    TrainingInfo,
+    choose,
+    default_pass_options,
+    placement_key,
+    run_candidate,
+)
+
+if TYPE_CHECKING:
+    pass
+
+STAGES = ("load", "profile", "passes", "place", "simulate", "write")
+
+
+def with_views(graph: OpGraph, fmt: str) -> OpGraph:
+    """``graph`` with its views marked (their outputs take no memory); a workload's sizes are given."""
+    if fmt == "workload":
+        return graph
+    from baechi_cli.costs.memory_rules import mark_views
+
+    return mark_views(graph, OP_SETS[fmt])
+
+
+def check_times_finite(graph: OpGraph, devices: DeviceSpec, path: str) -> None:
+    """InputError unless every step time of ``graph`` on ``devices`` is a finite float. O(V + E).
+
+    Each cost is finite (the readers check), but a sum of them can overflow, and
+    a timeline with an infinite step time has no meaning (nor a JSON report).
+    """
+    from baechi_cli.evaluator.sim import step_time_ceiling
+
+    ceiling, largest = step_time_ceiling(graph, devices)
+    if not math.isfinite(ceiling):
+        raise InputError(
+            f"compute and transfer times add up past the largest float ({sys.float_info.max:.3g} µs), "
+            f"so no step time can be computed; the largest is {largest}: check the costs",
+            path=path,
+        )
+
+
+def bounds(
+    graph: OpGraph, devices: DeviceSpec, timer: StepTimer
+) -> tuple[LowerBounds, Placement, Evaluation]:
+    """The lower bounds, and the one-device placement (on the largest device) with its evaluation."""
+    single = Placement([largest_device(devices)] * graph.num_ops)
+    return lower_bounds(graph, devices), single, evaluate(graph, devices, single, timer=timer)
+
+
+@cyclic_gc_paused()
+def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callable[[str], None]) -> Prepared:
+    """load -> cost -> passes, plus the bounds every placement is compared with."""
+    if options.comm is not None:
+        devices = devices.with_comm_mode(options.comm)
+    timings: dict[str, float] = {}
+
+    step("load")
+    t0 = time.perf_counter()
+    graph, fmt, notes = load_model(path, options.batch_size, options.dims)
+    if fmt == "graphdef":
+        from baechi_cli.verify.races import colocate_races, step_races
+
+        races, sidecar = step_races(graph, path)
+        if races:
+            graph = colocate_races(graph, races)
+            notes.append(race_note(races, sidecar))
+    graph = with_views(graph, fmt)
+    sha256 = sha256_of(path)
+    model_ops = graph.num_ops
+    timings["load"] = time.perf_counter() - t0
+
+    step("profile")
+    t0 = time.perf_counter()
+    cost_report: Any = None
+    if options.profile is not None:
+        from baechi_cli.costs.profile import apply_profile, load_profile
+
+        profile = load_profile(options.profile)
+        graph = apply_profile(graph, profile, options.profile, path)
+        cost_report = ProfileCosts(
+            options.profile, profile.source, profile.device, profile.model.sha256 == sha256
+        )
+    elif fmt != "workload":  # a workload file carries its own measured costs
+        from baechi_cli.costs.analytic import estimate_costs
+
+        graph, cost_report = estimate_costs(graph, devices, op_set=OP_SETS[fmt])
+        if cost_report.uncovered:
+            notes.append(uncovered_note(cost_report.coverage["uncovered"]))
+    if fmt == "onnx":  # costed op by op above; in memory an exported GELU is the one kernel it was
+        from baechi_cli.costs.memory_rules import one_kernel_gelus
+
+        graph = one_kernel_gelus(graph)
+    timings["profile"] = time.perf_counter() - t0
+
+    step("passes")
+    t0 = time.perf_counter()
+    graph, passes = constraint_passes(graph, fmt, path)
+    timings["passes"] = time.perf_counter() - t0
+
+    training = None
+    if options.training:
+        t0 = time.perf_counter()
+        graph, training, record = training_pass(graph, devices, fmt, options.optimizer, path)
+        passes.append(record)
+        timings["profile"] += time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    check_times_finite(graph, devices, path)
+    timer = StepTimer(graph, devices)
+    bound, single_placement, single_evaluation = bounds(graph, devices, timer)
+    single = single_evaluation.timeline if single_evaluation.feasible else None
+    timings["simulate"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    peak = max(single.peak_bytes) if single is not None else None
+    pass_options, forward_only_reason = default_pass_options(graph, devices, options, peak)
+    variant = optimization_passes(graph, devices, pass_options, forward_only_reason)
+    passes += variant.records
+    timings["passes"] += time.perf_counter() - t0
+    return Prepared(
+        path=path,
+        input_format=fmt,
+        sha256=sha256,
+        graph=graph,
+        devices=devices,
+        passes=passes,
+        timings=timings,
+        cost_report=cost_report,
+        bounds=bound,
+        single_device=single,
+        variant=variant,
+        model_ops=model_ops,
+        training=training,
+        notes=notes,
+        judged={placement_key(single_placement): single_evaluation},
+        forward_only_reason=forward_only_reason,
+        timer=timer,
+    )
+
+
+def training_pass(
+    graph: OpGraph, devices: DeviceSpec, fmt: str, optimizer: str, path: str
+) -> tuple[OpGraph, TrainingInfo, PassRecord]:
+    """``--training``: synthesize the backward pass and optimizer (:mod:`baechi_cli.passes.training`)."""
+    from baechi_cli.costs.registry import rule_for
+    from baechi_cli.passes.training import LOSS_OP, STEP_OP, UPDATE_OP, synthesize_training
+
+    op_set = OP_SETS[fmt]
+    kinds = [rule_for(t, op_set).kind for t in graph.op_types]
+    try:
+        out, record = run_pass("training", lambda g: synthesize_training(g, devices, kinds, optimizer), graph)
+    except InputError as err:
+        raise err.with_path(path) from None
+    n = graph.num_ops
+    synthesized = Counter(out.op_types[n:])
+    update_ops, steps, losses = (synthesized[t] for t in (UPDATE_OP[optimizer], STEP_OP, LOSS_OP))
+    info = TrainingInfo(
+        optimizer,
+        backward_ops=out.num_ops - n - update_ops - steps - losses,
+        loss_ops=losses,
+        update_ops=update_ops,
+        optimizer_state_bytes=sum(out.persistent_bytes[n:]),
+    )
+    record.details["optimizer"] = optimizer
+    return out, info, record
+
+
+@cyclic_gc_paused()
+def place_model(
+    path: str,
+    devices: DeviceSpec,
+    options: PlaceOptions,
+    *,
+    output: str | None = None,
+    report_path: str | None = None,
+    trace_path: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> PlaceOutcome:
+    """Run the whole pipeline on ``path``; write the outputs that were asked for."""
+    step = progress or (lambda stage: None)
+    if options.objective != "throughput" and options.microbatches is not None:
+        raise InputError(
+            "--microbatches needs --objective throughput (microbatches stream through pipeline stages)"
+        )
+    if options.objective in ("throughput", "latency"):
+        if options.algo not in ("auto", "pipeline"):
+            raise InputError(
+                f"--objective {options.objective} places with the pipeline splitter, not --algo {options.algo} "
+                "(leave --algo out)"
+            )
+        options = replace(options, algo="pipeline")
+    spec = None if options.algo == "auto" else placers.get(options.algo)
+    for target in (output, report_path, trace_path):
+        if target is not None:
+            check_writable(target)
+    t_start = time.perf_counter()
+    if output is not None:
+        check_output_format(path, output)
+    prepared = prepare(path, devices, options, step)
+    timings = dict.fromkeys(STAGES, 0.0) | prepared.timings
+
+    step("place")
+    t0 = time.perf_counter()
+    search = None
+    if spec is None:
+        from baechi_cli.search.auto import auto_search
+
+        search = auto_search(prepared, options)
+        candidates = search.candidates
+    elif spec.name == "pipeline":
+        # Stages follow the op graph itself: no co-placement or fusion to coarsen its units.
+        variant = prepared.variant_for(PassOptions(False, None, False))
+        candidates = [run_candidate(prepared, spec, options, variant)]
+    else:
+        candidates = [run_candidate(prepared, spec, options)]
+    # The stage's wall time: auto's refinement and exact stages take time even when they add
+    # no candidate.
+    timings["place"] = time.perf_counter() - t0
+    chosen = choose(candidates)
+
+    notes = [
+        *prepared.notes,
+        *placement_notes(
+            prepared.graph,
+            prepared.devices,
+            chosen.algorithm if chosen.stage == "place" else chosen.stage,
+            chosen.sim,
+            prepared.single_device,
+            candidates,
+        ),
+    ]
+    if chosen.placement is not None and "pipeline" in chosen.placement.info:
+        notes += pipeline_notes(chosen.placement.info["pipeline"])
+    if isinstance(prepared.cost_report, ProfileCosts) and not prepared.cost_report.same_model:
+        notes.append(
+            f"the profile {prepared.cost_report.path} was taken from a file with another sha256; "
+            "its ops match this model's by name, so its costs were used"
+        )
+    outcome = PlaceOutcome(prepared, chosen, candidates, timings, notes, search)
+
+    step("write")
+    t0 = time.perf_counter()
+    if output is not None:
+        outcome.notes += write_placed_model(
+            path,
+            prepared.input_format,
+            prepared.graph,
+            prepared.model_ops,
+            outcome.sim.device_of,
+            prepared.devices.names,
+            output,
+        )
+    if trace_path is not None:
+        from baechi_cli.io.trace import build_trace, write_trace
+
+        write_trace(
+            trace_path, build_trace(prepared.graph, prepared.devices, outcome.sim, title=chosen.algorithm)
+        )
+    timings["write"] = time.perf_counter() - t0
+    timings["total"] = time.perf_counter() - t_start
+    if report_path is not None:
+        from baechi_cli.app.report import build_report, write_report
+
+        write_report(report_path, build_report(outcome, options))
+    return outcome

@@ -1,0 +1,178 @@
+"""The JSON documents CI jobs parse: the report (``baechi.report/v1``) and ``baechi.compare/v1``.
+
+Keys are documented in the README ("Report schema"). They are only ever
+added, never renamed. Same input and options give the same document apart
+from ``timings_s`` and ``candidates[].place_seconds``. This module assembles
+them from what the pipeline returns and writes them; it imports the
+pipeline's types only for type checking.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from baechi_cli import __version__
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.io.files import write_atomic
+
+if TYPE_CHECKING:
+    from baechi_cli.app.outcome import PlaceOutcome
+    from baechi_cli.evaluator.sim import SimResult
+    from baechi_cli.search.candidates import Candidate, PlaceOptions, Prepared
+
+REPORT_SCHEMA = "baechi.report/v1"
+
+
+def dumps(report: dict[str, Any]) -> str:
+    """Stable text form: insertion-ordered keys, two-space indent, trailing newline."""
+    return json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def write_report(path: str, report: dict[str, Any]) -> None:
+    write_atomic(path, dumps(report).encode("utf-8"))
+
+
+def input_json(prepared: Prepared) -> dict[str, Any]:
+    g = prepared.graph
+    return {
+        "path": prepared.path,
+        "sha256": prepared.sha256,
+        "format": prepared.input_format,
+        "ops": g.num_ops,
+        "edges": g.num_edges,
+    }
+
+
+def devices_json(spec: DeviceSpec) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": d.name,
+            "memory_bytes": d.memory_bytes,
+            "flops": d.flops,
+            "memory_bandwidth_bytes_per_s": d.memory_bandwidth,
+            "launch_overhead_us": d.launch_overhead_us,
+        }
+        for d in spec.devices
+    ]
+
+
+def comm_json(spec: DeviceSpec) -> dict[str, Any]:
+    ic = spec.interconnect
+    return {
+        "mode": ic.mode,
+        "latency_us": ic.latency_us,
+        "bandwidth_bytes_per_us": ic.bandwidth_bytes_per_us,
+        "links": [
+            {
+                "a": spec.devices[a].name,
+                "b": spec.devices[b].name,
+                "latency_us": lat,
+                "bandwidth_bytes_per_us": bw,
+            }
+            for (a, b), (lat, bw) in sorted(ic.links.items())
+        ],
+    }
+
+
+def result_json(prepared: Prepared, sim: SimResult) -> dict[str, Any]:
+    """The ``result`` fields (README, "Report schema") for one simulated placement."""
+    return {
+        "step_time_us": sim.step_time_us,
+        "lower_bound_us": prepared.lower_bound_us,
+        "single_device_us": prepared.single_device.step_time_us if prepared.single_device else None,
+        "comm_bytes": sim.comm_bytes,
+        "transfers": len(sim.transfers),
+        "feasible": sim.feasible,
+    }
+
+
+def candidate_json(c: Candidate, prepared: Prepared) -> dict[str, Any]:
+    step = c.sim.step_time_us if c.sim else None
+    out: dict[str, Any] = {
+        "algorithm": c.algorithm,
+        "label": c.label,
+        "stage": c.stage,
+        "options": None if c.variant is None else c.variant.to_json(),
+        "step_time_us": step,
+        "gap": None if step is None else prepared.bounds.gap(step),
+        "place_seconds": round(c.place_seconds, 6),
+        "feasible": c.ok,
+        "error": c.problem,
+    }
+    if c.placement is not None and c.placement.info:
+        out["info"] = c.placement.info
+    return out
+
+
+def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]:
+    """The ``baechi.report/v1`` document (see the README for every key)."""
+    prepared, sim = outcome.prepared, outcome.sim
+    g, spec = prepared.graph, prepared.devices
+    step = sim.step_time_us
+    cost = prepared.cost_report
+    n = prepared.model_ops
+    device_name = [spec.devices[d].name for d in sim.device_of]
+    report: dict[str, Any] = {
+        "schema": REPORT_SCHEMA,
+        "tool": {"name": "baechi", "version": __version__},
+        "input": input_json(prepared),
+        "devices": devices_json(spec),
+        "comm": comm_json(spec),
+        "algorithm": outcome.algorithm,
+        "options": {**options.to_json(), "comm": spec.interconnect.mode},
+        "timings_s": {k: round(seconds, 6) for k, seconds in outcome.timings.items()},
+        "passes": [
+            {
+                "name": p.name,
+                "ops_before": p.ops_before,
+                "ops_after": p.ops_after,
+                "edges_before": p.edges_before,
+                "edges_after": p.edges_after,
+                "seconds": round(p.seconds, 6),
+                **p.details,
+            }
+            for p in prepared.passes
+        ],
+        "costs": cost.to_json() if cost is not None else {"source": prepared.input_format},
+        "result": result_json(prepared, sim),
+        "per_device": [
+            {
+                "name": spec.devices[d].name,
+                "ops": len(sim.order[d]),
+                "compute_us": sim.compute_us[d],
+                "peak_bytes": sim.peak_bytes[d],
+                "persistent_bytes": sim.persistent_bytes[d],
+                "memory_bytes": spec.devices[d].memory_bytes,
+                "utilization": sim.compute_us[d] / step if step > 0 else 0.0,
+            }
+            for d in range(spec.count)
+        ],
+        "bounds": prepared.bounds.to_json(),
+        "search": None if outcome.search is None else outcome.search.to_json(),
+        "candidates": [
+            {**candidate_json(c, prepared), "chosen": c is outcome.chosen} for c in outcome.candidates
+        ],
+        "notes": outcome.notes,
+        "placement": {g.names[v]: device_name[v] for v in range(n)},
+    }
+    if prepared.training is not None:
+        report["training"] = {
+            **prepared.training.to_json(),
+            "placement": {g.names[v]: device_name[v] for v in range(n, g.num_ops)},
+        }
+    chosen = outcome.chosen.placement
+    pipeline = None if chosen is None else chosen.info.get("pipeline")
+    if pipeline is not None:
+        report["pipeline"] = {k: v for k, v in pipeline.items() if k != "split_points"}
+    modules = outcome.module_map
+    if modules is not None:
+        from baechi_cli.io.torch_modules import torch_device
+
+        report["module_map"] = {
+            **modules.to_json(),
+            "torch_devices": {d.name: torch_device(d.name) for d in spec.devices},
+        }
+        if pipeline is not None and pipeline.get("split_points") is not None:
+            report["module_map"]["pipeline"] = {"split_points": pipeline["split_points"]}
+    return report

@@ -1,0 +1,27 @@
+"""Pausing Python's cyclic garbage collector around the stages that build millions of objects."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector meanwhile (a context manager and a decorator).
+
+    Reference counting still frees every object; only reference cycles wait. The
+    stages make millions of small lists, tuples and dicts on a large graph and no
+    cycles worth collecting, while each full collection walks every live object:
+    placing a 1M-op workload with m-TOPO, collections took 25 s of 120 (five full
+    ones 18 s). The workload reader pauses it likewise.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

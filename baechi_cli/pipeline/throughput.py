@@ -1,0 +1,1511 @@
+"""Pipeline-parallel splits: Tarnawski et al.'s max-load model and an exact solver for it.
+
+The model (Tarnawski et al., "Efficient Algorithms for Device Placement of
+DNN Graph Operators", NeurIPS 2020, and their ``dp.cpp``): samples stream
+through a pipeline of devices, ``k`` identical accelerators of ``memory``
+bytes and ``cpus`` CPU cores. A split gives every op one device. A device's
+*load* is the time it spends per sample:
+
+* an accelerator: the compute of its ops plus the transfer time of every
+  tensor it sends (once, however many devices consume it) or receives (once
+  per receiving device);
+* a CPU core: the CPU compute of its ops (CPUs do not pay for communication).
+
+The split's *max-load* is the largest load: the time per sample of the
+pipeline's bottleneck, so its throughput is ``1 / max-load``. A split is
+valid when
+
+* every colocation group, and every backward op with its forward op, sits on
+  one device (the *units* below);
+* every accelerator holds at most ``memory`` bytes of its ops' ``size``, and
+  ops that an accelerator cannot run sit on a CPU;
+* each device holds one *contiguous* set of units: in the forward graph of
+  units, the set is the difference of two ideals (downward-closed sets), so
+  the devices form a pipeline in which activations only flow forward (and
+  gradients back along the same stages, in a training graph).
+
+Units. Ops are joined (union-find) by colocation group and by a backward
+op's ``forward_op``. The forward graph of units has an edge ``a -> b`` per
+edge between forward ops of different units; a unit with backward ops only
+(a loss, an accumulator) is ordered by mirroring its backward edges, as
+``dp.cpp`` does with its artificial forward nodes. Cycles that the joining
+creates are fused (strongly connected components). A unit with no compute,
+no backward ops and one forward neighbour is fused with that neighbour when
+this cannot cost memory: moving it there removes a crossing and adds none.
+
+Solver (:func:`solve`), exact within the model:
+
+1. *Upper bound.* An interval DP over a few topological orders of the units
+   (each device a contiguous range of the order; the ranges priced in numpy
+   as the lattice below prices stages, O(k n^2) per order), the best of
+   which is ``U``.
+2. *Exact search over the lattice* (when the unit DAG has at most
+   ``max_sets / 2`` ideals, and few enough to fit ``_LATTICE_CELLS``;
+   every published workload but GNMT training does). The ideals are enumerated once, as rows of bits sorted by
+   compute. A stage ``J - I`` costs ``accel[J] - accel[I] + bnd[J] +`` a
+   correction for the tensors crossing ``I``'s boundary (``bnd``: the
+   transfers across ``J``'s boundary), so blocks of (I, J) pairs are priced
+   by a few numpy products. A pass decides exactly whether a split with
+   every load below a limit exists: breadth first by (accelerators, CPU
+   cores) used, each ideal kept in the first cell that reaches it, and only
+   where it and its complement can hold their compute within the devices
+   left at the limit each, CPU cores taking at most what a fractional
+   knapsack (bounded by LP duality) lets them. A pass that finds a split
+   improves ``U``; one that finds none below ``U`` proves it optimal
+   (:func:`_prove_lattice`).
+3. *Exact search over sets* otherwise, or when the lattice's passes use up
+   ``max_sets``: from each reachable ideal ``I`` with value ``v`` (the
+   max-load of its devices so far) every ideal ``J`` above ``I`` is
+   enumerated once (branching on the available units in order, earlier
+   siblings excluded), and ``J`` is reached with ``max(v, load(J - I))``.
+   The loads are kept incrementally as a unit joins the set (O(degree)).
+   Pruning, all exact: a set whose compute or memory exceeds ``U`` or the
+   device's memory stops growing; a state whose value exceeds ``U``, or
+   whose remaining work cannot fit the remaining devices at ``U`` each, is
+   dropped; ``U`` tightens as complete splits are found.
+4. A search that completes *proves* the result optimal. Beyond ``max_sets``
+   (the lattice's pairs count ``1 / _PAIRS_PER_SET`` set each) the best
+   split found so far (never worse than step 1's) is returned with
+   ``proven=False`` and the best lower bound shown.
+
+``dp.cpp`` enumerates every pair of ideals and prices each pair from
+scratch in C++; here only the pairs within the bounds are priced, in
+blocks, which is why this is faster (bench/pipeline.md).
+
+Evaluation (:func:`evaluate`) prices any assignment of ops to devices by
+the same rules, contiguous or not; it equals ``dp.exe -expert`` on the same
+split (tests/test_throughput.py, bench/pipeline.md).
+
+Example:
+    >>> m = LoadModel.chain([4.0, 1.0, 3.0, 2.0], send_us=[0.5, 0.5, 0.5, 0.0], accelerators=2)
+    >>> split = solve(m)
+    >>> split.max_load_us, split.stage_units, split.proven
+    (5.5, [[0, 1], [2, 3]], True)
+    >>> evaluate(m, [0, 0, 1, 1]).loads_us
+    [5.5, 5.5]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from baechi_cli.core.devices import DeviceSpec
+from baechi_cli.core.errors import InfeasibleError, InputError
+from baechi_cli.core.graph import OpGraph
+from baechi_cli.core.unionfind import UnionFind
+
+# Floating-point slack when comparing loads summed in different orders.
+_EPS = 1e-9
+# Effort of the exact search in sets (the search over sets does about 30,000 a second here; the
+# lattice prices _PAIRS_PER_SET pairs per set): it stops within seconds.
+DEFAULT_MAX_SETS = 150_000
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    """The max-load model's inputs, per op and per tensor (times in µs, sizes in bytes).
+
+    Devices ``0 .. accelerators-1`` are the accelerators, the next ``cpus``
+    the CPU cores.
+    """
+
+    accel_us: list[float]  # per op, on an accelerator
+    cpu_us: list[float]  # per op, on a CPU core
+    accel_ok: list[bool]  # whether an accelerator can run the op
+    size: list[int]  # bytes the op keeps on an accelerator
+    is_backward: list[bool]
+    unit_of_op: list[int]  # ops with equal ids share a device (colocation, backward with forward)
+    edges: list[tuple[int, int]]  # producer op -> consumer op
+    # A tensor: its producer, transfer time and consumer ops (other than its producer).
+    tensor_src: list[int]
+    tensor_us: list[float]
+    tensor_dst: list[list[int]]
+    accelerators: int
+    memory: float  # bytes per accelerator (inf: unlimited)
+    cpus: int = 0
+    names: list[str] = field(default_factory=list)
+    # Weights several ops read, each copied to every stage that reads it (load_model's
+    # replicate_tied); empty: every reader shares the owner's unit.
+    tied: tuple[TiedWeight, ...] = ()
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.accel_us)
+
+    @property
+    def num_devices(self) -> int:
+        return self.accelerators + self.cpus
+
+    @staticmethod
+    def chain(compute_us: Sequence[float], *, send_us: Sequence[float], accelerators: int) -> LoadModel:
+        """A chain of ops ``0 -> 1 -> ...``, op i's output costing ``send_us[i]`` to move (examples, tests)."""
+        n = len(compute_us)
+        return LoadModel(
+            accel_us=[float(c) for c in compute_us],
+            cpu_us=[float(c) for c in compute_us],
+            accel_ok=[True] * n,
+            size=[0] * n,
+            is_backward=[False] * n,
+            unit_of_op=list(range(n)),
+            edges=[(i, i + 1) for i in range(n - 1)],
+            tensor_src=list(range(n - 1)),
+            tensor_us=[float(send_us[i]) for i in range(n - 1)],
+            tensor_dst=[[i + 1] for i in range(n - 1)],
+            accelerators=accelerators,
+            memory=math.inf,
+            names=[str(i) for i in range(n)],
+        )
+
+
+@dataclass(frozen=True)
+class TiedWeight:
+    """A weight several ops read (tied embeddings), as torch's ``pipeline()`` splits it.
+
+    ``owner`` holds the weight (its bytes are in the owner's size); every
+    other stage with a reader in ``readers`` holds a copy of
+    ``replica_bytes`` (the weight and its optimizer state), and once per
+    minibatch the stages holding it all-reduce its gradient of ``nbytes``
+    before the optimizer step, as PyTorch's ``REPLICATE`` multi-use
+    parameters and Megatron-LM's tied embeddings need.
+    """
+
+    owner: int
+    readers: tuple[int, ...]
+    nbytes: int
+    replica_bytes: int
+    latency_us: float  # the link's, per message
+    send_us: float  # nbytes over the link's bandwidth
+
+    def stages(self, stage_of: Sequence[int]) -> list[int]:
+        """The stages holding the weight under ``stage_of`` (per op), ascending."""
+        return sorted({stage_of[self.owner], *(stage_of[r] for r in self.readers)})
+
+    def allreduce_us(self, holders: int) -> float:
+        """A ring all-reduce of the gradient among ``holders`` devices (NCCL's): ``2 (k - 1)``
+        steps, each a message of ``1 / k`` of it; 0 for one holder."""
+        return 2 * (holders - 1) * (self.latency_us + self.send_us / holders)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One split judged by the model: per device load (µs per sample) and accelerator bytes."""
+
+    loads_us: list[float]
+    bytes_used: list[int]
+    within_memory: bool
+
+    @property
+    def max_load_us(self) -> float:
+        return max(self.loads_us, default=0.0)
+
+
+def evaluate(model: LoadModel, device_of_op: Sequence[int]) -> Evaluation:
+    """Each device's load and bytes under ``device_of_op`` (any assignment; O(V + E)).
+
+    >>> m = LoadModel.chain([1.0, 2.0], send_us=[0.25, 0.0], accelerators=2)
+    >>> evaluate(m, [0, 1]).loads_us, evaluate(m, [0, 0]).loads_us
+    ([1.25, 2.25], [3.0, 0.0])
+    """
+    k = model.accelerators
+    loads = [0.0] * model.num_devices
+    used = [0] * k
+    for v, d in enumerate(device_of_op):
+        if d < k:
+            loads[d] += model.accel_us[v]
+            used[d] += model.size[v]
+        else:
+            loads[d] += model.cpu_us[v]
+    for t, src in enumerate(model.tensor_src):
+        home = device_of_op[src]
+        receivers = {device_of_op[w] for w in model.tensor_dst[t]} - {home}
+        if not receivers:
+            continue
+        cost = model.tensor_us[t]
+        if home < k:
+            loads[home] += cost
+        for d in receivers:
+            if d < k:
+                loads[d] += cost
+    return Evaluation(loads, used, all(b <= model.memory for b in used))
+
+
+@dataclass(frozen=True)
+class Split:
+    """A pipeline split: stages in pipeline order, each on one device."""
+
+    max_load_us: float
+    stage_units: list[list[int]]  # per stage, the units (ids of :func:`units`) in it
+    stage_device: list[int]  # per stage, its device (accelerators first, then CPUs)
+    stage_loads_us: list[float]
+    device_of_op: list[int]
+    proven: bool  # the exact search completed: no valid split (within ``scope``) has a lower max-load
+    scope: str  # "contiguous" (the model's splits) or "program order" (ranges torch can cut)
+    lower_bound_us: float
+    seconds: float
+    sets_enumerated: int
+    units: int  # units after fusion (the search's nodes)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "max_load_us": round(self.max_load_us, 6),
+            "throughput_per_s": round(1e6 / self.max_load_us, 6) if self.max_load_us > 0 else None,
+            "stages": [
+                {"device": d, "load_us": round(load, 6)}
+                for d, load in zip(self.stage_device, self.stage_loads_us)
+            ],
+            "proven_optimal": self.proven,
+            "optimal_among": self.scope,
+            "lower_bound_us": round(self.lower_bound_us, 6),
+            "solver": {
+                "seconds": round(self.seconds, 6),
+                "sets_enumerated": self.sets_enumerated,
+                "units": self.units,
+            },
+        }
+
+
+# ------------------------------------------------------------------ units
+
+
+@dataclass
+class Units:
+    """The search's graph: units (after fusion) in topological order, with flat per-unit columns."""
+
+    of_op: list[int]
+    accel_us: list[float]
+    cpu_us: list[float]
+    accel_ok: list[bool]
+    size: list[int]
+    preds: list[list[int]]
+    succs: list[list[int]]
+    # Tensors between units: producer unit, cost, consumer units (distinct, not the producer).
+    t_src: list[int]
+    t_us: list[float]
+    t_dst: list[list[int]]
+    produces: list[list[int]] = field(default_factory=list)
+    consumes: list[list[int]] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.accel_us)
+
+
+def units(model: LoadModel) -> list[int]:
+    """The unit of each op after every fusion the solver makes (ids in topological order)."""
+    return build_units(model).of_op
+
+
+def build_units(model: LoadModel) -> Units:
+    n = model.num_ops
+    uf = UnionFind(range(n))
+    first: dict[int, int] = {}
+    for v, u in enumerate(model.unit_of_op):
+        if u in first:
+            uf.union(v, first[u])
+        else:
+            first[u] = v
+    fused = True
+    while fused:
+        root = [uf.find(v) for v in range(n)]
+        fused = _fuse_cycles(sorted(set(root)), _unit_edges(model, root, n), uf)
+    root = [uf.find(v) for v in range(n)]
+    _fuse_trivial(model, root, uf)
+    return _columns(model, [uf.find(v) for v in range(n)])
+
+
+def _unit_edges(model: LoadModel, unit: list[int], n: int) -> dict[int, set[int]]:
+    """The forward graph of units (ids below ``n``): forward edges, and mirrored backward edges
+    of a unit with backward ops only (module docstring)."""
+    has_forward = [False] * n
+    for v in range(model.num_ops):
+        if not model.is_backward[v]:
+            has_forward[unit[v]] = True
+    adjacency: dict[int, set[int]] = {}
+    for a, b in model.edges:
+        ua, ub = unit[a], unit[b]
+        if ua == ub:
+            continue
+        fa, fb = model.is_backward[a], model.is_backward[b]
+        if not fa and not fb:
+            adjacency.setdefault(ua, set()).add(ub)
+        elif fa and fb and not (has_forward[ua] and has_forward[ub]):
+            adjacency.setdefault(ub, set()).add(ua)
+    return adjacency
+
+
+def _fuse_cycles(nodes: list[int], adjacency: dict[int, set[int]], uf: UnionFind) -> bool:
+    """Union every strongly connected component of the unit graph (Tarjan's, iterative); True if any."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    fused = False
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(adjacency.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, successors = work[-1]
+            w = next(successors, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(adjacency.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                for other in component[1:]:
+                    uf.union(component[0], other)
+                fused = fused or len(component) > 1
+    return fused
+
+
+def _fuse_trivial(model: LoadModel, root: list[int], uf: UnionFind) -> None:
+    """Fuse a unit with no compute, no backward ops and exactly one neighbour into that neighbour."""
+    n = model.num_ops
+    members: dict[int, list[int]] = {}
+    for v in range(n):
+        members.setdefault(root[v], []).append(v)
+    neighbours: dict[int, set[int]] = {u: set() for u in members}
+    for a, b in model.edges:
+        ra, rb = root[a], root[b]
+        if ra != rb:
+            neighbours[ra].add(rb)
+            neighbours[rb].add(ra)
+    total_size = sum(model.size)
+    for u, ops in members.items():
+        if len(neighbours[u]) != 1:
+            continue
+        if any(model.is_backward[v] or model.accel_us[v] > 0 or model.cpu_us[v] > 0 for v in ops):
+            continue
+        # Its bytes move to the neighbour's device: safe when they are none or everything fits.
+        if any(model.size[v] for v in ops) and total_size > model.memory:
+            continue
+        (other,) = neighbours[u]
+        if not all(model.accel_ok[v] for v in ops) and model.cpus == 0:
+            continue
+        uf.union(u, other)
+
+
+def _columns(model: LoadModel, root: list[int]) -> Units:
+    """Number the units topologically (forward order) and gather their columns."""
+    ids = sorted(set(root))
+    index = {r: i for i, r in enumerate(ids)}
+    of_op = [index[r] for r in root]
+    n = len(ids)
+    adjacency = _unit_edges(model, of_op, n)
+    succ_sets: list[set[int]] = [adjacency.get(w, set()) for w in range(n)]
+    order = _topological(n, succ_sets)
+    rank = [0] * n
+    for i, u in enumerate(order):
+        rank[u] = i
+    of_op = [rank[u] for u in of_op]
+    accel = [0.0] * n
+    cpu = [0.0] * n
+    ok = [True] * n
+    size = [0] * n
+    for v in range(model.num_ops):
+        u = of_op[v]
+        accel[u] += model.accel_us[v]
+        cpu[u] += model.cpu_us[v]
+        ok[u] = ok[u] and model.accel_ok[v]
+        size[u] += model.size[v]
+    succs = [sorted(rank[b] for b in succ_sets[a]) for a in order]
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for a in range(n):
+        for b in succs[a]:
+            preds[b].append(a)
+    t_src: list[int] = []
+    t_us: list[float] = []
+    t_dst: list[list[int]] = []
+    for t, src in enumerate(model.tensor_src):
+        home = of_op[src]
+        dst = sorted({of_op[w] for w in model.tensor_dst[t]} - {home})
+        if dst and model.tensor_us[t] > 0:
+            t_src.append(home)
+            t_us.append(model.tensor_us[t])
+            t_dst.append(dst)
+    produces: list[list[int]] = [[] for _ in range(n)]
+    consumes: list[list[int]] = [[] for _ in range(n)]
+    for t, home in enumerate(t_src):
+        produces[home].append(t)
+        for w in t_dst[t]:
+            consumes[w].append(t)
+    return Units(of_op, accel, cpu, ok, size, preds, succs, t_src, t_us, t_dst, produces, consumes)
+
+
+def _topological(n: int, succ_sets: list[set[int]]) -> list[int]:
+    indegree = [0] * n
+    for s in succ_sets:
+        for b in s:
+            indegree[b] += 1
+    ready = [u for u in range(n) if indegree[u] == 0]
+    ready.reverse()
+    order: list[int] = []
+    while ready:
+        u = ready.pop()
+        order.append(u)
+        for b in sorted(succ_sets[u], reverse=True):
+            indegree[b] -= 1
+            if indegree[b] == 0:
+                ready.append(b)
+    if len(order) != n:  # _fuse_cycles leaves none
+        raise AssertionError("the unit graph has a cycle")
+    return order
+
+
+# ------------------------------------------------------------------ loads of growing sets
+
+
+class Growing:
+    """A set of units on one device, its compute, bytes and communication kept as units join or leave."""
+
+    __slots__ = ("u", "inside", "cin", "accel", "cpu", "size", "comm", "bad")
+
+    def __init__(self, u: Units) -> None:
+        self.u = u
+        self.inside = [False] * u.n
+        self.cin = [0] * len(u.t_src)  # consumer units of each tensor inside
+        self.accel = self.cpu = self.comm = 0.0
+        self.size = 0
+        self.bad = 0  # units an accelerator cannot run
+
+    def add(self, w: int) -> None:
+        u = self.u
+        inside, cin, t_dst, t_us, t_src = self.inside, self.cin, u.t_dst, u.t_us, u.t_src
+        comm = self.comm
+        for t in u.produces[w]:
+            # before: outside producer, paid iff some consumer inside; after: paid iff one is outside
+            comm += t_us[t] * ((cin[t] < len(t_dst[t])) - (cin[t] > 0))
+        inside[w] = True
+        for t in u.consumes[w]:
+            c = cin[t]
+            if inside[t_src[t]]:
+                if c + 1 == len(t_dst[t]):
+                    comm -= t_us[t]
+            elif c == 0:
+                comm += t_us[t]
+            cin[t] = c + 1
+        self.comm = comm
+        self.accel += u.accel_us[w]
+        self.cpu += u.cpu_us[w]
+        self.size += u.size[w]
+        self.bad += not u.accel_ok[w]
+
+    def remove(self, w: int) -> None:
+        u = self.u
+        inside, cin, t_dst, t_us, t_src = self.inside, self.cin, u.t_dst, u.t_us, u.t_src
+        comm = self.comm
+        for t in u.consumes[w]:
+            c = cin[t] - 1
+            cin[t] = c
+            if inside[t_src[t]]:
+                if c + 1 == len(t_dst[t]):
+                    comm += t_us[t]
+            elif c == 0:
+                comm -= t_us[t]
+        inside[w] = False
+        for t in u.produces[w]:
+            comm -= t_us[t] * ((cin[t] < len(t_dst[t])) - (cin[t] > 0))
+        self.comm = comm
+        self.accel -= u.accel_us[w]
+        self.cpu -= u.cpu_us[w]
+        self.size -= u.size[w]
+        self.bad -= not u.accel_ok[w]
+
+
+# ------------------------------------------------------------------ solver
+
+
+@dataclass
+class _Best:
+    value: float
+    stages: list[tuple[list[int], bool]]  # (units, on an accelerator)
+    lower: float = 0.0  # no split has a lower max-load (shown by a completed pass)
+
+
+def solve(
+    model: LoadModel,
+    *,
+    max_sets: int = DEFAULT_MAX_SETS,
+    orders: Sequence[Sequence[int]] = (),
+    cuts: Collection[int] | None = None,
+) -> Split:
+    """The split of least max-load (module docstring), proven optimal unless ``max_sets`` ran out.
+
+    ``orders``: extra topological orders of the ops to seed the upper bound
+    with (a program order, say). ``cuts``: when given, the stages are ranges
+    of ``orders[0]`` (as units) that start at one of these ops or at the
+    first; the interval DP over that order is then exact and the search over
+    ideals is skipped (``Split.scope`` says which space the result is
+    optimal in). Raises InfeasibleError when no valid split fits the
+    accelerators' memory, InputError on a model with no devices.
+    Deterministic: the same model gives the same split.
+    """
+    if model.accelerators < 0 or model.cpus < 0 or model.num_devices == 0:
+        raise InputError("a pipeline needs at least one device")
+    t0 = time.perf_counter()
+    u = build_units(model)
+    k, cpus = model.accelerators, model.cpus
+    best = _Best(math.inf, [])
+    unit_orders = [list(range(u.n)), *other_orders(u)]
+    if cuts is not None:
+        order = _unit_order(u, orders[0])
+        position = {w: i for i, w in enumerate(order)}
+        starts = {0} | {position[u.of_op[v]] for v in cuts}
+        _interval_dp(u, order, k, cpus, model.memory, best, starts)
+        sets, proven, scope = 0, bool(best.stages), "program order"
+    else:
+        for order in orders:
+            unit_orders.append(_unit_order(u, order))
+        for order in unit_orders:
+            _interval_dp(u, order, k, cpus, model.memory, best)
+        sets, proven = _prove(u, k, cpus, model.memory, best, max_sets)
+        scope = "contiguous"
+    if not best.stages:
+        raise InfeasibleError(
+            f"no pipeline split of the model fits {k} accelerator(s) of {model.memory:.6g} bytes"
+            + (f" and {cpus} CPU core(s)" if cpus else "")
+            + ": each device holds one contiguous part of the graph"
+        )
+    return _split(model, u, best, proven, scope, sets, time.perf_counter() - t0)
+
+
+class ProgramOrder:
+    """Splits into ranges of a program order, as :func:`solve` makes with ``cuts``, named by where
+    their stages start: for a search that judges splits by something else than max-load (a
+    pipeline schedule's simulated time).
+
+    ``starts`` are the positions (in the order of units) a stage other than the first may start
+    at, ascending; a split is the increasing list of indices into them where its stages 2, 3, ...
+    start. Building the units costs what :func:`solve` does; each :meth:`split` O(V + E).
+    """
+
+    def __init__(self, model: LoadModel, program: Sequence[int], cuts: Collection[int]) -> None:
+        self.model = model
+        self._units = build_units(model)
+        self._order = _unit_order(self._units, program)
+        self._position = {w: i for i, w in enumerate(self._order)}
+        self.starts = sorted({self._position[self._units.of_op[v]] for v in cuts} - {0})
+        self._index = {p: i for i, p in enumerate(self.starts)}
+
+    def boundaries(self, split: Split) -> list[int] | None:
+        """``split``'s stage starts (indices into :attr:`starts`); None when it is no such split."""
+        firsts = sorted(min(self._position[w] for w in units) for units in split.stage_units)
+        if not firsts or firsts[0] != 0 or any(p not in self._index for p in firsts[1:]):
+            return None
+        return [self._index[p] for p in firsts[1:]]
+
+    def split(self, boundaries: Sequence[int]) -> Split:
+        """The split whose stages start at ``starts[b]`` for ``b`` in ``boundaries`` (and at 0), one
+        accelerator each (the model needs as many), judged by the max-load model (not proven)."""
+        at = [0, *(self.starts[b] for b in boundaries), self._units.n]
+        stages = [(self._order[a:b], True) for a, b in zip(at, at[1:])]
+        return _split(self.model, self._units, _Best(math.inf, stages), False, "program order", 0, 0.0)
+
+
+def _lower_bound(u: Units, k: int, cpus: int) -> float:
+    cheapest = [
+        min(a if ok and k else math.inf, c if cpus else math.inf)
+        for a, c, ok in zip(u.accel_us, u.cpu_us, u.accel_ok)
+    ]
+    return max(max(cheapest, default=0.0), sum(cheapest) / max(1, k + cpus))
+
+
+def _split(
+    model: LoadModel, u: Units, best: _Best, proven: bool, scope: str, sets: int, seconds: float
+) -> Split:
+    k = model.accelerators
+    device_of_unit = [0] * u.n
+    stage_device: list[int] = []
+    next_accel, next_cpu = 0, k
+    for members, on_accel in best.stages:
+        if on_accel:
+            d, next_accel = next_accel, next_accel + 1
+        else:
+            d, next_cpu = next_cpu, next_cpu + 1
+        stage_device.append(d)
+        for w in members:
+            device_of_unit[w] = d
+    device_of_op = [device_of_unit[w] for w in u.of_op]
+    judged = evaluate(model, device_of_op)
+    loads = [judged.loads_us[d] for d in stage_device]
+    value = judged.max_load_us
+    lower = value if proven else min(value, max(best.lower, _lower_bound(u, k, model.cpus)))
+    return Split(
+        max_load_us=value,
+        stage_units=[sorted(m) for m, _ in best.stages],
+        stage_device=stage_device,
+        stage_loads_us=loads,
+        device_of_op=device_of_op,
+        proven=proven,
+        scope=scope,
+        lower_bound_us=lower,
+        seconds=seconds,
+        sets_enumerated=sets,
+        units=u.n,
+    )
+
+
+def _unit_order(u: Units, op_order: Sequence[int]) -> list[int]:
+    """The units in the order of their first op in ``op_order``, made topological."""
+    first: dict[int, int] = {}
+    for i, v in enumerate(op_order):
+        first.setdefault(u.of_op[v], i)
+    key = [first.get(w, len(op_order) + w) for w in range(u.n)]
+    return _kahn(u, lambda w: key[w])
+
+
+def other_orders(u: Units) -> list[list[int]]:
+    """Topological orders that keep branches together (depth first) or levels together (breadth first)."""
+    level = [0] * u.n
+    for w in range(u.n):
+        for p in u.preds[w]:
+            level[w] = max(level[w], level[p] + 1)
+    by_level = _kahn(u, lambda w: (level[w], w))
+    depth_first: list[int] = []
+    seen = [False] * u.n
+    missing = [len(p) for p in u.preds]
+    stack = [w for w in range(u.n - 1, -1, -1) if missing[w] == 0]
+    while stack:
+        w = stack.pop()
+        if seen[w]:
+            continue
+        seen[w] = True
+        depth_first.append(w)
+        for s in reversed(u.succs[w]):
+            missing[s] -= 1
+            if missing[s] == 0:
+                stack.append(s)
+    return [by_level, depth_first]
+
+
+def _kahn(u: Units, key) -> list[int]:
+    import heapq
+
+    missing = [len(p) for p in u.preds]
+    heap = [(key(w), w) for w in range(u.n) if missing[w] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        _, w = heapq.heappop(heap)
+        order.append(w)
+        for s in u.succs[w]:
+            missing[s] -= 1
+            if missing[s] == 0:
+                heapq.heappush(heap, (key(s), s))
+    return order
+
+
+def _interval_dp(
+    u: Units,
+    order: list[int],
+    k: int,
+    cpus: int,
+    memory: float,
+    best: _Best,
+    starts: Collection[int] | None = None,
+) -> None:
+    """Best split into contiguous ranges of ``order`` (an upper bound); improves ``best`` in place.
+
+    The load of every range ``order[a:b]`` on an accelerator and on a CPU
+    (:func:`_range_loads`), then a DP per device count takes
+    ``min over a of max(value[a], load[a, b])`` as one numpy step per
+    device. O(n^2 features) to price, O((k + cpus) n^2) for the DP.
+    ``starts``: the only positions a range may start at (None: any).
+    """
+    n = u.n
+    accel, cpu = _range_loads(u, order, k, cpus, memory)
+    if starts is not None:
+        ends = sorted(set(starts) | {n})
+        barred = np.ones(n + 1, dtype=bool)
+        barred[ends] = False
+        for matrix in (accel, cpu):
+            matrix[barred, :] = np.inf
+            matrix[:, barred] = np.inf
+    # value[(c, f)][i]: least max-load covering order[:i] with c CPU ranges and f accelerator ranges
+    start = np.full(n + 1, np.inf)
+    start[0] = 0.0
+    value = {(0, 0): start}
+    back: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    for used in range(1, k + cpus + 1):
+        for c in range(min(cpus, used) + 1):
+            f = used - c
+            if f > k:
+                continue
+            options = []
+            if f > 0 and (c, f - 1) in value:
+                options.append((value[(c, f - 1)], accel, True))
+            if c > 0 and (c - 1, f) in value:
+                options.append((value[(c - 1, f)], cpu, False))
+            best_row = np.full(n + 1, np.inf)
+            best_from = np.zeros(n + 1, dtype=np.int64)
+            best_accel = np.zeros(n + 1, dtype=bool)
+            for before, load, on_accel in options:
+                candidates = np.maximum(before[:, None], load)
+                origin = candidates.argmin(axis=0)
+                row = candidates[origin, np.arange(n + 1)]
+                better = row < best_row
+                best_row[better] = row[better]
+                best_from[better] = origin[better]
+                best_accel[better] = on_accel
+            value[(c, f)] = best_row
+            back[(c, f)] = (best_from, best_accel)
+    finish = min(((row[n], key) for key, row in value.items()), default=(math.inf, (0, 0)))
+    if not finish[0] < best.value * (1 - _EPS):
+        return
+    stages: list[tuple[list[int], bool]] = []
+    (c, f), i = finish[1], n
+    while i > 0:
+        origin, on_accel_row = back[(c, f)]
+        a, on_accel = int(origin[i]), bool(on_accel_row[i])
+        stages.append((order[a:i], on_accel))
+        c, f, i = (c, f - 1, a) if on_accel else (c - 1, f, a)
+    stages.reverse()
+    best.value, best.stages = float(finish[0]), stages
+
+
+# ------------------------------------------------------------------ the lattice of ideals
+
+
+def _enumerate_ideals(u: Units, cap: int) -> list[int] | None:
+    """Every ideal of the unit DAG as a bit mask (the empty one first), or None past ``cap`` of them.
+
+    Each ideal is generated once: from the available units in order, a unit
+    joins and the earlier siblings stay out of that branch. O(ideals · width).
+    """
+    succs = u.succs
+    missing = [len(p) for p in u.preds]
+    masks = [0]
+    stack: list[tuple[list[int], int]] = [([w for w in range(u.n) if missing[w] == 0], 0)]
+    chosen: list[int] = []
+    mask = 0
+    while stack:
+        avail, i = stack[-1]
+        if i >= len(avail):
+            stack.pop()
+            if chosen:
+                w = chosen.pop()
+                mask ^= 1 << w
+                for s in succs[w]:
+                    missing[s] += 1
+            continue
+        stack[-1] = (avail, i + 1)
+        w = avail[i]
+        chosen.append(w)
+        mask |= 1 << w
+        masks.append(mask)
+        if len(masks) > cap:
+            return None
+        opened = []
+        for s in succs[w]:
+            missing[s] -= 1
+            if missing[s] == 0:
+                opened.append(s)
+        stack.append((avail[i + 1 :] + opened, 0))
+    return masks
+
+
+class _Lattice:
+    """Ideals of the unit DAG as rows (sorted by accelerator compute, unless not ``by_compute``)
+    and what prices a stage between two of them.
+
+    A stage is ``J - I`` for ideals ``I ⊂ J``; on an accelerator its load is
+    ``accel[J] - accel[I] + bnd[J] + Σ_{t crossing I} us[t] · φ_t(J)``:
+    ``bnd[J]`` is the transfer time of the tensors crossing ``J``'s boundary
+    and ``φ`` (:meth:`_corrections`) corrects those crossing ``I``'s, a
+    sparse row per ``I`` times a dense row per ``J``. So a block of stage
+    pairs is priced by a few numpy products. O(ideals · (units + tensors)) to build.
+    """
+
+    def __init__(self, u: Units, masks: list[int], *, by_compute: bool = True) -> None:
+        n, count = u.n, len(masks)
+        width = 8 * max(1, (n + 63) // 64)
+        raw = np.frombuffer(b"".join(m.to_bytes(width, "little") for m in masks), dtype=np.uint8)
+        member = np.unpackbits(raw.reshape(count, width), axis=1, bitorder="little")[:, :n].astype(bool)
+        accel = member @ np.array(u.accel_us)
+        # Sorted by compute, the ideals a stage from I can reach lie in a window (load >= compute).
+        order = np.argsort(accel, kind="stable") if by_compute else np.arange(count)
+        self.member = member[order]
+        self.words = raw.view("<u8").reshape(count, width // 8)[order]
+        self.accel = accel[order]
+        self.cpu = self.member @ np.array(u.cpu_us)
+        self.size = self.member @ np.array(u.size, dtype=np.float64)
+        self.bad = self.member @ np.array([not ok for ok in u.accel_ok], dtype=np.float64)
+        self.cpu_order = np.argsort(self.cpu, kind="stable")
+        self.cpu_sorted = self.cpu[self.cpu_order]
+        self.empty = int(np.flatnonzero(~self.member.any(axis=1))[0])
+        self.full = int(np.flatnonzero(self.member.all(axis=1))[0])
+        self._corrections(u)
+
+    @property
+    def count(self) -> int:
+        return len(self.accel)
+
+    def _corrections(self, u: Units) -> None:
+        """``bnd``, and ``φ`` per (tensor, side, v) that crosses some ideal: ``p_*`` (CSR, a row per I), ``phi``.
+
+        A tensor t with m consumers crosses I with v of them in I; J ⊇ I
+        holds c of them, ``g_v(J) = [c > v]``. If its producer is in I, the
+        stage J - I pays for it iff c > v, where J alone pays iff c < m:
+        φ = g_v + g_{m-1} - 1. If it is outside I (then v >= 1), J - I pays
+        always when the producer is in J (J alone iff c < m): φ = g_{m-1};
+        else iff c > v (J alone always): φ = g_v - 1.
+        """
+        member_t = self.member.T
+        count = self.count
+        src = np.array(u.t_src, dtype=np.int64)
+        us = np.array(u.t_us)
+        m = np.array([len(d) for d in u.t_dst], dtype=np.int64)
+        held = np.zeros((len(src), count), dtype=np.int16)  # consumers of tensor t in ideal J
+        for t, dst in enumerate(u.t_dst):
+            for w in dst:
+                held[t] += member_t[w]
+        src_in = member_t[src]
+        cross = np.where(src_in, held < m[:, None], held > 0)
+        self.bnd = us @ cross
+        # Feature ids: per tensor, m for a producer in I (v = 0..m-1), then m outside (v = 1..m).
+        base = np.concatenate(([0], np.cumsum(2 * m)))[:-1].astype(np.int64)
+        t_of, i_of = np.nonzero(cross)
+        v = held[t_of, i_of]
+        fid = base[t_of] + np.where(src_in[t_of, i_of], v, m[t_of] + v - 1)
+        used, compact = np.unique(fid, return_inverse=True)
+        by_row = np.lexsort((compact, i_of))
+        self.p_ptr = np.searchsorted(i_of[by_row], np.arange(count + 1))
+        self.p_col = compact[by_row]
+        self.p_val = us[t_of[by_row]]
+        phi = np.zeros((len(used), count), dtype=np.int8)
+        owner = np.searchsorted(base, used, side="right") - 1
+        for f, (feature, t) in enumerate(zip(used.tolist(), owner.tolist())):
+            mt, c = int(m[t]), held[t]
+            last = (c > mt - 1).astype(np.int8)
+            rank = feature - int(base[t])
+            if rank < mt:
+                phi[f] = (c > rank).astype(np.int8) + last - 1
+            else:
+                phi[f] = np.where(src_in[t], last, (c > rank - mt + 1).astype(np.int8) - 1)
+        self.phi = phi
+
+    def knapsack(self, u: Units) -> None:
+        """``gain[J, l] = Σ_{w in J} max(0, accel_w - λ_l cpu_w)`` for a few prices λ (ideals · units · prices).
+
+        By LP duality, for any λ >= 0 the accelerator compute that CPU time
+        ``cap`` can take off a set is at most ``λ cap + Σ max(0, accel_w -
+        λ cpu_w)`` over its units. The prices tried are 0 and the units'
+        ratios of compute to CPU time, 31 of them spread over the range when
+        there are more (with all of them the least is the fractional
+        knapsack's optimum; with some, a valid bound a little above it).
+        """
+        accel, cpu = np.array(u.accel_us), np.array(u.cpu_us)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = np.unique(accel[cpu > 0] / cpu[cpu > 0])
+        if len(ratios) > 31:
+            ratios = ratios[np.linspace(0, len(ratios) - 1, 31).round().astype(np.int64)]
+        self.prices = np.concatenate(([0.0], ratios))
+        weights = np.maximum(0.0, accel[:, None] - self.prices[None, :] * cpu[:, None])
+        self.gain = np.empty((self.count, len(self.prices)))
+        for lo in range(0, self.count, 4096):
+            self.gain[lo : lo + 4096] = self.member[lo : lo + 4096] @ weights
+        self.gain_total = weights.sum(axis=0)
+
+    def saved(self, outside: bool, cap: float) -> np.ndarray:
+        """Per ideal (``outside``: its complement), at least the accelerator compute that CPU cores
+        with ``cap`` time in all could take off it (:meth:`knapsack` first). O(ideals · prices)."""
+        gain = self.gain_total[None, :] - self.gain if outside else self.gain
+        return (self.prices[None, :] * cap + gain).min(axis=1)
+
+    def delta(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """``Σ_{t crossing I} us[t] · φ_t(J)`` for I in ``rows``, J in ``cols``: O(|rows| · |cols| · features)."""
+        starts, ends = self.p_ptr[rows], self.p_ptr[rows + 1]
+        lengths = ends - starts
+        flat = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+        features, where = np.unique(self.p_col[flat], return_inverse=True)
+        dense = np.zeros((len(rows), len(features)))
+        dense[np.repeat(np.arange(len(rows)), lengths), where] = self.p_val[flat]
+        return dense @ self.phi[features][:, cols].astype(np.float64)
+
+
+# Pairs of ideals the lattice search prices per set the search over sets would enumerate (the
+# same time here): the two searches share the ``max_sets`` effort.
+_PAIRS_PER_SET = 200
+# Rows of stage pairs priced at once (bounds the temporaries to a few MB).
+_BLOCK = 128
+# Ideals times (units + tensors) the lattice may hold: its columns take a few bytes per cell.
+_LATTICE_CELLS = 60_000_000
+
+
+def _range_loads(
+    u: Units, order: list[int], k: int, cpus: int, memory: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(accel, cpu)``: the load of ``order[a:b]`` at ``[a, b]`` (a < b) on an accelerator and on a
+    CPU core; inf where it cannot run there (or no such device). The prefixes of a topological order
+    are ideals, so the ranges are priced as the lattice prices stages, in blocks of rows:
+    O(n^2 features) time, O(n^2) memory."""
+    n = u.n
+    masks, mask = [0], 0
+    for w in order:
+        mask |= 1 << w
+        masks.append(mask)
+    prefixes = _Lattice(u, masks, by_compute=False)
+    rows = np.arange(n + 1)
+    upper = rows[:, None] < rows[None, :]
+    accel = np.full((n + 1, n + 1), np.inf)
+    if k:
+        fits = upper & (prefixes.size[None, :] - prefixes.size[:, None] <= memory)
+        fits &= prefixes.bad[None, :] == prefixes.bad[:, None]
+        for lo in range(0, n + 1, 256):
+            block = rows[lo : lo + 256]
+            load = prefixes.accel[None, :] - prefixes.accel[block][:, None] + prefixes.bnd[None, :]
+            load += prefixes.delta(block, rows)
+            accel[block] = np.where(fits[block], load, np.inf)
+    cpu = (
+        np.where(upper, prefixes.cpu[None, :] - prefixes.cpu[:, None], np.inf)
+        if cpus
+        else np.full_like(accel, np.inf)
+    )
+    return accel, cpu
+
+
+def _prove_lattice(
+    u: Units, k: int, cpus: int, memory: float, best: _Best, max_sets: int
+) -> tuple[int, bool | None]:
+    """Improve ``best`` until no better split exists, over the explicit lattice of ideals.
+
+    Returns (effort spent in sets, proven); proven is None when the unit DAG
+    has more than ``max_sets / 2`` ideals, or more than ``_LATTICE_CELLS /
+    (units + tensors)`` (the lattice is not built). Each
+    pass decides exactly whether a split with every load below a limit
+    exists (:func:`_lattice_below`), just below ``best``; a split found
+    becomes ``best``. The passes pick a split of least max-load among those
+    they reach, so one or two usually end at the optimum; after two
+    successes in a row a pass tries halfway to the lower bound instead,
+    which a failed pass raises to its limit, so the passes are
+    O(log(gap / ε)) at worst.
+    """
+    cap = min(max_sets // 2, _LATTICE_CELLS // (u.n + len(u.t_src) + 1))
+    masks = _enumerate_ideals(u, cap)
+    if masks is None:
+        return cap, None
+    lattice = _Lattice(u, masks)
+    lattice.knapsack(u)
+    best.lower = max(best.lower, _lower_bound(u, k, cpus))
+    spent = len(masks) * _PAIRS_PER_SET
+    budget = max_sets * _PAIRS_PER_SET
+    streak = 0  # passes in a row that found a better split
+    while True:
+        limit = best.value * (1 - _EPS)
+        if streak >= 2 and best.lower < limit:
+            limit = (best.lower + best.value) / 2
+        pairs, stages, completed = _lattice_below(lattice, u, k, cpus, memory, limit, budget - spent)
+        spent += pairs
+        if stages is None:
+            if not completed:
+                return spent // _PAIRS_PER_SET, False
+            streak = 0
+            best.lower = max(best.lower, limit)
+            if limit >= best.value * (1 - _EPS):
+                return spent // _PAIRS_PER_SET, True
+            continue
+        value = _max_load(u, stages)
+        if not value < best.value:  # priced below the bound but not: never claim a proof on it
+            return spent // _PAIRS_PER_SET, False
+        best.stages, best.value, streak = stages, value, streak + 1
+
+
+def _lattice_below(
+    lattice: _Lattice, u: Units, k: int, cpus: int, memory: float, limit: float, budget: int
+) -> tuple[int, list[tuple[list[int], bool]] | None, bool]:
+    """A split with every load below ``limit``, or None: none exists (or ``budget`` pairs ran out).
+
+    Breadth first by devices used: ``value[(a, c)]`` is finite on the
+    ideals that a accelerator and c CPU stages cover, each below ``limit``,
+    and that fewer of either do not (it is the least max-load found so, to
+    return a good split). An ideal is kept only when it and its complement
+    can hold their compute within their devices at ``limit`` each, the CPU
+    cores taking what :meth:`_Lattice.saved` allows (a stage's load is at
+    least its compute). A block of states and the ideals in its compute
+    window are priced at once (:func:`_advance`). Exact: it misses no split
+    below ``limit``. O(passes' pairs · (words + features)).
+    Returns (pairs priced, stages or None, whether the search completed).
+    """
+    ok = _bounds(lattice, u, k, cpus, limit)
+    # value[cell][J]: the least max-load of the stages found to J in cell (inf: not reached)
+    value: dict[tuple[int, int], np.ndarray] = {(0, 0): np.full(lattice.count, np.inf)}
+    value[(0, 0)][lattice.empty] = 0.0
+    parent: dict[tuple[int, int], np.ndarray] = {}
+    pairs = 0
+    for used in range(k + cpus):
+        for a in range(max(0, used - cpus), min(k, used) + 1):
+            cell = (a, used - a)
+            if cell not in value:
+                continue
+            rows = np.flatnonzero(value[cell] < np.inf)
+            for on_accel in (True, False):
+                target = (a + 1, cell[1]) if on_accel else (a, cell[1] + 1)
+                if target[0] > k or target[1] > cpus:
+                    continue
+                if target not in value:
+                    value[target] = np.full(lattice.count, np.inf)
+                    parent[target] = np.full(lattice.count, -1, dtype=np.int64)
+                # Ideals reached with no more of either kind are not worth reaching again.
+                allowed = ok[target].copy()
+                for (fa, fc), seen in value.items():
+                    if fa <= target[0] and fc <= target[1] and (fa, fc) != target:
+                        allowed &= seen == np.inf
+                pairs += _advance(
+                    lattice,
+                    rows,
+                    value[cell],
+                    on_accel,
+                    limit,
+                    memory,
+                    allowed,
+                    value[target],
+                    parent[target],
+                )
+                if pairs > budget:
+                    return pairs, None, False
+        done = [c for c in value if sum(c) == used + 1 and value[c][lattice.full] < np.inf]
+        if done:
+            return (
+                pairs,
+                _unwind_lattice(lattice, parent, min(done, key=lambda c: value[c][lattice.full])),
+                True,
+            )
+    return pairs, None, True
+
+
+def _bounds(
+    lattice: _Lattice, u: Units, k: int, cpus: int, limit: float
+) -> dict[tuple[int, int], np.ndarray]:
+    """Per (accelerators, CPU cores) used, the ideals that may be covered so and leave a coverable rest."""
+    count = lattice.count
+    if math.isinf(limit):
+        return {(a, c): np.ones(count, dtype=bool) for a in range(k + 1) for c in range(cpus + 1)}
+    total = float(np.sum(u.accel_us))
+    slack = 1e-9 * (total + limit)  # sums in other orders: prune only what is clearly out
+    inside = {c: lattice.saved(False, c * limit) if c else np.zeros(count) for c in range(cpus + 1)}
+    rest = {c: lattice.saved(True, c * limit) if c else np.zeros(count) for c in range(cpus + 1)}
+    return {
+        (a, c): (lattice.accel - inside[c] <= a * limit + slack)
+        & (total - lattice.accel - rest[cpus - c] <= (k - a) * limit + slack)
+        for a in range(k + 1)
+        for c in range(cpus + 1)
+    }
+
+
+def _advance(
+    lattice: _Lattice,
+    rows: np.ndarray,
+    before: np.ndarray,
+    on_accel: bool,
+    limit: float,
+    memory: float,
+    allowed: np.ndarray,
+    after: np.ndarray,
+    parent: np.ndarray,
+) -> int:
+    """Lower ``after[J]`` for each allowed J that one stage below ``limit`` takes some I in ``rows`` to.
+
+    ``after[J]`` becomes the least ``max(before[I], load(J - I))`` and
+    ``parent[J]`` is ``2 I + (0 accelerator, 1 CPU)`` for its I (the first
+    of equals). Blocks of ``_BLOCK`` rows against the ideals in their
+    window: by compute (an accelerator) or CPU time (a CPU core).
+    O(pairs · (words + features)); returns the pairs priced.
+    """
+    tol = 1e-9 * (abs(limit) + 1.0)
+    pairs = 0
+    for lo in range(0, len(rows), _BLOCK):
+        block = rows[lo : lo + _BLOCK]
+        if on_accel:
+            first = np.searchsorted(lattice.accel, lattice.accel[block[0]] - tol)
+            last = np.searchsorted(lattice.accel, lattice.accel[block[-1]] + limit + tol, side="right")
+            cols = first + np.flatnonzero(allowed[first:last])
+        else:
+            low, high = lattice.cpu[block].min(), lattice.cpu[block].max()
+            first = np.searchsorted(lattice.cpu_sorted, low - tol)
+            last = np.searchsorted(lattice.cpu_sorted, high + limit + tol, side="right")
+            window = np.sort(lattice.cpu_order[first:last])
+            cols = window[allowed[window]]
+        if not len(cols):
+            continue
+        pairs += len(block) * len(cols)
+        above = np.ones((len(block), len(cols)), dtype=bool)
+        mine, theirs = lattice.words[block], lattice.words[cols]
+        for w in range(mine.shape[1]):
+            above &= (theirs[None, :, w] & mine[:, None, w]) == mine[:, None, w]
+        if on_accel:
+            above &= lattice.size[cols][None, :] - lattice.size[block][:, None] <= memory
+            above &= lattice.bad[cols][None, :] == lattice.bad[block][:, None]
+            load = lattice.accel[cols][None, :] - lattice.accel[block][:, None]
+            above &= load < limit
+            # Price the transfers only where some pair can still fit (the products dominate).
+            some = np.flatnonzero(above.any(axis=0))
+            above, load, cols = above[:, some], load[:, some], cols[some]
+            load += lattice.bnd[cols][None, :] + lattice.delta(block, cols)
+        else:
+            load = lattice.cpu[cols][None, :] - lattice.cpu[block][:, None]
+        above &= load < limit
+        cost = np.where(above, np.maximum(load, before[block][:, None]), np.inf)
+        origin = cost.argmin(axis=0)
+        reached = cost[origin, np.arange(len(cols))]
+        better = reached < after[cols]
+        after[cols[better]] = reached[better]
+        parent[cols[better]] = 2 * block[origin[better]] + (not on_accel)
+    return pairs
+
+
+def _unwind_lattice(
+    lattice: _Lattice, parent: dict[tuple[int, int], np.ndarray], cell: tuple[int, int]
+) -> list[tuple[list[int], bool]]:
+    """The stages that take the empty ideal to the full one in ``cell``, first stage first."""
+    stages = []
+    j = lattice.full
+    while cell != (0, 0):
+        code = int(parent[cell][j])
+        i, on_accel = code >> 1, not code & 1
+        stages.append((np.flatnonzero(lattice.member[j] & ~lattice.member[i]).tolist(), on_accel))
+        cell = (cell[0] - 1, cell[1]) if on_accel else (cell[0], cell[1] - 1)
+        j = i
+    stages.reverse()
+    return stages
+
+
+def _prove(u: Units, k: int, cpus: int, memory: float, best: _Best, max_sets: int) -> tuple[int, bool]:
+    """Improve ``best`` until no better split exists; (effort in sets, proven optimal).
+
+    Over the lattice of ideals when it has at most ``max_sets / 2`` of them (and fits)
+    (:func:`_prove_lattice`); when it has more, or its passes run out of
+    effort, the search over sets (:func:`_search_below`) goes on from the
+    best split found, with ``max_sets`` of its own.
+    """
+    spent, proven = _prove_lattice(u, k, cpus, memory, best, max_sets)
+    if proven:
+        return spent, True
+    total = 0
+    while True:
+        sets, done = _search_below(u, k, cpus, memory, best, max_sets - total)
+        total += sets
+        if done is not None:
+            return spent + total, done
+
+
+def _search_below(
+    u: Units, k: int, cpus: int, memory: float, best: _Best, max_sets: int
+) -> tuple[int, bool | None]:
+    """Search for a split strictly better than ``best``; (sets enumerated, completed; None: found one).
+
+    Breadth first over (ideal, CPUs used) by devices used, each state
+    expanded once (the first time is with the fewest devices); from a state,
+    every set ``S`` making ``base | S`` an ideal is enumerated once (module
+    docstring) while its compute and bytes stay within the bound. A split
+    found below the bound replaces ``best`` (returning None); a search that
+    ends without one proves ``best`` optimal.
+    """
+    n = u.n
+    full = (1 << n) - 1
+    cheapest = [
+        min(a if ok and k else math.inf, c if cpus else math.inf)
+        for a, c, ok in zip(u.accel_us, u.cpu_us, u.accel_ok)
+    ]
+    total = sum(cheapest)
+    grow = Growing(u)
+    succs, preds = u.succs, u.preds
+    accel_us, cpu_us, size_of, ok_of = u.accel_us, u.cpu_us, u.size, u.accel_ok
+    # (CPUs used, ideal) -> (accelerators used, parent state, the set's units, on an accelerator)
+    seen: dict[tuple[int, int], tuple[int, tuple[int, int] | None, list[int], bool]] = {
+        (0, 0): (0, None, [], True)
+    }
+    frontier = [(0, 0)]
+    sets = 0
+    while frontier:
+        following: list[tuple[int, int]] = []
+        for state in frontier:
+            c, base = state
+            f = seen[state][0]
+            limit = best.value * (1 - _EPS)
+            work = total - sum(cheapest[w] for w in range(n) if not base >> w & 1)
+            left_after = k + cpus - c - f - 1
+            if total - work > (left_after + 1) * limit:
+                continue
+            missing = [0] * n
+            for w in range(n):
+                if not base >> w & 1:
+                    missing[w] = sum(1 for p in preds[w] if not base >> p & 1)
+            available = [w for w in range(n) if not base >> w & 1 and missing[w] == 0]
+            accel_room, cpu_room = f < k, c < cpus
+            # Communication no growth of the set can undo: a tensor between the set and the
+            # ideal below it (``fixed``), kept as units join; a lower bound of the set's comm.
+            fixed_of = fixed_costs(u, base)
+            fixed = 0.0
+            stack: list[tuple[list[int], int]] = [(available, 0)]
+            chosen: list[int] = []
+            mask = base
+            set_work = 0.0
+            while stack:
+                avail, i = stack[-1]
+                if i >= len(avail):
+                    stack.pop()
+                    if chosen:
+                        w = chosen.pop()
+                        grow.remove(w)
+                        fixed -= fixed_of[w]
+                        mask ^= 1 << w
+                        set_work -= cheapest[w]
+                        for s in succs[w]:
+                            missing[s] += 1
+                    continue
+                stack[-1] = (avail, i + 1)
+                w = avail[i]
+                limit = best.value * (1 - _EPS)
+                can_accel = (
+                    accel_room
+                    and ok_of[w]
+                    and not grow.bad
+                    and grow.accel + accel_us[w] + fixed + fixed_of[w] <= limit
+                    and grow.size + size_of[w] <= memory
+                )
+                can_cpu = cpu_room and grow.cpu + cpu_us[w] <= limit
+                if not (can_accel or can_cpu):
+                    continue  # every set in this branch holds w: too much compute or bytes
+                sets += 1
+                if sets > max_sets:
+                    while chosen:
+                        grow.remove(chosen.pop())
+                    return sets, False
+                grow.add(w)
+                fixed += fixed_of[w]
+                chosen.append(w)
+                mask |= 1 << w
+                set_work += cheapest[w]
+                opened = []
+                for s in succs[w]:
+                    missing[s] -= 1
+                    if missing[s] == 0:
+                        opened.append(s)
+                stack.append((avail[i + 1 :] + opened, 0))
+                if total - work - set_work > left_after * limit:
+                    continue  # the rest cannot fit the devices left
+                for on_accel in (True, False):
+                    if on_accel:
+                        if not can_accel or grow.accel + grow.comm > limit:
+                            continue
+                        target = (c, mask)
+                        devices = f + 1
+                    else:
+                        if not can_cpu or grow.cpu > limit:
+                            continue
+                        target = (c + 1, mask)
+                        devices = f
+                    if target in seen:
+                        continue
+                    seen[target] = (devices, state, list(chosen), on_accel)
+                    if mask == full:
+                        # A better split: search again below it (states seen under the
+                        # looser bound could hide paths that meet the tighter one).
+                        best.stages = _unwind(seen, target)
+                        best.value = _max_load(u, best.stages)
+                        while chosen:
+                            w = chosen.pop()
+                            grow.remove(w)
+                        return sets, None
+                    following.append(target)
+        frontier = following
+    return sets, True
+
+
+def fixed_costs(u: Units, base: int) -> list[float]:
+    """Per unit w outside ``base``: transfers that w joining a set above ``base`` makes certain.
+
+    A tensor from ``base`` to a consumer in the set is received by the set
+    however the set grows (its producer stays below), and one from the set
+    to a consumer in ``base`` is sent. Each tensor may be counted once only,
+    so a tensor from ``base`` is charged to its consumer when it has exactly
+    one outside ``base`` and to no one otherwise: the sum over a set's units
+    stays a lower bound of the set's communication, and only grows with it.
+    """
+    fixed = [0.0] * u.n
+    for t, src in enumerate(u.t_src):
+        dst = u.t_dst[t]
+        if base >> src & 1:
+            outside = [w for w in dst if not base >> w & 1]
+            if len(outside) == 1:
+                fixed[outside[0]] += u.t_us[t]
+        elif any(base >> w & 1 for w in dst):
+            fixed[src] += u.t_us[t]
+    return fixed
+
+
+def _max_load(u: Units, stages: list[tuple[list[int], bool]]) -> float:
+    grow = Growing(u)
+    worst = 0.0
+    for members, on_accel in stages:
+        for w in members:
+            grow.add(w)
+        worst = max(worst, grow.accel + grow.comm if on_accel else grow.cpu)
+        for w in members:
+            grow.remove(w)
+    return worst
+
+
+def _unwind(seen, state) -> list[tuple[list[int], bool]]:
+    """The stages that reach ``state`` in the breadth-first search, first stage first."""
+    stages = []
+    while True:
+        _, parent, members, on_accel = seen[state]
+        if parent is None:
+            break
+        stages.append((sorted(members), on_accel))
+        state = parent
+    stages.reverse()
+    return stages
+
+
+# ------------------------------------------------------------------ from an op graph
+
+
+def load_model(
+    graph: OpGraph,
+    devices: DeviceSpec,
+    *,
+    cpus: int = 0,
+    follow_forward: bool = True,
+    replicate_tied: bool = False,
+) -> LoadModel:
+    """The max-load model of ``graph`` on ``devices``, the last ``cpus`` of which are CPU cores.
+
+    Compute is the graph's on the accelerators' kind, and memory theirs (the
+    model's accelerators are identical: mixed ones count at the slowest kind
+    and the smallest memory); an op's CPU time
+    and whether an accelerator can run it come from the workload reader's
+    ``attrs`` (``cpu_us``, ``accelerator``), else equal the accelerator's
+    and true. A tensor's transfer time is its measured time, else the
+    interconnect's for its bytes. ``follow_forward``: also tie each backward
+    op to its ``forward_op`` (Tarnawski's files tie them by colorClass only).
+    ``replicate_tied``: a weight several ops read (the ONNX reader's
+    ``_shared_parameter_bytes`` / ``_accumulated_parameter_bytes``) does not
+    keep its readers on one device; they are listed in ``tied`` instead, and
+    the gradient a reader sends its owner costs no transfer (a copy's
+    gradient stays on its stage until the minibatch's all-reduce).
+    """
+    accelerators = devices.devices[: devices.count - cpus]
+    if not accelerators:
+        raise InputError("a pipeline needs at least one accelerator besides the CPU cores")
+    n = graph.num_ops
+    # The model's accelerators are identical: mixed ones count at the slowest kind and the
+    # smallest memory, so every split it accepts fits and its loads are not understated.
+    kinds = sorted({d.kind for d in accelerators})
+    accel = [max(times) for times in zip(*(graph.durations(kind) for kind in kinds))]
+    cpu = [graph.attrs[v].get("cpu_us", accel[v]) for v in range(n)]
+    ok = [bool(graph.attrs[v].get("accelerator", True)) for v in range(n)]
+    ic = devices.interconnect
+    tied = _tied_weights(graph, ic.latency_us, ic.bandwidth_bytes_per_us) if replicate_tied else ()
+    copies = {r for weight in tied for r in weight.readers}
+    uf = UnionFind(range(n))
+    for v in range(n):
+        forward = graph.forward_op[v] if graph.is_backward[v] and graph.forward_op[v] >= 0 else v
+        if forward not in copies:  # a copy's reader, its backward and update go with it alone
+            uf.union(v, graph.group[v])
+        if follow_forward and forward != v:
+            uf.union(v, forward)
+    tensors = graph.tensors
+    dst: list[set[int]] = [set() for _ in tensors.src]
+    for e in range(graph.num_edges):
+        dst[tensors.edge_tensor[e]].add(graph.edge_dst[e])
+    cost = [
+        # The model has one cost per tensor: the default link's (per-link overrides are not modelled).
+        m if m is not None else ic.latency_us + b / ic.bandwidth_bytes_per_us
+        for m, b in zip(tensors.measured_us, tensors.nbytes)
+    ]
+    owner_of = {r: weight.owner for weight in tied for r in weight.readers}
+    for t, src in enumerate(tensors.src):
+        # A copy's gradient of the weight (passes.training: the buffer its owner's backward adds
+        # into and its update reads) stays put: the all-reduce moves it.
+        reader = graph.forward_op[src]
+        if (
+            graph.is_backward[src]
+            and reader in owner_of
+            and all(graph.forward_op[w] == owner_of[reader] for w in dst[t])
+        ):
+            cost[t] = 0.0
+    return LoadModel(
+        accel_us=list(accel),
+        cpu_us=cpu,
+        accel_ok=ok,
+        size=list(graph.persistent_bytes),
+        is_backward=list(graph.is_backward),
+        unit_of_op=[uf.find(v) for v in range(n)],
+        edges=list(zip(graph.edge_src, graph.edge_dst)),
+        tensor_src=list(tensors.src),
+        tensor_us=cost,
+        tensor_dst=[sorted(d - {s}) for d, s in zip(dst, tensors.src)],
+        accelerators=len(accelerators),
+        memory=min(d.memory_bytes for d in accelerators),
+        cpus=cpus,
+        names=list(graph.names),
+        tied=tied,
+    )
+
+
+def _tied_weights(graph: OpGraph, latency_us: float, bytes_per_us: float) -> tuple[TiedWeight, ...]:
+    """The weights several ops of an ONNX graph read, by colocation group (:func:`load_model`).
+
+    The reader marks the first reader of a shared float initializer (the
+    owner) with ``_accumulated_parameter_bytes`` and every other with
+    ``_shared_parameter_bytes``; they share a colocation group. A copy also
+    holds the optimizer state the owner's update keeps per parameter byte.
+    O(V).
+    """
+    owners: dict[int, int] = {}
+    readers: dict[int, list[int]] = {}
+    for v in range(graph.num_ops):
+        attrs = graph.attrs[v]
+        if attrs.get("_accumulated_parameter_bytes"):
+            owners.setdefault(graph.group[v], v)
+        if attrs.get("_shared_parameter_bytes"):
+            readers.setdefault(graph.group[v], []).append(v)
+    owner_ops = set(owners.values())
+    state: dict[int, int] = {}  # owner -> its update's optimizer-state bytes
+    for v in range(graph.num_ops):
+        owner = graph.forward_op[v]
+        if graph.is_backward[v] and owner in owner_ops and graph.persistent_bytes[v]:
+            state[owner] = state.get(owner, 0) + graph.persistent_bytes[v]
+    tied = []
+    for group, owner in sorted(owners.items()):
+        if group not in readers:
+            continue
+        nbytes = graph.attrs[owner]["_accumulated_parameter_bytes"]
+        per_byte = state.get(owner, 0) / max(1, graph.persistent_bytes[owner])
+        tied.append(
+            TiedWeight(
+                owner,
+                tuple(readers[group]),
+                nbytes,
+                nbytes + math.ceil(nbytes * per_byte),
+                latency_us,
+                nbytes / bytes_per_us,
+            )
+        )
+    return tuple(tied)
