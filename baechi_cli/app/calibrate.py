@@ -9,56 +9,34 @@ measured per device and per device pair, the device YAML made of it, and the
 parsed from the text, so what a user loads is what was reported). It writes
 nothing; the command writes the YAML, atomically.
 
-What is measured, per device, in float32, each kernel as the median of
-``plan.repeats`` timed runs after ``plan.warmup`` untimed ones; a run ends
-when the device has finished (CUDA is synchronised before and after):
+Per device, in float32, each kernel the median of ``plan.repeats`` timed runs after
+``plan.warmup`` untimed ones (CUDA synchronised around each run):
 
-* ``flops``: ``n x n`` matmuls (``torch.mm``) at the plan's sizes; the best
-  rate ``2 n^3 / time`` (as the MatMul rule counts): the sustained peak.
-* ``efficiency.conv``: conv2d at ResNet-like shapes (3x3 and 1x1 filters,
-  stride 1, same padding), forward and backward (input and filter gradients,
-  one ``convolution_backward``); FLOPs as baechi's Conv2D,
-  Conv2DBackpropInput and Conv2DBackpropFilter rules count them (the rules
-  themselves are called); total FLOPs over total time, divided by ``flops``.
-  Backward is included because a training step's convolutions are two-thirds
-  gradients, and the ``conv`` class covers the gradient rules too.
-* ``memory_bandwidth``: ``a + b`` on ``plan.elements`` float32 elements into
-  a preallocated output (``out=``): bytes read + written over time. Into a
-  fresh output, each large run would page-fault its output in and time the
-  allocator rather than the memory.
-* ``launch_overhead``: ``plan.launches`` adds of 1-element tensors in a row,
-  time per call: framework dispatch plus kernel launch, an op's fixed cost.
-* ``memory``: CUDA's total memory of the device; for ``cpu``, the machine's
-  physical memory (``os.sysconf``).
+* ``flops``: the best rate of ``n x n`` matmuls (``2 n^3 / time``, as the MatMul rule counts);
+* ``efficiency.conv``: conv2d at ResNet-like shapes, forward and backward (a training
+  step's convolutions are two-thirds gradients), FLOPs as baechi's Conv2D rules count
+  them, over time, divided by ``flops``;
+* ``memory_bandwidth``: ``a + b`` into a preallocated output (a fresh one would time the
+  allocator's page faults, not the memory);
+* ``launch_overhead``: 1-element adds in a row, time per call (dispatch plus launch);
+* ``memory``: CUDA's total memory, or the machine's physical memory for ``cpu``.
 
-With two or more CUDA devices, each pair's device-to-device copies
-(``dst.copy_(src)``) of ``2**e`` bytes for ``e`` in ``plan.transfer_exps``
-are fitted to ``latency + bytes / bandwidth`` by
-:func:`baechi_cli.costs.comm.fit_samples` (ordinary least squares). The
-interconnect's defaults are the pairs' median latency and bandwidth; with
-more than one pair, every pair is also a ``links`` entry. The mode is
-``parallel`` (contention between transfers is not measured). With one device
-the interconnect is baechi's default, Baechi's PCIe fit, and the header says
-so. ``count`` > 1 writes that many copies of one measured device.
+With two or more CUDA devices, each pair's ``dst.copy_(src)`` of ``2**e`` bytes is fitted
+by :func:`baechi_cli.costs.comm.fit_samples`; the interconnect is the pairs' median (every
+pair also a ``links`` entry), mode ``parallel``. With one device it is Baechi's default
+fit, and ``count`` > 1 writes that many copies of the device. Numbers are written to 4
+significant digits (efficiency 3), under a comment header saying what was measured, with
+which torch version, threads and TF32 settings, and when. PyTorch's defaults are kept, as a
+model's step runs with them (on CUDA, TF32 for cuDNN convolutions only, so
+``efficiency.conv`` may exceed 1).
 
-Measured numbers are written to 4 significant digits (efficiency 3), memory
-to the byte; a comment header says what was measured, with which torch
-version and threads, and when.
+Errors, each one line, raised before anything is written: a device that is not ``cpu``
+or ``cuda:K``, listed twice or unseen by torch, ``count`` with several devices
+(InputError, exit 2); torch not installed (MissingDependencyError, exit 5); a timed run
+that is not positive and finite, a broken timer (InputError naming device and kernel).
 
-Errors, each one line, raised before anything is written: a device that is
-not ``cpu`` or ``cuda:K``, listed twice, or that torch cannot see, ``count``
-with several devices (InputError, exit 2); torch not installed
-(MissingDependencyError, exit 5); a timed run that is zero, negative or not
-finite -- a broken timer -- (InputError naming the device and the kernel).
-
-PyTorch's defaults are kept, since they are what a model's step runs with:
-its thread count on the CPU; on CUDA, TF32 for cuDNN convolutions but not
-for matmuls, so there ``efficiency.conv`` may exceed 1 (the header records
-the TF32 settings). The CUDA path has not been run on a GPU yet.
-
-Complexity: the default plan takes about 5 s on an idle 2-core CPU (``--quick``:
-about 1 s, plus torch's import); transfers run ``sum of (warmup + runs)``
-copies per size and pair.
+Complexity: per device, the plan's kernels times ``warmup + repeats``; transfers run
+``sum of (warmup + runs)`` copies per size and pair.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from baechi_cli.core.devices import DeviceSpec
 from baechi_cli.core.graph import OpGraph
 from baechi_cli.evaluator.placement import Placement
 from baechi_cli.evaluator.sim import SimResult
+from baechi_cli.io.formats import FORMATS
 from baechi_cli.search.candidates import Candidate, Prepared
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class PlaceOutcome:
     @functools.cached_property
     def module_map(self) -> Any:
         """The PyTorch module map of the chosen placement (None unless an ONNX model has module paths)."""
-        if self.prepared.input_format != "onnx":
+        if not FORMATS[self.prepared.input_format].module_paths:
             return None
         from baechi_cli.io.onnx import module_map_of
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from baechi_cli import placers
 from baechi_cli.app.notes import pipeline_notes, placement_notes, race_note, uncovered_note
 from baechi_cli.app.outcome import PlaceOutcome
+from baechi_cli.core import objectives
 from baechi_cli.core.devices import DeviceSpec
 from baechi_cli.core.errors import InputError
 from baechi_cli.core.gcpause import cyclic_gc_paused
@@ -32,6 +33,7 @@ from baechi_cli.evaluator.evaluate import Evaluation, evaluate
 from baechi_cli.evaluator.placement import Placement
 from baechi_cli.evaluator.sim import StepTimer
 from baechi_cli.io.formats import (
+    FORMATS,
     OP_SETS,
     check_output_format,
     check_writable,
@@ -66,11 +68,12 @@ STAGES = ("load", "profile", "passes", "place", "simulate", "write")
 
 def with_views(graph: OpGraph, fmt: str) -> OpGraph:
     """``graph`` with its views marked (their outputs take no memory); a workload's sizes are given."""
-    if fmt == "workload":
+    op_set = FORMATS[fmt].op_set
+    if op_set is None:
         return graph
     from baechi_cli.costs.memory_rules import mark_views
 
-    return mark_views(graph, OP_SETS[fmt])
+    return mark_views(graph, op_set)
 
 
 def check_times_finite(graph: OpGraph, devices: DeviceSpec, path: str) -> None:
@@ -108,7 +111,7 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
     step("load")
     t0 = time.perf_counter()
     graph, fmt, notes = load_model(path, options.batch_size, options.dims)
-    if fmt == "graphdef":
+    if FORMATS[fmt].runs_in_tensorflow:
         from baechi_cli.verify.races import colocate_races, step_races
 
         races, sidecar = step_races(graph, path)
@@ -131,13 +134,13 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         cost_report = ProfileCosts(
             options.profile, profile.source, profile.device, profile.model.sha256 == sha256
         )
-    elif fmt != "workload":  # a workload file carries its own measured costs
+    elif FORMATS[fmt].op_set is not None:  # else the file carries its own measured costs
         from baechi_cli.costs.analytic import estimate_costs
 
-        graph, cost_report = estimate_costs(graph, devices, op_set=OP_SETS[fmt])
+        graph, cost_report = estimate_costs(graph, devices, op_set=FORMATS[fmt].op_set)
         if cost_report.uncovered:
             notes.append(uncovered_note(cost_report.coverage["uncovered"]))
-    if fmt == "onnx":  # costed op by op above; in memory an exported GELU is the one kernel it was
+    if FORMATS[fmt].split_gelus:  # costed op by op above; in memory an exported GELU is one kernel
         from baechi_cli.costs.memory_rules import one_kernel_gelus
 
         graph = one_kernel_gelus(graph)
@@ -229,17 +232,19 @@ def place_model(
 ) -> PlaceOutcome:
     """Run the whole pipeline on ``path``; write the outputs that were asked for."""
     step = progress or (lambda stage: None)
-    if options.objective != "throughput" and options.microbatches is not None:
+    objective = objectives.get(options.objective)
+    if not objective.microbatches and options.microbatches is not None:
+        takes = " or ".join(o.name for o in objectives.REGISTRY.values() if o.microbatches)
         raise InputError(
-            "--microbatches needs --objective throughput (microbatches stream through pipeline stages)"
+            f"--microbatches needs --objective {takes} (microbatches stream through pipeline stages)"
         )
-    if options.objective in ("throughput", "latency"):
-        if options.algo not in ("auto", "pipeline"):
+    if objective.placer is not None:
+        if options.algo not in ("auto", objective.placer):
             raise InputError(
-                f"--objective {options.objective} places with the pipeline splitter, not --algo {options.algo} "
-                "(leave --algo out)"
+                f"--objective {objective.name} places with the {objective.placer} splitter, "
+                f"not --algo {options.algo} (leave --algo out)"
             )
-        options = replace(options, algo="pipeline")
+        options = replace(options, algo=objective.placer)
     spec = None if options.algo == "auto" else placers.get(options.algo)
     for target in (output, report_path, trace_path):
         if target is not None:

@@ -22,7 +22,7 @@ from baechi_cli.core.errors import InputError
 from baechi_cli.core.graph import OpGraph
 from baechi_cli.evaluator.evaluate import evaluate
 from baechi_cli.evaluator.placement import Placement
-from baechi_cli.io.formats import OP_SETS, check_writable, load_model, sha256_of
+from baechi_cli.io.formats import FORMATS, OP_SETS, check_writable, load_model, sha256_of
 from baechi_cli.passes.manager import constraint_passes
 
 PROFILE_STAGES = ("load", "profile", "measure", "simulate", "write")
@@ -91,7 +91,7 @@ def profile_model(
     step("load")
     graph, fmt, notes = load_model(path, batch_size, dims)
     graph = with_views(graph, fmt)
-    if measure and fmt != "graphdef":
+    if measure and not FORMATS[fmt].runs_in_tensorflow:
         raise InputError(f"--measure runs TensorFlow GraphDefs; this input is {fmt}", path=path)
     sha256 = sha256_of(path)
     timings["load"] = time.perf_counter() - t_start
@@ -101,7 +101,7 @@ def profile_model(
     n = graph.num_ops
     report = None
     device_of = None
-    if fmt == "workload":
+    if FORMATS[fmt].op_set is None:
         source_of, rule_of, flops = [MEASURED] * n, [GIVEN] * n, [0.0] * n
         device = f"the device the workload was profiled on (costs given in {os.path.basename(path)})"
     else:

@@ -21,8 +21,10 @@ import click
 
 from baechi_cli import __version__, placers
 from baechi_cli.cli.render.common import StageProgress, make_console, tensorflow_logs_hidden
+from baechi_cli.core import objectives
 from baechi_cli.core.devices import PRESETS
 from baechi_cli.core.errors import EXIT_REGRESSION, BaechiError, InputError, one_line
+from baechi_cli.pipeline import schedules
 
 if TYPE_CHECKING:
     from baechi_cli.core.devices import DeviceSpec
@@ -250,8 +252,8 @@ def _common_options(fn: Callable) -> Callable:
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @click.option(
     "--objective",
-    type=click.Choice(["makespan", "throughput", "latency"]),
-    default="makespan",
+    type=click.Choice(objectives.names()),
+    default=objectives.names()[0],
     show_default=True,
     help="makespan: one training step's time. throughput: pipeline stages for a stream of samples "
     "(Tarnawski et al.'s max-load, solved exactly; with --microbatches, the schedule's throughput). "
@@ -266,12 +268,17 @@ def _common_options(fn: Callable) -> Callable:
 )
 @click.option(
     "--schedule",
-    type=click.Choice(["1f1b", "gpipe", "interleaved", "zbv"]),  # schedule.ALL_SCHEDULES
+    type=click.Choice(schedules.names()),
     default=None,
-    help="With --microbatches: the pipeline schedule (default: the fastest of 1f1b, interleaved "
-    "and zbv). interleaved: torch's ScheduleInterleaved1F1B, two stages per device, a smaller "
-    "bubble. zbv: torch's ScheduleZBVZeroBubble, two stages per device in a V, weight gradients "
-    "filling the bubbles.",
+    help="With --microbatches: the pipeline schedule (default: the fastest of "
+    + ", ".join(schedules.compared_by_default())
+    + "). "
+    + "; ".join(
+        f"{s.name}: torch's {s.torch_class}"
+        + (f", {s.stages_per_device} stages per device" if s.stages_per_device > 1 else "")
+        for s in schedules.REGISTRY.values()
+    )
+    + ".",
 )
 @_common_options
 def place(
@@ -296,9 +303,11 @@ def place(
     """
     if schedule is not None and microbatches is None:
         raise click.UsageError("--schedule needs --microbatches (a schedule runs microbatches)")
-    if objective != "throughput" and microbatches is not None:
-        raise click.UsageError("--microbatches needs --objective throughput")
-    if device_spec is None and not (objective in ("throughput", "latency") and model.endswith(".json")):
+    chosen = objectives.get(objective)
+    if not chosen.microbatches and microbatches is not None:
+        takes = " or ".join(o.name for o in objectives.REGISTRY.values() if o.microbatches)
+        raise click.UsageError(f"--microbatches needs --objective {takes}")
+    if device_spec is None and not (chosen.devices_from_workload and model.endswith(".json")):
         raise click.UsageError("Missing option '--devices' / '-d'.")
     try:
         from baechi_cli.app.place import place_model

@@ -13,9 +13,9 @@ def cyclic_gc_paused() -> Iterator[None]:
 
     Reference counting still frees every object; only reference cycles wait. The
     stages make millions of small lists, tuples and dicts on a large graph and no
-    cycles worth collecting, while each full collection walks every live object:
-    placing a 1M-op workload with m-TOPO, collections took 25 s of 120 (five full
-    ones 18 s). The workload reader pauses it likewise.
+    cycles worth collecting, while each full collection walks every live object,
+    which on a million-op graph is a large share of the run. The workload reader
+    pauses it likewise.
     """
     if not gc.isenabled():
         yield

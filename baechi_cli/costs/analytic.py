@@ -11,9 +11,7 @@ columns replaced -- the model owns them, whatever the input held:
 * ``compute_us_by_kind``  -- one list per distinct :attr:`Device.kind` (always
   filled, also for homogeneous devices);
 * ``persistent_bytes``    -- variables and optimizer slots, counted once, on the
-  op that owns the storage (VariableV2 / VarHandleOp / a TF2 resource
-  Placeholder or ``_Arg``). ONNX: the reader's (each initializer's bytes on
-  its first consumer) plus the rules' (0 for every ONNX rule);
+  op that owns the storage (ONNX: the reader's initializer bytes);
 * ``temporary_bytes``     -- scratch the op's kernel allocates while it runs
   (set by the few rules whose kernels allocate it; 0 elsewhere, including
   cuDNN convolution workspaces, which are not modelled).
@@ -21,42 +19,22 @@ columns replaced -- the model owns them, whatever the input held:
 plus a :class:`CostReport` (per-op FLOPs and bytes, totals, coverage).
 
 Counting is kept apart from the device model (as XLA's HloCostAnalysis is):
-rules in :mod:`baechi_cli.costs.registry` give device-independent
-:class:`OpCount` s; :func:`op_time_us` turns one into time on one device:
+rules give device-independent :class:`OpCount` s; :func:`op_time_us` times one:
 
     time_us = max(flops / (device.flops * efficiency[class]), bytes moved / device.memory_bandwidth) * 1e6
               + device.launch_overhead_us
 
-for every op that launches a kernel. ``efficiency[class]`` is the device's
-factor for the compute class of the op's rule (``conv``, ``gemm``:
-:attr:`~baechi_cli.costs.registry.RuleEntry.compute_class`), 1 for a rule
-of no class or a class the device lists no factor for: without an
-efficiency table every time is the plain roofline's. Ops whose rule kind is ``zero`` (NoOp,
-Const, Placeholder, Identity, Reshape, ReadVariableOp, control-flow
-plumbing, ...) or ``variable`` take 0 µs: on a GPU they launch no kernel --
-they alias a buffer, are fed, or are resolved on the host -- and charging them
-the launch overhead would make chains of bookkeeping ops look expensive to the
-placers. Uncovered op types are timed by their bytes plus the overhead.
-
-Each op is looked up in its op set's name table and seen through an
-:class:`OpView` of its data inputs: TensorFlow ops through their in-edges
-(control inputs skipped); ONNX ops through the reader's per-input shape and
-dtype attrs (:func:`baechi_cli.costs.rules_onnx.onnx_view`), which also show
-the initializers (weights), for those make no edges. An ONNX If, Loop, Scan or
-SequenceMap counts its subgraphs' nodes, each by its own rule
-(:func:`baechi_cli.costs.rules_onnx.count_control_flow`); the report's coverage
-counts those nodes too, each under the kind of the rule that counted it, and
-its ``fallback_ops`` names an inner node whose rule could not count it by its
-path, ``<op>/<graph attribute>/<node>``.
-
-TF2 function graphs capture variables as resource Placeholders; such a
-variable's size is visible only through the ops that use the handle directly:
-a ReadVariableOp's output, an Assign*VariableOp's value, a dense
-ResourceApply*'s gradient. Their maximum becomes the handle owner's persistent
-bytes (a handle passed on through Identity or a function call is not followed).
+``efficiency[class]`` is the device's factor for the compute class of the op's rule (1
+when it has none). Ops whose rule kind is ``zero`` or ``variable`` take 0 µs: on a GPU
+they launch no kernel, and charging them the launch overhead would make chains of
+bookkeeping ops look expensive to the placers. Uncovered op types are timed by their bytes
+plus the overhead. ONNX ops are seen through the reader's per-input attrs
+(:func:`~baechi_cli.costs.rules_onnx.onnx_view`), which show the weights; control flow
+counts its subgraphs' nodes (:func:`~baechi_cli.costs.rules_onnx.count_control_flow`).
+A TF2 function graph's captured variable is sized by the largest use of its handle.
 
 Complexity: O(V + E + S) Python with flat lists (S: ONNX subgraph nodes), one
-pass to count and one list per device kind to time (about 0.3 s per 100k ops).
+pass to count and one list per device kind to time.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Communication calibration: fit ``latency + bytes / bandwidth`` to timed transfers.
 
 Baechi modelled a transfer between two devices as ``latency + b / bandwidth``
-and fitted the two numbers to a device-to-device benchmark (0.0001754 µs/byte
-+ 134 µs on its PCIe testbed). ``baechi profile --comm`` does the same on the
-local machine through this module:
+and fitted the two numbers to a device-to-device benchmark. ``baechi profile --comm``
+does the same on the local machine through this module:
 
 * :func:`measure_transfers` times transfers of ``2**min_exp .. 2**max_exp``
   bytes between two local devices with TensorFlow and fits them;
@@ -11,96 +10,28 @@ local machine through this module:
 * :func:`interconnect_yaml` writes the ``interconnect:`` block, or a complete
   device YAML that :func:`baechi_cli.core.devices.load_devices_yaml` reads back.
 
-Only :func:`measure_transfers` and :func:`local_device_pair` need TensorFlow;
-they import it when called and raise
-:class:`~baechi_cli.core.errors.MissingDependencyError` without it.
+Only :func:`measure_transfers` and :func:`local_device_pair` import TensorFlow (when called).
 
-The fit
--------
-Least squares for ``t = latency + nbytes / bandwidth`` over one point per
-size: the median of its timed runs. ``weighting="ols"`` (the default, as
-Baechi) is ordinary least squares; ``weighting="relative"`` minimises the
-relative residuals ``(t - pred) / t`` instead. The sizes span eight decades
-and the measured curve is not perfectly straight (in-cache copies are faster;
-here 64 MiB copies were consistently slower per byte than 32 or 128 MiB
-ones), so the two answer different questions. OLS fits the large transfers
-that dominate a step's communication; its intercept is the line's, not the
-time of a 1-byte transfer, and it is the least stable number: seven sweeps on
-the 2-core CPU test machine gave 25-127 µs + 10.5-11.1 GB/s (R² 0.96-0.996;
-one sweep under heavy load 7.8 GB/s) where 1 B .. 256 KiB took 9-20 µs. The
-relative fit honours small transfers and overestimates the bandwidth of large
-ones (9-16 µs + 11-17 GB/s on the same data, R² 0.74-0.99). ``r2`` is always
-the ordinary ``1 - SS_res / SS_tot`` of the final model on the raw medians,
-so fits compare.
+The fit: least squares over one point per size, the median of its timed runs.
+``weighting="ols"`` (the default, as Baechi) fits the large transfers that dominate a
+step's communication (its intercept is the line's, not a 1-byte transfer's);
+``"relative"`` minimises relative residuals and honours small transfers. ``r2`` is always
+the ordinary one on the raw medians, so fits compare. A slope that is not positive
+(nothing was copied), fewer than two distinct sizes, mismatched lengths and negative or
+non-finite values raise :class:`~baechi_cli.core.errors.InputError`; a negative latency is
+clamped to 0 and the slope refitted through the origin, and the fit's ``note`` says so.
 
-* A fitted slope that is not positive (the time did not grow with size over
-  the measured range by more than 1e-9 of the largest time: nothing was
-  copied) raises :class:`~baechi_cli.core.errors.InputError`; so do fewer than two
-  distinct sizes, mismatched lengths and negative or non-finite values.
-* A negative fitted latency is clamped to 0 and the slope refitted through
-  the origin (same weighting); the fit's ``note`` says so and the YAML repeats
-  it. It is a measurement artefact, not a reason to fail a calibration.
+What is timed: from the end of a ``ReadVariableOp`` on ``src`` to the end of its consumer
+on ``dst``, from TensorFlow's step stats (session overhead is outside). CPU devices of one
+process share the buffer, so the consumer copies: ``ResourceScatterUpdate`` into an
+already-touched variable (a fresh allocation would time page faults, which a receiver's
+pooled memory does not pay), on one inter-op thread (a parked thread's wake-up would swamp
+small sizes). That is memcpy, a stand-in for testing: calibrate on the accelerators you
+will place on. With a GPU on either side the copy is a DMA and the consumer an ``Identity``.
 
-What is timed, and why
-----------------------
-One run moves ``n`` bytes from a producer on ``src`` to a consumer on ``dst``
-and its time is **consumer end minus producer end**, in absolute microseconds
-from TensorFlow's step stats (``RunOptions.SOFTWARE_TRACE``;
-``all_start_micros + all_end_rel_micros`` of each node). The producer is a
-``ReadVariableOp`` of a ``[1, n]`` uint8 resource variable on ``src``: it
-aliases the variable's buffer, so its bytes are in place when it ends. Session
-overhead (about 150-300 µs per ``Session.run`` here) is outside the interval.
-Variables are (re)assigned once per size, outside the timed runs; then one
-untimed warm-up run and ``repeats`` timed runs (sizes up to 1 MiB, which cost
-microseconds and are the noisiest, at least :data:`SMALL_REPEATS`).
-
-* Two CPU devices (``method="cpu-memcpy"``). Logical CPU devices of one
-  process (``ConfigProto(device_count={"CPU": k})``) share memory, and
-  TensorFlow's local rendezvous hands the receiver *the same buffer*: no byte
-  is copied. Timed naively (session wall time, or the tensor's arrival on
-  ``dst``) a "transfer" costs a flat ~200-330 µs from 1 B to 64 MiB and there
-  is no slope to fit; and with a copying consumer, the cross-device session
-  wall time minus a same-device baseline (same consumer on ``src``) fits a
-  meaningless 267 GB/s at R² 0.89: crossing the devices adds no per-byte cost.
-  So the consumer makes ``dst`` own a copy: ``ResourceScatterUpdate`` of row
-  0 of a ``[1, n]`` variable on ``dst``, which the CPU kernel does with one
-  ``memmove`` into that variable's existing, already-touched buffer. The
-  interval is rendezvous hand-off and scheduling on ``dst`` (latency) plus a
-  memcpy of ``n`` bytes (bandwidth). Two tempting alternatives are worse: ``AssignVariableOp`` on
-  ``dst`` copies nothing either (it aliases its input), and
-  ``tf.raw_ops.DeepCopy`` copies into a fresh allocation every run, so above
-  glibc's 32 MiB mmap threshold each run page-faults its whole output: the
-  "bandwidth" drops from ~16 to ~7 GB/s at 64 MiB and the OLS latency came
-  out negative (-53 .. -394 µs) in 4 of 5 sweeps. A real receiver reuses
-  pooled memory (TensorFlow's GPU allocator does), so page faults are not
-  transfer cost. The session runs a single inter-op thread
-  (``use_per_session_threads``): with the default pool, handing the consumer
-  to a parked thread took ~70 µs of OS wake-up in about half the small-size
-  runs on this 2-core VM, making medians flip between ~6 and ~80 µs.
-  This is memcpy bandwidth on a shared-memory machine, a stand-in for an
-  interconnect good for testing the pipeline; calibrate on the accelerators
-  you will place on.
-* A GPU on either side (``method="dma"``). The transfer itself copies (DMA
-  device-to-device, device-to-host or host-to-device) and the receiver's
-  ``Recv`` completes only when the copy has, so the consumer is an ``Identity``
-  on ``dst`` (no kernel, no copy) that starts once the bytes have arrived;
-  the interval is the copy plus rendezvous and event-polling latency. The
-  producer's variable was filled in an earlier ``Session.run``, which ends
-  with the GPUs synchronised, so no kernel is in flight. TensorFlow's default
-  thread pool is kept. (This path cannot run on the project's CPU-only CI.)
-
-Grappler and graph-level optimisation are off (``disable_meta_optimizer``,
-``OptimizerOptions.L0``, no constant folding) so nothing is folded or pruned;
-soft placement is off so ops run where asked; GPU memory grows on demand.
-Memory: one ``n``-byte buffer on each device at a time (each size's
-assignment frees the previous size's; closing the session frees the last), so
-the default sweep peaks at about 2 x 256 MiB.
-
-Complexity: a fit is O(k) for k sizes. A sweep runs
-``sum over sizes of (2 + runs)`` session steps and moves
-``O(repeats * 2**max_exp)`` bytes; the default sweep (2**0 .. 2**28, 5 repeats)
-takes about a second on the 2-core CPU test machine when it is otherwise idle
-(``CommFit.wall_s``), plus about 2 s to import TensorFlow.
+Complexity: a fit is O(k) for k sizes. A sweep runs ``sum over sizes of (2 + runs)``
+session steps, moves ``O(repeats * 2**max_exp)`` bytes and holds one ``n``-byte buffer per
+device at a time.
 
 Example:
     >>> sizes = [2**e for e in range(0, 21, 4)]

@@ -17,124 +17,21 @@ standalone, a missing init op or batch size, an op failing at run time -- is
 an :class:`~baechi_cli.core.errors.InputError` (exit 2) naming the file, the op
 where there is one, and the problem on one line.
 
-What runs
----------
-* **Sidecar.** ``<model>.json`` beside the model (``testdata/cnn.json``), when
-  present, gives the feeds (``inputs``: name, dtype, shape, optional
-  ``range`` [low, high), integers or floats as the dtype), the fetches
-  (``train_op`` and ``loss``), the init op (``init_op``), the ``batch_size``
-  and the feed ``seed``; :func:`baechi_cli.io.sidecar.validate_sidecar`
-  checks it (a dim may be -1 here: the batch size fills it). Every key is
-  optional; what it lacks comes from the conventions below.
-* **Init** (run once, untraced, before the warmup): the ``init_op`` argument,
-  else the sidecar's ``init_op``, else by convention a node named ``init``
-  (what ``tf.compat.v1.global_variables_initializer()`` is called), else every
-  variable initializer ``<variable>/Assign`` (an ``Assign`` or
-  ``AssignVariableOp`` whose first input is the variable ``<variable>``).
-  A graph with variables (``VarHandleOp``, ``VariableV2``, ``Variable``) and
-  none of these is an InputError suggesting ``--init-op``; a named init op
-  that is not in the graph is one too.
-* **Fetches** (what each step runs): the sidecar's ``train_op`` and ``loss``;
-  without them every *sink* -- a node no other node consumes, through data or
-  control inputs -- except the init op(s), graph inputs (``Placeholder*``)
-  and sinks downstream of checkpoint I/O (``SaveV2``, ``RestoreV2``, ...:
-  running a Saver would read or write files). Nodes needed only to
-  initialise (ancestors of the init op that no fetch needs) therefore never
-  run in a step and come back in ``not_run``, as do ``VarIsInitializedOp``
-  and other ops no fetch needs; for a training graph the measured ops are
-  exactly the ancestors of the train op and loss, fed placeholders aside.
-* **Feeds**, one batch reused by every step (same input, same feeds, so
-  every step runs the same ops): every ``Placeholder`` the fetches or the init
-  need, plus every sidecar input. Dtype and shape come from the placeholder's
-  attrs; an unknown dim is the ``batch_size`` argument, else the sidecar
-  input's dim, else the sidecar's ``batch_size``, else an InputError naming
-  the placeholder and suggesting ``--batch-size``. Values
-  (:func:`synthetic_feeds`): from ``numpy.random.RandomState(seed)`` (the
-  sidecar's ``seed``, else :data:`DEFAULT_SEED`), integers and floats
-  uniform in the sidecar's ``range`` when it gives one
-  (:func:`~baechi_cli.io.sidecar.range_values`); else floats and
-  complex numbers standard normal, integers zeros (valid class labels and
-  gather indices); bools false; strings empty. A ``DT_RESOURCE`` or
-  ``DT_VARIANT`` placeholder is a handle captured by a ``tf.function`` (TF2
-  function graphs capture variables that way, ``testdata/tf2_function.pb``):
-  there is no value to feed, so such a graph cannot run standalone -- an
-  InputError pointing to the analytic profile.
-* **Device and session.** Every NodeDef's device is cleared and TensorFlow's
-  placer puts each op on one local device: ``/device:GPU:0`` when TensorFlow
-  sees a GPU (ops without a GPU kernel then run on the CPU; each
-  :attr:`OpMeasurement.device` says where it ran), else ``/device:CPU:0``.
-  The session runs the graph as written, so step-stats names are the
-  GraphDef's: grappler off (``disable_meta_optimizer``, constant folding
-  off), the classic optimizer at ``L0`` (no constant folding, no CSE),
-  ``allow_soft_placement=False``. The inter-op pool has one thread, so ops
-  run one at a time, as the simulator runs a device, each with the whole
-  intra-op pool: an op's time is its time alone on the device, and the
-  per-op times sum to about the step's wall time (97-98% on cnn and
-  gnmt_dynamic). TensorFlow's default pool overlaps independent ops, whose
-  wall times then absorb each other's contention for the cores (on 2 cores
-  gnmt_dynamic's per-op times summed to 3x its step).
-* **oneDNN.** ``TF_ENABLE_ONEDNN_OPTS`` is read once, when TensorFlow is
-  imported. Its graph rewrite keeps node names but swaps kernels
-  (``MatMul`` runs ``_MklMatMul``) and fuses ops (``conv/BiasAdd`` runs
-  ``_MklNativeConv2DWithBias`` and ``conv/Conv2D`` disappears from the step
-  stats). When this module is the first to import TensorFlow it defaults
-  ``TF_ENABLE_ONEDNN_OPTS=0`` (and ``TF_CPP_MIN_LOG_LEVEL=2``, so the
-  per-step profiler log lines do not garble a progress bar) for the import
-  only -- an explicit setting wins, and the environment is restored
-  afterwards. When oneDNN is on anyway, a fused kernel's time is reported on
-  the node that ran it (:attr:`OpMeasurement.fused` lists what it absorbed),
-  and each absorbed node is in :attr:`MeasuredRun.fused` (and ``not_run``).
+What runs: the init op (the argument, the sidecar's ``init_op``, a node named ``init``,
+else every variable's initializer) once; then, each step, the sidecar's ``train_op`` and
+``loss``, else every sink but checkpoint I/O, with one batch of synthetic feeds
+(:func:`synthetic_feeds`; :mod:`baechi_cli.io.sidecar` gives dtypes, shapes and ranges).
+Devices are cleared and TensorFlow's placer picks one local device. The graph runs as
+written (grappler off, no constant folding, no soft placement), so step-stats names are
+the GraphDef's, and on one inter-op thread, so each op's time is its time alone on the
+device, as the simulator runs a device. oneDNN's rewrite is defaulted off at import; when
+it is on, fused kernels are reported on the node that ran them (:attr:`MeasuredRun.fused`).
 
-What TensorFlow 2.21 reports, and what is taken (observed on CPU)
------------------------------------------------------------------
-``RunMetadata.step_stats`` has one ``DeviceStepStats`` per device, one
-``NodeExecStats`` per op execution.
-
-* **Time**: ``op_start_rel_nanos`` / ``op_end_rel_nanos`` are filled (so are
-  the ``*_micros`` fields, rounded; ``op_start_rel_micros`` is usually 0 and
-  omitted). An execution's time is ``op_end_rel_nanos - op_start_rel_nanos``
-  (the kernel's ``Compute``), falling back to the micros fields and then to
-  ``all_end_rel_*`` (which adds output bookkeeping). On a GPU the executor's
-  time of an async kernel is its launch; TensorFlow adds
-  ``/device:GPU:<i>/stream:all`` lines (kernels, micros only, node name
-  ``name:Type``) and when a node has those its GPU time is their sum
-  (``.../stream:<k>`` repeat them; ``/memcpy`` and ``/sync`` are transfers
-  and waits, not op compute). The GPU path follows TensorFlow's
-  ``xplane_to_step_stats.cc`` and has not been exercised here (CPU only).
-* **Output bytes**: ``output[i].slot`` and
-  ``tensor_description.allocation_description.requested_bytes`` -- the
-  tensor's size, also for outputs that alias an input (Identity, ref
-  variables, ReadVariableOp) or a persistent buffer (Const:
-  ``allocated_bytes`` is 0 there, ``requested_bytes`` the size). A resource
-  handle counts 200 bytes and a string tensor its ``tstring`` slots, not its
-  payload. An empty tensor has no allocation record; its size, 0, comes
-  from its shape. A port with no record in any execution (a dead ``Switch``
-  branch; a ``Merge``'s ``value_index``) is ``None``.
-* **Temporary bytes**: ``memory_stats.temp_memory_size`` -- what the kernel
-  allocated with ``allocate_temp`` (e.g. 21.5 MB for a
-  ``Conv2DBackpropFilter`` of ``cnn.pb``), equal to the node's
-  ``memory[].peak_bytes`` minus its live outputs. Scratch a library
-  allocates itself (Eigen, oneDNN) is not in it. On CPU every node with
-  outputs has ``memory_stats`` (possibly all zeros), so this is 0, not None,
-  for ops without temporaries; ``NoOp`` s have none: None.
-* **Persistent bytes**: ``memory_stats.persistent_memory_size`` -- a
-  ``Const``'s tensor, a ref ``VariableV2``'s buffer; 0 for ``VarHandleOp``
-  (a resource variable's buffer is allocated by its initializer, outside the
-  measured steps).
-
-Mapping onto node names
------------------------
-Step-stats node names are GraphDef node names; entries that are no GraphDef
-node (``_SOURCE``, ``_SINK``, ``_arg_*`` / ``_retval_*`` for feeds and
-fetches, ``_Send`` / ``_Recv``, ``RecvTensor``, ...) are ignored, so a fed
-placeholder never counts as run. A node that runs several times per step
-(inside a TF1 while loop every body op runs once per iteration, the loop's
-``Merge`` once more) gets the sum of its executions within a step -- the IR has
-one op per node, so a loop-body op's cost is its cost per step -- and
-``runs_per_step`` says how many executions that was (the maximum over the
-measured steps). ``compute_us`` is the median over the measured steps of
-the per-step sums (over the steps the node ran in); output, temporary and
-persistent bytes are maxima over all executions.
+What is taken from ``RunMetadata.step_stats``: per execution, the kernel's time, each
+output's requested bytes, temporary and persistent bytes. A node that runs several times a
+step (a while loop's body) gets the sum of its executions; ``compute_us`` is the median
+over steps, bytes the maxima. The details, field by field: docs/formats.md, "Measured
+profiles".
 
 Complexity: O(V + E) to plan (one pass over the GraphDef, one traversal of
 the fetches' ancestors), plus TensorFlow's time for ``warmup + steps``
@@ -449,8 +346,8 @@ def _session_config(tf: Any) -> Any:
 
     # One op at a time, as the simulator runs a device: with TensorFlow's
     # default inter-op pool, independent ops overlap and each one's wall time
-    # absorbs the others' contention for the cores (gnmt_dynamic on 2 cores:
-    # per-op times summing to 3x the step). Each op keeps the intra-op pool.
+    # absorbs the others' contention for the cores, so per-op times would sum
+    # to more than the step. Each op keeps the intra-op pool.
     config = as_written_config(tf)
     config.inter_op_parallelism_threads = 1
     config.graph_options.rewrite_options.constant_folding = rewriter_config_pb2.RewriterConfig.OFF

@@ -243,9 +243,8 @@ def one_kernel_gelus(graph: OpGraph) -> OpGraph:
     so the gradients the training pass would give them, are 0 bytes. Their
     times are unchanged (five elementwise passes, where PyTorch makes one),
     and a placement that splits the chain is charged no transfer inside it.
-    Measured on transformers' ConvNeXt-T forward pass (bench/framework.md):
-    the peak 1.18x PyTorch's with them (x, the Mul's output and the result
-    all live at the last Mul), 1.04x without. O(V + E).
+    With them, x, the Mul's output and the result all live at the last Mul,
+    which overstates the peak PyTorch measures. O(V + E).
     """
     types, src, dst, port = graph.op_types, graph.edge_src, graph.edge_dst, graph.edge_port
 

@@ -10,78 +10,30 @@ into time is :mod:`baechi_cli.costs.analytic`'s job, as in XLA's
 HloCostAnalysis). A rule that lacks the shapes or attrs it needs raises
 :class:`CannotCount`; :func:`count_view` then counts :func:`bytes_only` and
 says so, for the caller to report the op (it does the same for the
-:data:`RULE_FAILURES` IndexError, TypeError, ValueError and
-ZeroDivisionError, so malformed attrs in an input graph never crash costing).
+:data:`RULE_FAILURES`, so malformed attrs in an input graph never crash costing).
+The rules themselves are in :data:`RULE_MODULES`; this module holds the rule types,
+:func:`register`, the name tables, the lookups and the helpers the rule modules share.
 
-This module holds the registry only: the rule types, :func:`register`, the
-name tables, the lookups and the small counting helpers the rule modules
-share. The rules themselves are in the rule modules (:data:`RULE_MODULES`).
+Op sets. An op type means something only within its op set (TensorFlow's ``Sum`` is a
+reduction, ONNX's a variadic add), so each name is registered in one table of
+:data:`OP_SETS` and looked up with :func:`rule_for` ``(op_type, op_set)``: ``tensorflow``
+(:data:`RULES`, :mod:`~baechi_cli.costs.rules_tf`) and ``onnx`` (:data:`ONNX_RULES`,
+:mod:`~baechi_cli.costs.rules_onnx`, whose ops with a TensorFlow counterpart reuse its rule
+through an adapter, :attr:`RuleEntry.shares`). Op types with no rule get :data:`NO_RULE`
+(:func:`bytes_only`).
 
-Op sets. One registry, two name tables: an op type means something only
-within its *op set* -- TensorFlow's ``Sum`` is a reduction, ONNX's a
-variadic add -- so every name is registered in one op set's table
-(:data:`OP_SETS`) and looked up with :func:`rule_for` ``(op_type, op_set)``:
-
-* ``tensorflow`` (:data:`RULES`): TensorFlow op types, as GraphDefs and
-  workload JSON files name them. Their rules, in
-  :mod:`baechi_cli.costs.rules_tf`, are written in their conventions (NHWC
-  unless ``data_format`` says otherwise, ``transpose_a``, ``ksize``, ...).
-* ``onnx`` (:data:`ONNX_RULES`): ONNX op types, non-default domains
-  prefixed (``com.microsoft.Attention``), with their rules in
-  :mod:`baechi_cli.costs.rules_onnx`. An ONNX op with a TensorFlow
-  counterpart is counted by that counterpart's rule, through an adapter that
-  restates the ONNX op in the TensorFlow op's conventions (its entry names
-  the rule in :attr:`RuleEntry.shares`), so the two dialects share every
-  FLOP and byte formula. ONNX ops TensorFlow has no op for (LayerNormalization,
-  Gelu, Attention, ...) have rules of their own, counted on the ONNX function
-  body that defines them.
-
-Loading. This module imports no rule module at its top: the rule modules
-import it at theirs, to register, so the import goes one way. The name tables
-are filled once, on the first lookup (:func:`rule_for`, :func:`name_table`,
-:func:`rule_table`, :func:`rules_markdown`), which imports
-:data:`RULE_MODULES` from inside a function; by then this module is fully
-initialised, so there is no import cycle. Importing a rule module fills its
-table too (:mod:`~baechi_cli.costs.rules_onnx` imports
-:mod:`~baechi_cli.costs.rules_tf` first, whose rules its adapters reuse).
-:data:`RULES` and :data:`ONNX_RULES` are the tables themselves: read them
-directly only after a lookup or such an import; :func:`name_table` is the
+Loading. Rule modules import this module to register, so this one imports them only
+inside the first lookup (:func:`rule_for`, :func:`name_table`, ...): no import cycle. Read
+:data:`RULES` / :data:`ONNX_RULES` directly only after a lookup; :func:`name_table` is the
 loaded table of an op set.
 
-Every registered rule has a *kind*, which the coverage report and the device
-model both read:
-
-* ``flops``    -- FLOPs counted from shapes (convolutions, matmuls, einsum,
-  recurrent blocks, batch norm, losses, pooling, reductions, elementwise
-  math, optimizer updates, scatters and segment reductions; ONNX control
-  flow: its subgraphs' nodes, each by its own rule); bytes as in ``bytes``.
-* ``bytes``    -- memory-bound: no FLOPs, only the bytes the op moves.
-* ``zero``     -- bookkeeping that launches no kernel (NoOp, Const,
-  Placeholder, Identity, Reshape, ReadVariableOp, control-flow plumbing,
-  host-side shape arithmetic, TensorArray and stack references); such an op
-  costs ``OpCount()`` by definition, so the counting loop may skip calling
-  its rule.
-* ``variable`` -- holds a variable (or optimizer slot): persistent bytes only.
-
-Some rules also carry a *compute class* (:attr:`RuleEntry.compute_class`):
-their kernels reach a FLOP rate of their own, and a device's ``efficiency``
-table scales its ``flops`` for them (:meth:`baechi_cli.core.devices.Device.flops_for`).
-:data:`COMPUTE_CLASS_OF` names them by TensorFlow op type -- convolutions and
-their gradients ``conv``, depthwise ones ``depthwise``; matmuls, batched
-matmuls and einsum ``gemm`` -- and an ONNX op counted by a TensorFlow rule
-takes that rule's class (``Conv`` is ``conv``, ``Gemm`` and ``MatMul`` are
-``gemm``). An op's own attributes may refine its rule's class
-(:func:`op_compute_class`: an ONNX ``Conv`` of ``group`` > 1 is
-``depthwise``). Every other rule has none (``""``: the device's ``flops`` as
-it is).
-
-Op types with no rule in their op set are *uncovered*; :func:`rule_for`
-gives them :data:`NO_RULE`, which counts :func:`bytes_only`.
-
-Temporary bytes are set only where TensorFlow's (GPU) kernel allocates
-scratch of a size known from shapes: the fused LSTM/GRU cells' gate buffers,
-the softmax cross-entropies' per-row scratch, Unique's sort buffers and
-batch norm's NCHW copies in training; COVERAGE.md lists them.
+Every rule has a *kind*, which the coverage report and the device model read: ``flops``
+(counted from shapes), ``bytes`` (memory-bound), ``zero`` (bookkeeping that launches no
+kernel: ``OpCount()`` by definition) or ``variable`` (persistent bytes only). Some rules
+carry a *compute class* (``conv``, ``depthwise``, ``gemm``: :data:`COMPUTE_CLASS_OF`,
+refined per op by :func:`op_compute_class`) that a device's ``efficiency`` table scales
+its ``flops`` for. Temporary bytes are set only where TensorFlow's kernel allocates
+scratch of a size known from shapes; COVERAGE.md lists them.
 
 Shapes are tuples of ints; ``None`` (unknown rank) or a negative dimension
 (unknown size) makes a shape unknown. Every rule is O(rank + inputs);

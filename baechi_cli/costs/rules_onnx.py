@@ -16,51 +16,20 @@ An ONNX op type is counted in one of three ways:
 * control flow (:data:`CONTROL_FLOW`): its subgraphs' nodes, each by its own
   rule.
 
-Aliases. :data:`ALIASES` maps each ONNX op type that has a TensorFlow
-counterpart to that counterpart's rule in
-:data:`~baechi_cli.costs.registry.RULES` (an :class:`Alias`): the FLOP and
-byte formulas are the TensorFlow rule's, so a Conv costs what the Conv2D of
-the same convolution costs, and there is one copy of the maths. Each alias is
-registered with :attr:`~baechi_cli.costs.registry.RuleEntry.shares` naming
-the TensorFlow op type.
+Aliases keep one copy of the maths: an :class:`Alias` restates the ONNX op in the
+TensorFlow op's conventions -- an *adapter* per convention that differs (Conv: NCHW and
+the weight's layout; Gemm: ``transA``/``transB``; MatMul: 1-D operands) -- and may add
+work the ONNX op fuses (:class:`Plus`: Conv's bias as a BiasAdd), counted by that op's
+TensorFlow rule. Adapters keep every input, so the bytes read are the ONNX op's own.
+:func:`onnx_view` sees an op's explicit inputs through the reader's
+``attrs["_input_shapes"]`` / ``attrs["_input_dtypes"]``, since initializers make no edges.
 
-An alias restates the ONNX op in the TensorFlow op's conventions -- an
-*adapter*, one small function per convention that differs (Conv: NCHW, the
-weight ``[M, C/group, *kernel]`` as the filter ``[*kernel, C/group, M]``,
-``strides``/``dilations``/``pads``/``auto_pad`` as TensorFlow's attrs; Gemm:
-``transA``/``transB`` as ``transpose_a``/``transpose_b``; MatMul: numpy's
-1-D operands as matrices; ...) -- and may add the FLOPs of work the ONNX op
-fuses and the TensorFlow op leaves to another op (:class:`Plus`: Conv's and
-Gemm's bias as a BiasAdd, ReduceSumSquare's square as a Square), counted by
-that other op's TensorFlow rule. Adapters keep every input (reordered where
-the TensorFlow op orders them differently), so the bytes read are the ONNX
-op's own.
-
-:func:`onnx_view` builds the :class:`~baechi_cli.costs.registry.OpView` of an
-op read by :mod:`baechi_cli.io.onnx`: its explicit inputs come from
-``attrs["_input_shapes"]`` / ``attrs["_input_dtypes"]`` (initializers make
-no edges, so the in-edges would miss every weight), an omitted optional input
-keeping its position with shape None, dtype "" and 0 bytes.
-
-Control flow. :data:`CONTROL_FLOW` (If, Loop, Scan, SequenceMap) are counted
-by :func:`count_control_flow`: the bytes of the op's explicit inputs and
-outputs, plus the count of every node of its subgraphs (the reader's
-``attrs["_subgraph_nodes"]``, :class:`~baechi_cli.io.onnx.SubgraphNode`),
-each seen through :func:`onnx_view` and counted by its own ONNX rule
-(:func:`~baechi_cli.costs.registry.rule_for`); a nested control-flow node
-counts its own bytes and its subgraphs' nodes the same way, recursively.
-An inner node whose rule cannot count it counts its bytes only; an inner op
-type without a rule is bytes only, as at top level. Conventions, since trip
-counts and branches are runtime values:
-
-* a Loop, Scan or SequenceMap body is counted once -- one iteration, as the
-  analytic model counts each op of a TensorFlow while loop's body once;
-* an If counts both branches -- an upper bound on the branch taken;
-* temporary bytes: the largest inner node's (the nodes run one at a time);
-  persistent bytes stay the reader's (subgraph initializers are on the op).
-
-:class:`InnerCount` says what each inner node was counted as, for the cost
-report's coverage and fallbacks.
+Control flow (:func:`count_control_flow`): the op's own input and output bytes plus every
+node of its subgraphs (``attrs["_subgraph_nodes"]``), each by its own rule, recursively.
+Trip counts and branches are runtime values, so a Loop, Scan or SequenceMap body counts
+once (one iteration, as a TensorFlow while loop's body), an If counts both branches (an
+upper bound), and temporary bytes are the largest inner node's. :class:`InnerCount` says
+what each inner node was counted as, for the cost report's coverage and fallbacks.
 
 Complexity: :func:`onnx_view`, every rule and every adapter are
 O(inputs + rank); :func:`count_control_flow` is O(subgraph nodes, at every

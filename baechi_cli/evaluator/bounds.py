@@ -12,10 +12,9 @@ keeps colocation groups whole (every placer's; TensorFlow requires it):
   is longer than M, so the ops those edges join share a device and queue
   there; the smallest M consistent with that;
 * CP-SAT's proven bound (:mod:`baechi_cli.placers.exact`) when auto ran the
-  exact solver on the op graph itself with no memory constraint (a bound on
-  a fused graph, or one with memory constraints, only bounds the plans that
-  keep its nodes whole or meet its constraints, so it is reported but not
-  counted).
+  exact solver on the op graph itself with no memory constraint (one on a
+  fused graph, or with memory constraints, bounds only the plans that keep
+  its nodes whole or meet them: reported, not counted).
 
 The best is the largest. A plan's gap is ``step / best - 1``; a gap of 0 is
 a proven optimum.
@@ -190,8 +189,7 @@ def transfer_cut_bound(
     and the larger result counts. Never below the critical path.
 
     Complexity: O(V + E log E); the walk visits only edges whose cut is
-    above the bound it returns (1M ops: about 2 s, most of it the two
-    longest-path sweeps).
+    above the bound it returns; the two longest-path sweeps dominate.
     """
     n = graph.num_ops
     if n == 0:

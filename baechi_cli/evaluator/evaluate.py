@@ -35,12 +35,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from baechi_cli.core import objectives
 from baechi_cli.core.devices import DeviceSpec
 from baechi_cli.core.graph import OpGraph
 from baechi_cli.evaluator.placement import Placement
 from baechi_cli.evaluator.sim import SimResult, StepTimer, check_placement, simulate
 
-OBJECTIVES = ("makespan",)
+# The objectives the evaluator scores itself (the others are a placer's own model's).
+OBJECTIVES = tuple(o.name for o in objectives.REGISTRY.values() if o.placer is None)
 
 
 @dataclass

@@ -1,39 +1,27 @@
 """The simulator: the one yardstick every placement is judged by.
 
-``simulate(graph, devices, device_of)`` runs one step of ``graph`` with every
-op on the device ``device_of[op]`` and returns the timeline, per-device memory
-peaks and the step time, following docs/DESIGN.md ("The evaluator"):
+``simulate(graph, devices, device_of)`` runs one step of ``graph``, op ``v`` on ``device_of[v]``,
+and returns the timeline, per-device memory peaks and the step time (docs/simulator.md):
 
-* A device runs one op at a time. An op may start once its device is free and
-  all its inputs are present there. Among the ready ops of a free device the
-  earliest-ready runs first; ties go to the lower topological index. A placer
-  may instead pass its own per-device ``order``, which is then followed.
-* A tensor ``(producer, port)`` is sent once to each other device that
-  consumes it, when its producer ends; all consumers there reuse the copy.
-  Transfers are issued in the order producers end (ties: topological index of
-  the producer, then port, then destination device index; 0 µs ops started
-  at that instant count as ending then too), and each channel serves them in
-  that order (first come, first served; no back-filling).
-  Control edges are 0-byte tensors: across devices they cost the latency.
-  A tensor's bytes and measured transfer time (when the input gives one) are
-  the largest among the edges that carry it.
-* ``parallel`` mode: a transfer starts when its producer ends and never waits.
-* ``sequential`` mode: each device has one channel for sending and receiving.
-  The send starts at max(producer end, sender channel free), the receive at
-  max(send start, receiver channel free); each occupies its channel for the
+* A device runs one op at a time, once all its inputs are present there: the earliest-ready
+  first, ties to the lower topological index, or in a placer's own per-device ``order``.
+* A tensor ``(producer, port)`` is sent once to each other device that consumes it, when its
+  producer ends; all consumers there reuse the copy. Transfers are issued in the order producers
+  end (ties: topological index of the producer, then port, then destination device index; 0 µs
+  ops started at that instant count as ending then too), and each channel serves them in that
+  order (first come, first served; no back-filling).
+  Control edges are 0-byte tensors (across devices they cost the latency). A tensor's bytes and
+  measured transfer time are the largest among the edges that carry it.
+* ``parallel`` mode: a transfer starts when its producer ends and never waits. ``sequential``:
+  each device has one channel for sending and receiving; the send starts at max(producer end,
+  sender free), the receive at max(send start, receiver free), each holding its channel for the
   transfer time, and the tensor is present at the receive's end.
-* Memory per device, as half-open intervals [alloc, free): persistent bytes of
-  its ops for the whole step; an op's output from the op's start until its
-  last consumer on that device and its last send have finished (its own end if
-  nothing uses it), or until the step ends when the caller holds it
-  (``graph.held_outputs``: fed inputs, an inference step's outputs), and
-  at least until op ``w`` ends for each ``graph.scope_holds`` entry (an
-  argument of a module call, held by the caller's frame); a received copy
-  from the receive's start until its last consumer there has finished;
-  temporary bytes while the op runs.
-  A view (``graph.view_of``: Reshape, Squeeze, a PyTorch transpose, ...)
-  allocates nothing: its source tensor, or the received copy it reads,
-  stays allocated until the view's own outputs would have been freed.
+* Memory per device, as half-open intervals [alloc, free): persistent bytes for the whole step;
+  an output from its op's start until its last consumer there and its last send have finished
+  (its own end if unused), until the step ends if the caller holds it (``graph.held_outputs``),
+  and at least until op ``w`` ends for each ``graph.scope_holds`` entry; a received copy from
+  the receive's start until its last consumer there has finished; temporaries while the op runs.
+  A view (``graph.view_of``) allocates nothing; what it reads lives as long as its outputs would.
 * Step time: the end of the last op or transfer.
 
 Complexity: O((V + E) log V) time, O(V + E) memory; flat lists throughout.
@@ -694,7 +682,7 @@ class StepTimer:
 
     def step_time(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None) -> float:
         """The step time :func:`simulate` gives this placement (and per-device order), and no
-        more: the run without its trace, some 10-15% cheaper."""
+        more: the run without its trace, a little cheaper."""
         return self._run(device_of, order, False).step_time_us
 
     def timing(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None) -> Timing:

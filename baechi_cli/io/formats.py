@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from baechi_cli.core.errors import InputError
@@ -22,10 +23,116 @@ from baechi_cli.core.graph import OpGraph
 # A binary GraphDef never does: its field 1 is `node`, a message (tag 0x0a).
 _ONNX_FIRST_BYTE = b"\x08"
 
-# The cost-rule name table each format's op types are looked up in.
-OP_SETS = {"graphdef": "tensorflow", "onnx": "onnx", "workload": "tensorflow"}
 #: The largest batch size: a profile records it as an int32 (proto/profile.proto).
 MAX_BATCH_SIZE = 2**31 - 1
+
+
+class Read(NamedTuple):
+    graph: OpGraph
+    notes: list[str]  # what the reader wants the user to know (ONNX: external data not loaded, ...)
+
+
+def _read_graphdef(path: str, batch_size: int | None, dims: dict[str, int] | None) -> Read:
+    from baechi_cli.io.graphdef import read_graphdef
+
+    return Read(read_graphdef(path, batch_size=batch_size), [])
+
+
+def _read_onnx(path: str, batch_size: int | None, dims: dict[str, int] | None) -> Read:
+    from baechi_cli.io.onnx import read_onnx_with_notes
+
+    read = read_onnx_with_notes(path, batch_size=batch_size, dims=dims)
+    return Read(read.graph, list(read.notes))
+
+
+def _read_workload(path: str, batch_size: int | None, dims: dict[str, int] | None) -> Read:
+    from baechi_cli.io.workload_json import read_workload_json
+
+    return Read(read_workload_json(path), [])
+
+
+def _write_graphdef(
+    path: str, graph: OpGraph, model_ops: int, device_of: Sequence[int], names: Sequence[str], output: str
+) -> list[str]:
+    from baechi_cli.io.graphdef import write_placed_graphdef
+
+    write_placed_graphdef(path, {graph.names[v]: names[device_of[v]] for v in range(model_ops)}, output)
+    return []
+
+
+def _write_onnx(
+    path: str, graph: OpGraph, model_ops: int, device_of: Sequence[int], names: Sequence[str], output: str
+) -> list[str]:
+    from baechi_cli.io.onnx import onnx_node_ops, write_placed_onnx
+
+    nodes = onnx_node_ops(graph, model_ops)
+    return write_placed_onnx(path, [names[device_of[v]] for v in nodes], names, output)
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """Everything the tool knows about one input format; the commands read it, not the format's name.
+
+    ``read(path, batch_size, dims)`` returns the graph and the reader's notes; ``write(path,
+    graph, model_ops, device_of, device_names, output)`` writes the input back placed, each of
+    its ops on ``device_names[device_of[op]]`` (None: ``-o`` is refused with ``no_output``). ``op_set`` names the cost-rule table its op types are looked
+    up in (None: the file carries its own measured costs).
+    """
+
+    name: str
+    title: str
+    extension: str  # what a placed model's file name ends with
+    read: Callable[[str, int | None, dict[str, int] | None], Read]
+    op_set: str | None
+    write: Callable[[str, OpGraph, int, Sequence[int], Sequence[str], str], list[str]] | None = None
+    output_error: str = ""  # why -o names the wrong kind of file
+    no_output: str = ""  # why -o is refused
+    symbolic_dims: bool = False  # --dim binds its symbolic dims
+    constraint_passes: tuple[str, ...] = ()  # passes its framework imposes (run before any other)
+    runs_in_tensorflow: bool = (
+        False  # a sidecar may state its step (race check), and profile --measure runs it
+    )
+    split_gelus: bool = False  # exporters write GELU as several ops the runtime runs as one kernel
+    module_paths: bool = False  # node names carry PyTorch module paths (the report's module map)
+
+
+#: Every input format by name, in detection order of preference (see :func:`detect_format`).
+FORMATS: dict[str, InputFormat] = {
+    "graphdef": InputFormat(
+        "graphdef",
+        "TensorFlow GraphDef",
+        ".pb",
+        _read_graphdef,
+        op_set="tensorflow",
+        write=_write_graphdef,
+        output_error="-o must name a .pb or .pbtxt file for a GraphDef input",
+        constraint_passes=("colocation", "control_flow"),
+        runs_in_tensorflow=True,
+    ),
+    "onnx": InputFormat(
+        "onnx",
+        "ONNX model",
+        ".onnx",
+        _read_onnx,
+        op_set="onnx",
+        write=_write_onnx,
+        output_error="-o must name an .onnx file for an ONNX input (the placed model)",
+        symbolic_dims=True,
+        split_gelus=True,
+        module_paths=True,
+    ),
+    "workload": InputFormat(
+        "workload",
+        "cost-annotated workload JSON",
+        ".json",
+        _read_workload,
+        op_set=None,
+        no_output="-o writes a placed model, but the input is a workload JSON; use --report",
+    ),
+}
+
+#: The cost-rule table each format's op types are looked up in (a workload's names are TensorFlow's).
+OP_SETS = {name: f.op_set or "tensorflow" for name, f in FORMATS.items()}
 
 
 def detect_format(path: str) -> str:
@@ -46,9 +153,14 @@ def detect_format(path: str) -> str:
     return "graphdef"
 
 
+def format_of(path: str) -> InputFormat:
+    """The :class:`InputFormat` of the file at ``path`` (:func:`detect_format`)."""
+    return FORMATS[detect_format(path)]
+
+
 class LoadedModel(NamedTuple):
     graph: OpGraph
-    format: str  # graphdef | onnx | workload
+    format: str  # a key of FORMATS
     notes: list[str]  # what the reader wants the user to know (ONNX: external data not loaded, ...)
 
 
@@ -63,24 +175,16 @@ def load_model(path: str, batch_size: int | None, dims: dict[str, int] | None = 
         raise InputError("no such file", path=path)
     if batch_size is not None and batch_size > MAX_BATCH_SIZE:
         raise InputError(f"the batch size must be at most {MAX_BATCH_SIZE}, not {batch_size}", path=path)
-    fmt = detect_format(path)
-    if dims and fmt != "onnx":
-        raise InputError(f"--dim binds ONNX symbolic dims; this input is {fmt} (use --batch-size)", path=path)
+    fmt = format_of(path)
+    if dims and not fmt.symbolic_dims:
+        raise InputError(
+            f"--dim binds ONNX symbolic dims; this input is {fmt.name} (use --batch-size)", path=path
+        )
     try:
-        if fmt == "workload":
-            from baechi_cli.io.workload_json import read_workload_json
-
-            return LoadedModel(read_workload_json(path), fmt, [])
-        if fmt == "onnx":
-            from baechi_cli.io.onnx import read_onnx_with_notes
-
-            read = read_onnx_with_notes(path, batch_size=batch_size, dims=dims)
-            return LoadedModel(read.graph, fmt, list(read.notes))
-        from baechi_cli.io.graphdef import read_graphdef
-
-        return LoadedModel(read_graphdef(path, batch_size=batch_size), fmt, [])
+        read = fmt.read(path, batch_size, dims)
     except InputError as err:
         raise err.with_path(path) from None
+    return LoadedModel(read.graph, fmt.name, read.notes)
 
 
 def sha256_of(path: str) -> str:
@@ -105,15 +209,11 @@ def check_writable(path: str) -> None:
 
 def check_output_format(path: str, output: str) -> None:
     """``-o`` writes the input's own format: a placed GraphDef or a placed ONNX model."""
-    fmt = detect_format(path)
-    if fmt == "workload":
-        raise InputError(
-            "-o writes a placed model, but the input is a workload JSON; use --report", path=path
-        )
-    if fmt == "onnx" and detect_format(output) != "onnx":
-        raise InputError("-o must name an .onnx file for an ONNX input (the placed model)", path=output)
-    if fmt == "graphdef" and detect_format(output) != "graphdef":
-        raise InputError("-o must name a .pb or .pbtxt file for a GraphDef input", path=output)
+    fmt = format_of(path)
+    if fmt.write is None:
+        raise InputError(fmt.no_output, path=path)
+    if detect_format(output) != fmt.name:
+        raise InputError(fmt.output_error, path=output)
 
 
 def write_placed_model(
@@ -130,14 +230,7 @@ def write_placed_model(
     Only ops ``0..model_ops-1`` (the input's own) are written: with
     ``--training`` the backward and optimizer ops exist only in the plan.
     """
-    if fmt == "onnx":
-        from baechi_cli.io.onnx import onnx_node_ops, write_placed_onnx
-
-        nodes = onnx_node_ops(graph, model_ops)
-        return write_placed_onnx(path, [device_names[device_of[v]] for v in nodes], device_names, output)
-    from baechi_cli.io.graphdef import write_placed_graphdef
-
-    write_placed_graphdef(
-        path, {graph.names[v]: device_names[device_of[v]] for v in range(model_ops)}, output
-    )
-    return []
+    write = FORMATS[fmt].write
+    if write is None:
+        raise InputError(FORMATS[fmt].no_output, path=path)
+    return write(path, graph, model_ops, device_of, device_names, output)

@@ -12,44 +12,20 @@ binary otherwise, the other format tried when the first fails.
 * Ops get dense ids in NodeDef order; ``names`` keeps the NodeDef names.
 * Edges: per node, its data inputs in NodeDef input order (``"x"`` is port 0,
   ``"x:k"`` port k), then its control inputs (``"^x"``, port
-  :data:`~baechi_cli.core.graph.CONTROL_PORT`, 0 bytes). An input used twice gives
-  two edges.
-* ``output_dtypes[v]``: one name per output port, from the op registry of TF
-  2.21 (``tf_op_registry.json``) or, for a node whose op is a library
-  function, from that function's signature. Names are TensorFlow's
-  ``tf.DType.name`` (numpy-style): ``float32``, ``float16``, ``bfloat16``,
-  ``int64``, ``bool``, ``string``, ``resource``, ``variant``, ...; a
-  reference type appends ``_ref`` (``float32_ref``). See :data:`DTYPE_NAMES`.
-  Unknown op types fall back to the ``_output_types``, ``T`` or ``dtype``
-  attr (as many outputs as ``_output_shapes`` lists, else one).
-* ``output_shapes[v]``: from the ``_output_shapes`` attr (written by
-  ``as_graph_def(add_shapes=True)``); dims TensorFlow left unknown (-1) are
-  replaced by ``batch_size``. Without ``_output_shapes`` TensorFlow's own
-  shape inference runs when TensorFlow is installed (imported lazily).
-* ``output_bytes`` = element size x product of dims, element sizes as
-  TensorFlow's ``DType.size`` (:data:`DTYPE_SIZES`). ``resource``,
-  ``variant`` and ``string`` count 0 bytes (a handle is tiny; a string's size
-  is not in its shape), so their shapes may be unknown: ``None``.
-* ``attrs[v]``: every attr whose name does not start with ``_``, decoded:
-  int, float, bool, str (UTF-8, undecodable bytes replaced), dtype name,
-  shape tuple (-1 for an unknown dim) or None (unknown rank), list, function
-  name. Tensors are omitted; a tensor attr ``x`` leaves ``x_shape`` (so a
-  Const has ``attrs["value_shape"]``). Two private keys:
-  ``"_device"``: the NodeDef's requested device, when non-empty;
-  ``"_size_unknown"``: output ports whose size depends on the data (see
-  ``_resolve``), sized as a guess;
-  ``"_input_types"``: the declared dtype names of the node's data inputs, in
-  input order (absent for op types neither the registry nor the library
-  knows; the colocation pass then uses the producers' output types).
-* ``colocate_with[v]``: the names in the ``_class`` attr's ``loc:@name``
-  entries.
-* ``held_outputs``: every Placeholder's tensor, which the caller feeds and
-  keeps for the whole step (a GraphDef declares no outputs).
-* ``is_backward`` / ``forward_op``: see :func:`mark_backward` (gradient
-  name scopes, then ``_class``).
+  :data:`~baechi_cli.core.graph.CONTROL_PORT`, 0 bytes).
+* Output dtypes come from TF 2.21's op registry (``tf_op_registry.json``) or a library
+  function's signature, named as ``tf.DType.name`` (:data:`DTYPE_NAMES`); output shapes
+  from the ``_output_shapes`` attr, unknown dims being ``batch_size`` (without that attr,
+  TensorFlow's shape inference runs when it is installed); bytes from
+  :data:`DTYPE_SIZES`.
+* ``attrs[v]``: every attr whose name does not start with ``_``, decoded; ``_class``
+  gives ``colocate_with``; every Placeholder's tensor is held for the whole step.
 * TF1 while loops close cycles through NextIteration -> Merge back edges;
   the reader keeps every edge: the control-flow pass removes those back
   edges and rejects every other cycle.
+
+The whole mapping (dtypes, private attrs, backward marks): docs/formats.md,
+"TensorFlow GraphDef".
 
 Every problem with the input raises :class:`~baechi_cli.core.errors.InputError`
 naming the file, the op when there is one, and the problem.

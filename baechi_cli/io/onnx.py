@@ -1,159 +1,28 @@
 """ONNX model reader and placed-model writer.
 
-Contract
---------
 :func:`read_onnx` turns an ONNX model (``.onnx``, opset 13 or newer) into an
-:class:`~baechi_cli.core.graph.OpGraph`; :func:`read_onnx_with_notes` returns the
-same graph with the notes a report should show (external data not loaded,
-sizes that are guesses). The ``onnx`` package parses, checks and infers; the
-external weight files are never read (placement needs only dims).
-:func:`write_placed_onnx` writes the model back with each node annotated
-with its device (see its docstring).
+:class:`~baechi_cli.core.graph.OpGraph`; :func:`read_onnx_with_notes` also returns the notes
+a report should show (external data not loaded, sizes that are guesses).
+:func:`write_placed_onnx` writes the model back with each node annotated with its device.
 
-Steps, in order, each failure an :class:`~baechi_cli.core.errors.InputError`
-naming the file (and the op or tensor when there is one):
+Reading parses the model, checks its default-domain opset (13 or newer), runs
+``onnx.checker``, binds symbolic dims (``dims`` by name; ``batch_size`` on axis 0 of the
+graph inputs) and runs ``onnx.shape_inference`` once. Every failure is an
+:class:`~baechi_cli.core.errors.InputError` naming the file (and the op or tensor when
+there is one); so is a graph input with a dim left unbound, or a dim name that occurs
+nowhere. Placement needs only dims, so weights are never read: external data is not
+loaded (small integer shape operands excepted), and weights held in the file are left out
+on the wire before anything is parsed (:func:`_without_weights`), since the checker and
+shape inference would each copy them for nothing.
 
-1. Parse the bytes as a ``ModelProto`` (``onnx.load(path,
-   load_external_data=False)`` semantics). A protobuf decode error, no graph
-   or a graph without nodes: "not an ONNX model: ...".
-2. Opset: a default-domain (``""``/``ai.onnx``) opset older than 13 is an
-   error that suggests ``onnx.version_converter``.
-3. External data (``TensorProto.data_location == EXTERNAL``, anywhere in the
-   model): not loaded, recorded in a note; the model reads even when the
-   files are absent. Exception: small integer tensors (at most 1024
-   elements, the shape operands of Reshape, Expand, ...) are loaded when
-   their file exists, so shape inference can use their values.
-4. ``onnx.checker.check_model(full_check=False)``; its message, on one line,
-   is the error. External top-level initializers are checked as graph inputs
-   of the same type (the checker would otherwise look for their files
-   relative to the working directory). So are the weights held in the file
-   (top-level initializers of more than :data:`_WEIGHT_BYTES` raw bytes,
-   integers excepted): the file is mapped, not read, and those bytes are
-   left out on the wire (:func:`_without_weights`) before anything is
-   parsed, since nothing here reads a weight's values; their length must
-   match their dims and type. Reading GPT-2's 498 MB took 4.0 s and 3 GB of
-   memory when the checker and shape inference each copied the whole model
-   twice; it takes 0.6 s.
-5. Symbolic dims are bound, then ``onnx.shape_inference.infer_shapes``
-   (``strict_mode=False, data_prop=True``) runs once on the bound model:
+The graph: one ``Input`` op per fed graph input, then one op per node in node order, with
+unique names; If/Loop/Scan are single ops whose reads of outer-scope values are implicit
+data edges; an initializer read by several ops puts them in one colocation group and
+counts once, on the first reader. Dims inference could not determine count as 1 and are
+listed in ``attrs["_size_unknown"]``. The whole mapping: docs/formats.md, "ONNX models".
 
-   * ``dims`` ``{name: value}`` binds every ``dim_param`` of that name
-     (graph inputs, outputs and value_info). A name that occurs nowhere in
-     the model is an error (a typo would otherwise pass silently).
-   * ``batch_size`` binds axis 0 of every graph input (initializers
-     excluded) whose axis 0 is symbolic and not named in ``dims``, or has
-     neither a value nor a name. A ``dim_param`` bound this way is bound by
-     name everywhere, like ``dims``. It binds nothing else.
-   * A graph input with a dim still unbound is an error naming the input and
-     the dim and suggesting ``--dim NAME=VALUE`` (``--batch-size`` too for
-     axis 0); so is an unknown rank. Inputs whose element size is 0
-     (strings, sequences) are exempt.
-   * After inference, a tensor whose shape still holds a ``dim_param``
-     declared on a graph input of the file is an error naming the tensor,
-     its op and the dim. Dims that inference could not determine (its own
-     ``unk__N`` names, unnamed dims, dims named only on graph outputs or
-     value_info -- sizes that depend on data, like NonZero's or a Loop's
-     trip count as torch's exporter names them, or on external data not
-     loaded) count
-     as 1; an unknown rank or a tensor inference gave no type counts 0
-     bytes. Such ports are listed in ``attrs["_size_unknown"]`` and a note
-     counts them.
-
-Graph mapping:
-
-* Ops: first one op of type ``"Input"`` per graph input that is not an
-  initializer (in ``graph.input`` order; its name is the input's name, port
-  0 is the fed tensor), so every fed tensor has a producer; then one op per
-  node, in node order (ONNX nodes are topologically sorted).
-* Held tensors (``OpGraph.held_outputs``): every fed tensor and every graph
-  output, which the caller keeps for the whole step. Scope holds
-  (``OpGraph.scope_holds``, :func:`scope_holds`): from node names of the
-  TorchScript exporter's form, a tensor passed into a module call lives
-  until the call's last op has ended.
-* Names: a node's ``name``, or ``<op_type>_<node index>`` when it has none.
-  Every name is unique: original names (input names and non-empty node
-  names) are claimed first, in op order; an op whose name is taken, or that
-  has no name, then gets its base name, or ``<base>_<k>`` with the smallest
-  k >= 1 that is free. ``attrs["_onnx_node"]`` (node index) or
-  ``attrs["_onnx_input"]`` (graph input index) maps an op back to the model.
-* ``op_types``: the node's ``op_type``, prefixed with its domain and a dot
-  when that is not the default domain (``com.microsoft.FusedMatMul``).
-* Edges: per node, its inputs in order (an empty, omitted optional input is
-  skipped; a value used twice gives two edges), then its implicit inputs
-  (below). The port is the producer's output index. Values read from
-  initializers make no edge: see persistent bytes. ONNX has no control
-  edges.
-* If, Loop, Scan (any node with a graph attribute) are single ops: their
-  subgraph nodes are not ops. Values the subgraphs read from the outer scope
-  (at any depth) are implicit data inputs: one edge from each such value's
-  producer, in first-use order, skipping values already explicit inputs.
-  Initializers inside the subgraphs add to the op's persistent bytes.
-  ``attrs["_subgraph_ops"]`` counts the nodes of all its subgraphs,
-  recursively. ``attrs["_subgraph_nodes"]`` records each node of its
-  subgraphs for the cost model, as a :class:`SubgraphNode` -- what an op
-  of the graph carries: name, op type (domain-prefixed as an op's), attrs
-  decoded as an op's (``_input_shapes``, ``_input_dtypes``,
-  ``_size_unknown``; a nested If/Loop/Scan node has its own
-  ``_subgraph_nodes`` and ``_subgraph_ops``), output shapes, dtypes and
-  bytes -- in attribute order, then node order. Its values are sized as
-  the top-level graph's are, from what shape inference recorded in that
-  subgraph (its inputs, outputs and value_info); a name it does not define
-  is looked up in the enclosing subgraphs, then in the top-level graph
-  (node outputs, graph inputs, initializers). ONNX's Loop inference does
-  not pass the loop-carried values' shapes into the body (they may change
-  between iterations): a body input declared without a shape has unknown
-  rank (0 bytes, and so have the values computed from it); torch's
-  exporter declares them. Inner output ports whose size is a guess are in
-  the node's ``_size_unknown`` and in the note's count.
-* ``output_bytes[v][p]`` = ceil(elements x bits per element / 8) (ONNX packs
-  4-bit types two to a byte); ``output_shapes`` tuples of ints (None when
-  the rank is unknown); ``output_dtypes`` numpy-style names as the GraphDef
-  reader uses (``float32``, ``int64``, ``bool``, ``float16``,
-  ``bfloat16``, ``float8_e4m3fn``, ``int4``, ...; :data:`DTYPES`);
-  ``"sequence"``, ``"optional"``, ``"map"``, ``"sparse"`` for non-tensor
-  values (0 bytes, shape None) and ``""`` for an omitted output or a value
-  inference could not type. An ONNX data type outside :data:`DTYPES` is an
-  error naming the tensor.
-* Initializers (dense and sparse; bytes from dims and type, the data is
-  never read): one consumed by a single op adds its bytes to that op's
-  ``persistent_bytes``; one consumed by several ops (explicitly or from a
-  subgraph) puts them in one colocation group and its bytes go to the
-  first consumer (lowest op id) only, so each weight counts once. An unused
-  initializer counts nowhere. ``group[v]`` is the lowest op id of v's
-  group; without shared initializers every op is its own group.
-  ``attrs["_initializers"]`` names the initializers an op consumes.
-* ``attrs[v]``: the node's attributes, decoded: int, float, str (UTF-8,
-  undecodable bytes replaced), lists of those. A tensor attribute ``x``
-  is omitted and leaves ``x_shape`` (so a Constant has
-  ``attrs["value_shape"]``) and ``x_dtype``; graph and type attributes
-  are omitted. Private keys: ``_onnx_node`` / ``_onnx_input``,
-  ``_subgraph_ops``, ``_subgraph_nodes``, ``_initializers``,
-  ``_size_unknown``, ``_module``, ``_input_shapes`` /
-  ``_input_dtypes`` (per explicit node input, None /
-  ``""`` when omitted; initializer inputs included, which is how a cost rule
-  sees a Conv's kernel shape) and ``_data_inputs`` (the input position of
-  each explicit input edge, in edge order: initializers and omitted inputs
-  have none), and, for a float initializer several ops read (tied
-  weights), ``_shared_parameter_bytes`` on every reader but the first (its
-  owner), ``_accumulated_parameter_bytes`` on the owner, and on the last
-  reader ``_gradient_buffer_owners`` and ``_gradient_buffer_bytes`` (the
-  owner's name and the initializer's bytes, one entry per initializer), and
-  on the one before it ``_gradient_sum_bytes``.
-* ``attrs[v]["_module"]``: for a PyTorch export, the qualified name of the
-  module the node's op came from (``"layer1.0.conv1"``; ``""`` the root),
-  from the legacy exporter's node names or the dynamo exporter's node
-  metadata, by :func:`baechi_cli.io.torch_modules.module_paths`; absent when
-  neither gives one (always for ``Input`` ops). What
-  :func:`~baechi_cli.io.torch_modules.module_map` takes.
-* ``is_backward`` all False, ``forward_op`` all -1 (inference graphs),
-  ``compute_us`` 0 (the cost model fills it in).
-
-Deterministic: the same file and options give the same graph.
-
-Complexity: O(V + E + S + I) for V nodes, E node inputs, S subgraph nodes
-and their inputs and I initializers (a subgraph's look-up of an outer value
-costs its nesting depth), besides the checker and shape inference (onnx's
-own, roughly linear in the model size; inference copies the model once).
+Deterministic. Complexity: O(V + E + S + I) for V nodes, E node inputs, S subgraph nodes
+and their inputs and I initializers, besides onnx's checker and shape inference.
 
 Example:
     >>> import tempfile, os, onnx
@@ -375,8 +244,8 @@ def write_placed_onnx(
     Only the nodes, ``ir_version`` and the configurations are parsed and
     serialized again (deterministically: same input, same bytes); every
     other byte, the weights above all, is copied from the source as it
-    stands (:class:`_Layout`): GPT-2's 498 MB placed in 0.38 s instead of
-    6.7 s, without a second copy of the model in memory. Written whole or
+    stands (:class:`_Layout`), without a second copy of the model in memory
+    and without re-serializing the weights. Written whole or
     not at all. An unreadable or non-ONNX input is an
     InputError naming ``src_path``; an unwritable output one naming
     ``output``. Lengths that differ or a device not in ``device_names`` raise
@@ -594,7 +463,7 @@ class _Layout:
 
     def _copy(self, ranges: list[tuple[int, int]]) -> Iterator[bytes]:
         """The source's bytes in ``ranges``, a MiB at a time: each copy is freed before the next
-        is made (copies of 2 MiB or more came from fresh pages each time: 20x slower to write)."""
+        is made (larger copies come from fresh pages each time, which are slow to write)."""
         for start, end in ranges:
             for at in range(start, end, _COPY_BYTES):
                 yield self.source[at : min(end, at + _COPY_BYTES)]
@@ -1048,11 +917,9 @@ def scope_holds(graph: OpGraph, scopes: Sequence[list[str] | None]) -> tuple[tup
     exporter marks a repeated call on the last scope of a name only
     (``layer_3/Add``, but ``layer/attention_3/MatMul`` for its submodule), so
     the prefix ``layer`` covers every call. No hold is taken at such a prefix;
-    the tensor is held by the innermost call it entered that is one.
-    Measured on transformers' ALBERT, one layer module called twelve times,
-    forward pass at 4x32 tokens, 51.7 MB measured: 66.9 MB predicted with
-    every layer's inputs held to the twelfth call's end, 51.5 MB without.
-    O(E x scope depth).
+    the tensor is held by the innermost call it entered that is one (else a
+    layer module called twelve times, as ALBERT's, would hold every layer's
+    inputs to the twelfth call's end). O(E x scope depth).
     """
     last: dict[tuple[str, ...], int] = {}
     for v, scope in enumerate(scopes):

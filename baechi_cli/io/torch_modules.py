@@ -1,7 +1,5 @@
 """PyTorch module paths of ONNX ops, and the module map of a placement.
 
-Contract
---------
 A PyTorch model exported to ONNX keeps, in its node names or node metadata,
 the module each op came from. :func:`module_path` / :func:`module_paths` turn
 that into the module's qualified name as ``model.get_submodule`` takes it
@@ -9,99 +7,21 @@ that into the module's qualified name as ``model.get_submodule`` takes it
 placement (one device per op) into the coarsest set of modules that
 ``module.to(device)`` can place, plus the ops it cannot.
 
-Where the path comes from, per node, first match wins:
+Paths come from the dynamo exporter's ``pkg.torch.onnx.name_scopes`` node metadata,
+else from the legacy TorchScript exporter's node names (``/layer1/layer1.0/conv1/Conv``),
+whose scopes are qualified names cut short and whose repeated calls carry a suffix:
+:func:`module_paths` decides those model-wide, from the initializer names. A name of any
+other shape has no path (None). The names lose some information (a fused module has no
+node of its own), so a module also goes with the ops that read its parameters.
 
-1. The dynamo exporter (``torch.onnx.export(..., dynamo=True)``, observed
-   with torch 2.13 / onnxscript 0.7) writes node metadata
-   ``pkg.torch.onnx.name_scopes``: the Python repr of a list, the root
-   ``''``, then each enclosing module's qualified name, then the FX node's
-   name (``['', 'layer1', 'layer1.0', 'layer1.0.relu', 'relu_1']``). The
-   path is the last module: the second-to-last entry. A module called twice
-   gets its own name both times. Metadata that does not parse as a list of
-   two or more strings is ignored.
-2. The legacy TorchScript exporter (``dynamo=False``) names a node
-   ``/<scope>/.../<scope>/<OpType>`` (``/layer1/layer1.0/conv1/Conv``; a
-   root-module op is ``/Flatten``). Each scope is its module's qualified
-   name cut to the last non-numeric atom and the numeric atoms after it
-   (torch's ``_unqualified_variable_name``): ``layer1.0.conv1`` is
-   ``conv1``, ``layer1.0`` is ``layer1.0``, ``model.layers.0`` is
-   ``layers.0``. So a scope that is its parent's scope plus numeric atoms
-   (``layer1.0`` under ``layer1``, ``downsample.0`` under ``downsample``)
-   extends the parent's path by those atoms; any other scope is appended
-   whole (``conv1`` under ``layer1.0``, ``layers.0`` under ``model``).
-   Atoms are Python identifiers or digit strings; a name of any other shape
-   (``Identity_0``, ``node_Conv_3``, a TensorFlow-style ``a/b/MatMul``) has
-   no path: None.
+:func:`module_map` walks the module tree top-down: a module whose ops all share one device
+is one entry ``{path: device}``; a split module descends into its children. Ops directly
+inside a split module and ops with no path are unmapped ops (``.to()`` does not place
+them). :meth:`ModuleMap.to_json` is the report's ``module_map``. The derivation rules, their
+known limits, the JSON and how to apply a plan: docs/formats.md, "PyTorch module paths".
 
-   A module called more than once gets a scope suffix on its second and
-   later calls: the whole scope string is deduplicated, so only the last
-   scope carries it (``/layer1/layer1.0/relu_1/Relu`` is the second call of
-   ``layer1.0.relu``). On one name that is ambiguous with an attribute
-   named ``relu_1``, so :func:`module_path` keeps ``relu_1`` unless the
-   suffix follows a numeric atom (``downsample.0_1``: no attribute has that
-   name). :func:`module_paths` decides model-wide: ``X.relu_1`` is the path
-   when some initializer is named ``X.relu_1.<...>`` (a parameter or buffer
-   of that module proves it exists); else ``X.relu`` when some node's scope
-   is exactly ``X.relu`` (the first call); else ``X.relu_1``.
-
-Known limits (the names lose information the map cannot recover): a module
-reached from an ancestor through a non-numeric attribute of a module never
-called itself (``self.blocks.a`` with ``blocks`` a plain container) gets the
-path ``X.a``, not ``X.blocks.a``; two attributes ``conv`` and ``conv_1``
-without parameters both map to ``conv`` (harmless for ``.to()``: such
-modules hold nothing to move); and a module none of whose ops survive the
-export has no path of its own. The last matters where an exporter fuses
-modules: the dynamo exporter folds BatchNorm into the preceding Conv and
-scopes the fused node to the batch norm, so the conv module has no node;
-but the node still reads the initializer ``conv1.weight``, and
-:func:`module_map` places the modules whose parameters an op reads
-(``parameter_modules``, from :func:`parameter_module`) with it. The legacy
-exporter in eval mode (``training=TrainingMode.EVAL``, the default) folds
-the other way and renames the folded weights (``onnx::Conv_12``), so a
-BatchNorm's parameters then move only when an ancestor's entry covers
-them; export with ``training=torch.onnx.TrainingMode.PRESERVE`` to keep
-BatchNormalization nodes.
-
-Module map
-----------
-:func:`module_map` walks the module tree top-down (every dot-prefix of a
-path is a module, the root ``""`` above all). A module all of whose ops, its
-own and its descendants', share one device gets one entry ``{path: device}``
-and is not descended; a split module descends into its children. Ops
-directly inside a split module (functional ops such as
-``/layer1/layer1.0/Add``, which in PyTorch run where their inputs are) and
-ops with no module path (graph inputs, exporter-made ``Identity_0``) are
-listed as unmapped ops: ``.to()`` does not place them. When every op with a
-path is on one device the map is ``{"": device}``. A graph whose ops have no
-paths at all (not a PyTorch export) gives no modules and every op unmapped;
-a report should then leave the map out.
-
-JSON (:meth:`ModuleMap.to_json`), for the report::
-
-    {
-      "modules": {"layer1": "/device:GPU:0", "layer2.0.conv1": "/device:GPU:1", ...},
-      "unmapped_ops": [{"op": "/layer2/layer2.0/Add", "module": "layer2.0",
-                        "device": "/device:GPU:1"},
-                       {"op": "x", "module": null, "device": "/device:GPU:0"}, ...]
-    }
-
-``modules`` is in module-tree order (depth first, children in the order of
-their first op); no module in it is an ancestor of another. ``unmapped_ops``
-is in op order; ``op`` is the op's name (its index as a string when no names
-were given), ``module`` the module it sits directly in (null: none).
-
-To apply a plan to the model it was exported from (``plan`` is the report,
-whose ``module_map`` also maps each device name to a torch device with
-:func:`torch_device`)::
-
-    for path, device in plan["module_map"]["modules"].items():
-        model.get_submodule(path).to(plan["module_map"]["torch_devices"][device])
-    # then feed each input on the device its unmapped entry (module null) names
-
-(tests/test_torch_modules.py does this on a real model.)
-
-Deterministic: the same inputs give the same result. Complexity: O(N x D)
-for N ops and module depth D (path lengths, for the name parsing).
+Deterministic. Complexity: O(N x D) for N ops and module depth D (path lengths, for the
+name parsing).
 
 Example:
     >>> names = ["x", "/layer1/layer1.0/conv1/Conv", "/layer1/layer1.0/Add",

@@ -10,67 +10,17 @@ Times are in microseconds (the format's unit), rounded to whole nanoseconds.
 Both ends of every interval go through the same monotone rounding, so
 intervals that do not overlap in the simulation do not overlap in the trace.
 
-Track layout. Each device is a process (``pid`` = device index + 1, named
-after the device, sorted by index). Its threads have ``tid`` values that are
-unique across the whole trace, because Perfetto identifies threads by ``tid``
-alone. The threads are:
-
-* ``compute``: one ``X`` slice per op that takes time (name = op name, cat =
-  op type, args ``op_type``, ``op_id``, ``duration_us``). They run back to
-  back and never overlap.
-* ``0 µs ops``: the ops that take no time, as ``X`` slices with ``dur`` 0.
-  They have a track of their own because Perfetto nests a 0-length slice
-  inside a slice that starts at the same instant and stacks coincident ones.
-  On the compute track they would capture the flow arrows meant for real
-  ops. Perfetto drops slices nested deeper than 512, so after
-  :data:`MAX_STACK` coincident ones the rest go to ``0 µs ops 2``, ...
-* transfers. In ``sequential`` mode each device has one channel. A transfer is
-  two ``X`` slices on ``channel`` tracks: the send on the sender's, the
-  receive on the receiver's. The simulator never uses one channel twice at
-  once, so each device needs one channel track. In ``parallel`` mode a
-  transfer is one slice on the receiving device. Transfers into a device
-  overlap freely there, so they go onto ``recv 1``, ``recv 2``, ... by greedy
-  interval partitioning (fewest lanes, lowest free lane first). Both modes
-  use this partitioning, so no track ever holds two overlapping slices. A
-  channel that broke the invariant would get a ``channel 2`` rather than a
-  slice that Perfetto drops. Transfer slices are named ``producer:port ->
-  /device:GPU:1`` (a receive says ``<-`` and names the source;
-  ``^producer`` marks a control dependency). Their cat is
-  ``transfer``/``send``/``recv`` and their args are ``bytes``, ``producer``,
-  ``port``, ``src``, ``dst`` and ``transfer_us``.
-* memory: ``C`` events named ``memory`` (args ``{"bytes": ...}``), one per
-  point of the device's memory curve.
-
-Flows. Arrows link each producer op to its transfer, each send to its
-receive, and each transfer to every op it feeds on the receiving device.
-They are legacy flow events: one ``s`` and one ``f`` per id. The ``f`` has
-``bp: "e"`` so that it binds to the enclosing slice. Ids are unique in the
-trace, and both ends carry the same name and cat, because Perfetto matches v1
-flows by (id, cat, name). We do not use the newer ``bind_id`` / ``flow_in`` /
-``flow_out`` fields. They allow one id per slice, and a producer that feeds
-several devices, or a transfer that feeds several ops, needs several arrows
-from one slice.
-
-Perfetto binds a flow event to the innermost slice open on its track at the
-moment it processes that event. It processes events by timestamp; at equal
-timestamps, ``X`` slices come first (longest first), and everything else
-follows in file order. The timestamps are chosen so that this order always
-binds the right slice:
-
-* An ``s`` sits on the source slice's last nanosecond (on a send, its first).
-  An ``f`` sits on the target slice's first nanosecond. So no flow ends
-  before it starts.
-* A slice that takes time is alone on its track over ``[ts, ts + dur)``.
-* Some ties remain: 0-length slices, and a send and its receive that start
-  together. For these, the file keeps each slice's flow events right after
-  the slice. It also keeps the slices in causal order: ops by start time and
-  topological rank, each op followed by its transfers.
-
-Perfetto sorts the file itself, so it stays in that causal order rather than
-time order. chrome://tracing binds a flow event to the slice that encloses its
-timestamp, and these timestamps satisfy that too. The one exception is
-coincident 0 µs ops on one device: their flows may attach to the wrong one of
-them.
+Each device is a process; its threads (``tid`` unique across the trace, as Perfetto
+identifies threads by ``tid`` alone) are ``compute`` (one ``X`` slice per op that takes
+time), ``0 µs ops`` (zero-length slices on a track of their own, so they do not capture
+the flow arrows meant for real ops; after :data:`MAX_STACK` coincident ones a new track),
+transfer tracks (``channel`` in sequential mode; ``recv 1``, ``recv 2``, ... by greedy
+interval partitioning in parallel mode, so no track holds two overlapping slices) and
+``memory`` counter events. Flow arrows link each producer to its transfer and each
+transfer to the ops it feeds; they are legacy ``s``/``f`` flow events, since the newer
+``bind_id`` fields allow one arrow per slice. Timestamps and the file's order are chosen so
+that Perfetto binds every flow to the right slice. The full layout and why each choice
+binds: docs/formats.md, "Timelines".
 
 The output is linear in ops, edges and transfers; building it takes
 O((V + E) log V + T log T) time for V ops, E edges and T transfers.

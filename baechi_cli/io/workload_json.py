@@ -13,39 +13,13 @@ five published files; ``REFERENCE.md`` there documents the mapping)::
                 "supportedOnFpga": 1}, ...],
      "edges": [{"sourceId": 4, "destId": 5, "cost": 0.0061, "size": 13107200.0}, ...]}
 
-Times in the file are milliseconds, sizes bytes. Per node:
-
-* Ops get dense ids in file order; node ``id`` s (unique integers, neither
-  dense nor ordered in the published files) are only used to resolve edges.
-* name: the node's ``name`` when it is unique in the file, else ``str(id)``
-  (docs/DESIGN.md, "Outputs"). A name equal to another node's fallback ``str(id)`` falls back
-  to its own id too, so names are always unique.
-* op_type: the node's ``type`` or ``opType`` string when present (none of the
-  published files has one), else ``"workload"``.
-* compute_us = ``fpgaLatency`` x 1000 (required). ``cpuLatency`` x 1000
-  (default: the same) and ``supportedOnFpga`` (true/false or 1/0, default
-  true) go to ``attrs[v]`` as ``cpu_us`` and ``accelerator``: only the
-  throughput objective's CPU cores (:mod:`baechi_cli.pipeline.throughput`) use them.
-* persistent_bytes = ``size`` (resident for the whole step), default 0.
-* group: nodes sharing a ``colorClass`` form one colocation group whose id is
-  its smallest op id; a node without one (absent or null) is alone.
-* is_backward = ``isBackwardNode`` (true/false or 1/0; default false).
-* forward_op: for a backward node, the forward node its name derives from,
-  when that forward node exists and its name is unique. Three naming schemes
-  occur: ``<fwd>grad`` (layer graphs), ``<fwd>_Grad/<anything>`` (operator
-  graphs' gradients) and ``<Name>Optimizer_<fwd>`` (their optimizer updates,
-  ``<fwd>`` being the weight). Other backward nodes (losses, gradient
-  accumulators) keep -1.
-* One output port of 0 bytes: a node has one output tensor, sent once to each
-  other device that consumes it, but its ``size`` (persistent, resident all
-  step) already holds it, so only the received copies (edge bytes) add
-  memory. Counting the port too would count activations twice and make,
-  e.g., inceptionv3 infeasible on the one device REFERENCE.md assumes.
-
-Per edge: ``(sourceId, port 0) -> destId``, bytes = its ``size`` (default
-0), transfer_us = ``cost`` x 1000 (absent: None, the device spec's comm model
-decides). Fractional byte counts (the files give 0.125 for a one-bit tensor)
-are rounded up.
+Times in the file are milliseconds, sizes bytes. Ops get dense ids in file order; a node's
+``fpgaLatency`` is its compute time, its ``size`` persistent bytes, its ``colorClass`` a
+colocation group; a backward node's ``forward_op`` comes from its name. Each node has one
+output port of 0 bytes: its ``size`` already holds its output, so only the copies other
+devices receive (edge bytes) add memory; counting the port too would count activations
+twice. An edge's ``cost`` is its transfer time (absent: the device spec's comm model
+decides). Field by field: docs/formats.md, "Workload JSON".
 
 :func:`read_workload_meta` returns the file's device limits
 (:class:`WorkloadMeta`), from which the CLI suggests a device spec.

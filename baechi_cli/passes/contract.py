@@ -3,14 +3,12 @@
 :func:`contract` maps every op ``v`` to a node ``node_of[v]`` (dense ids
 ``0..m-1``) and builds the graph of nodes. A node
 
-* runs its members one after another: compute is their sum (per device kind
-  too), temporary bytes their maximum (a device runs one op at a time);
-* holds all its members' tensors: its output ports are its members' ports
-  back to back, so a placer's memory ledger still counts every tensor, but
-  once: views (``view_of``) stay views when a node is one view op, and inside
-  a node a view's storage is counted at the view's port (a port that only
-  the node reads and a view of it uses takes no bytes; a view of resident
-  storage none);
+* runs its members one after another: compute is their sum (per device kind too),
+  temporary bytes their maximum (a device runs one op at a time);
+* holds all its members' tensors, its output ports its members' ports back to back, so a
+  placer's memory ledger counts every tensor once: views (``view_of``) stay views when a node is
+  one view op, and inside a node a view's storage is counted at the view's port (a port only
+  the node reads and a view of it uses takes no bytes; a view of resident storage none);
 * keeps its members' persistent bytes, plus one received copy of every
   outside tensor that its members consume over an edge the contraction drops
   (``keep_edge``), so the ledger stays an upper bound of the real peak when
@@ -20,12 +18,10 @@
 * remembers its members as ops of the *original* graph (``members``), also
   when the input was itself contracted, so passes compose.
 
-Edges between nodes carry the same tensors as before; edges inside a node
-vanish and duplicates (one tensor to several members of a node) merge. The
-caller must keep the node graph acyclic (fusion checks before contracting;
-forward-only keeps a subgraph) and the members of a node in one colocation
-group. :func:`placement_of` and :func:`sequence_of` expand a node placement
-back onto the original ops.
+Edges between nodes carry the same tensors as before; edges inside a node vanish and duplicates
+(one tensor to several members of a node) merge. The caller must keep the node graph acyclic
+(fusion checks before contracting; forward-only keeps a subgraph) and a node's members in one
+colocation group. :func:`placement_of` and :func:`sequence_of` expand a node placement back.
 
 Complexity: O(V + E) plus sorting each node's members.
 

@@ -1,12 +1,10 @@
 """Control-flow pass: TF1 while loops become colocated, acyclic units.
 
-A TF1 while loop (``tf.compat.v1.disable_control_flow_v2``) is a *frame*:
-``Enter`` ops carry values into it, ``Merge`` joins the first and the later
-iterations, ``Switch`` on ``LoopCond`` either feeds the body or leaves through
-``Exit``, and ``NextIteration -> Merge`` closes the cycle. TensorFlow runs
-Enter, NextIteration and Exit on their loop neighbours' device whatever the
-graph asks (docs/DESIGN.md, "TensorFlow facts"), and a loop is executed as a whole,
-so the pass
+A TF1 while loop (``tf.compat.v1.disable_control_flow_v2``) is a *frame*: ``Enter`` ops carry
+values into it, ``Merge`` joins the first and the later iterations, ``Switch`` on ``LoopCond``
+either feeds the body or leaves through ``Exit``, and ``NextIteration -> Merge`` closes the
+cycle. TensorFlow runs Enter, NextIteration and Exit on their loop neighbours' device whatever
+the graph asks (docs/DESIGN.md, "TensorFlow facts"), and runs a loop as a whole, so the pass
 
 * finds every frame as TensorFlow's executor does: walking from the
   sources, a node inherits its producer's frame, an ``Enter`` opens the frame
@@ -18,9 +16,8 @@ so the pass
   scheduling graph: the placement still covers those ops, but a simulated
   step runs the loop body once, as the cost model counts it.
 
-Any cycle left afterwards is not a loop's and raises :class:`InputError`
-naming the ops on it. Graphs without loops come back unchanged (but checked
-for cycles).
+Any cycle left afterwards is not a loop's and raises :class:`InputError` naming the ops on it.
+Graphs without loops come back unchanged (but checked for cycles).
 
 Complexity: O(V + E) plus the union-find steps.
 

@@ -1,27 +1,19 @@
 """Co-placement: put ops together that gain nothing from being apart.
 
 Two rules from Baechi, applied by merging colocation groups:
+1. *forward/backward pairs*: a backward op joins its forward op's group (it reads the forward
+   op's inputs and activations; apart, they would travel);
+2. *single-consumer chains*: an op whose outputs all go to one op joins that op's group (a split
+   there only adds a transfer). Where branches join, only one may join the consumer (merging
+   every branch of an Inception module into its concat would run them one after another): a
+   consumer takes each single-consumer producer that is *shallow* (at most one hop from a
+   source: variables, their reads, constants, inputs) and, of the others, the most compute.
 
-1. *forward/backward pairs*: a backward op joins its forward op's group (it
-   reads the forward op's inputs and activations; apart, they would travel);
-2. *single-consumer chains*: an op whose outputs all go to one op joins that
-   op's group (its output has nowhere else to go, so a split there only adds
-   a transfer). Where branches join, only one branch may join the consumer:
-   merging every branch of, say, an Inception module into its concat would
-   run the branches one after another. So a consumer takes each of its
-   single-consumer producers that is *shallow* (at most one hop from a
-   source: variables, their reads, constants, inputs — they cost no
-   parallelism) and, of the others, the one with the most compute.
-
-Merging is bounded: two groups merge only while the result stays within
-``max_group_bytes`` (a placer needs groups small enough to pack onto
-devices, and big groups commit a placer to much at once; the pipeline
-allows 1/256 of the model's memory per device), and groups
-that already exceed it are left as they are. Ops are visited in
-topological order, pairs first, so the result is deterministic. Groups only
-ever merge, so every colocation constraint still holds.
-
-Complexity: O(V + E) plus near-constant union-find steps.
+Merging is bounded: two groups merge only while the result stays within ``max_group_bytes`` (a
+placer needs groups small enough to pack onto devices; the pipeline allows 1/256 of the model's
+memory per device); groups already over it are left as they are. Ops are visited in topological
+order, pairs first, so the result is deterministic. Groups only ever merge, so every colocation
+constraint still holds. Complexity: O(V + E) plus near-constant union-find steps.
 
 Example:
     >>> from baechi_cli.core.graph import GraphBuilder
@@ -37,8 +29,7 @@ Example:
     >>> coplace(b.build(), max_group_bytes=150).group
     [0, 1, 2, 3]
 
-Two branches ``p -> q -> s`` and ``p -> r -> s`` join at ``s``: only the
-branch with more compute (``r``) joins it (``p`` feeds both, so it stays).
+Branches ``p -> q -> s`` and ``p -> r -> s`` join at ``s``: only ``r``, with more compute, joins it.
 
     >>> b = GraphBuilder()
     >>> x, p, q, r, s = (b.add_op(n, "Relu", [10], compute_us=c) for n, c in zip("xpqrs", (1, 1, 2, 3, 1)))

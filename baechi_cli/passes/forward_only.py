@@ -1,9 +1,8 @@
 """Forward-operator-based placement: place the forward ops; backward ops follow them.
 
-A training graph has about twice as many backward ops as forward ones, and a
-backward op runs best beside its forward op (it reads that op's inputs and
-activations). Baechi therefore places only the forward ops and sends every
-backward op to its forward op's device: GNMT's 22,340 ops became 706.
+A training graph has about twice as many backward ops as forward ones, and a backward op runs
+best beside its forward op (it reads that op's inputs and activations). Baechi therefore places
+only the forward ops and sends every backward op to its forward op's device.
 
 :func:`forward_only` contracts each forward op with the backward ops that
 follow it into one node and keeps only the edges between forward ops. A
@@ -11,19 +10,16 @@ backward op follows, in order of preference:
 
 1. its forward op (``forward_op``, from gradient name scopes or the workload);
 2. the lowest-id forward op of its colocation group (so groups stay whole);
-3. the op that its first producer follows (producers come first in
-   topological order: a gradient aggregation follows what it sums);
-4. the op that its first consumer follows (for sources such as gradient
-   shape constants);
+3. the op that its first producer follows (a gradient aggregation follows what it sums);
+4. the op that its first consumer follows (for sources such as gradient shape constants);
 5. itself, when it touches no forward op at all (then it stays a node).
 
-Its colocation group merges with the group of the op it follows. A node's
-compute is its members' total, forward and backward, so the placers balance
-the whole step; its memory counts every member and one received copy of
-each outside tensor a backward member reads (:func:`~baechi_cli.passes.contract.contract`),
-so the placement stays feasible when expanded. That bound is loose, which is
-why the pipeline turns the pass on by default only when every device could
-hold the whole model (the peak of a one-device run), the paper's condition.
+Its colocation group merges with the group of the op it follows. A node's compute is its
+members' total, so the placers balance the whole step; its memory counts every member and one
+received copy of each outside tensor a backward member reads
+(:func:`~baechi_cli.passes.contract.contract`), so the placement stays feasible when expanded.
+That bound is loose, so the pass is on by default only when every device could hold the whole
+model (the peak of a one-device run), the paper's condition.
 
 Complexity: O(V + E) plus the contraction.
 

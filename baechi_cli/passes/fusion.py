@@ -1,34 +1,24 @@
 """Operator fusion: contract directly connected ops of one group into one node.
 
-Ops of one colocation (or co-placement) group land on one device anyway;
-fusing the connected ones shrinks the graph a placer works on (m-SCT's LP,
-above all) without taking any choice away from it.
+Ops of one colocation (or co-placement) group land on one device anyway; fusing the connected
+ones shrinks the graph a placer works on (m-SCT's LP, above all) without taking any choice away.
 
-Contracting an edge ``U -> V`` creates a cycle exactly when another path
-leads from U to V. Looking for such paths is expensive, so the pass uses
-Baechi's conservative test instead: contract only when V is U's only
-successor, or U is V's only predecessor — then no other path can exist.
-The test looks at the current, partly fused graph (successor and
-predecessor sets are merged as nodes are), so chains of any length
-collapse, and the result is acyclic by construction. It may miss
-contractions that would have been safe; it never makes an unsafe one.
+Contracting an edge ``U -> V`` creates a cycle exactly when another path leads from U to V.
+Looking for such paths is expensive, so the pass uses Baechi's conservative test: contract only
+when V is U's only successor, or U is V's only predecessor, so no other path can exist. The test
+looks at the current, partly fused graph, so chains of any length collapse and the result is
+acyclic by construction; it may miss safe contractions, never makes an unsafe one.
 
-A fused node starts when all its inputs are there and hands its outputs on
-when it ends, so a careless fusion makes work wait: fusing a branch into the
-concat that joins it would hold the branch until every other branch is
-done (Inception-V3's modules would run their branches one by one). Of the
-safe contractions the pass therefore makes only those that delay nothing
-but tiny amounts:
+A fused node starts when all its inputs are there and hands its outputs on when it ends, so a
+careless fusion makes work wait (a branch fused into its concat waits for every other branch:
+Inception-V3's modules would run their branches one by one). Of the safe contractions the pass
+makes only those that delay nothing but tiny amounts: a chain link (V is U's only successor and
+U is V's only predecessor); a source into its only consumer (a variable, a constant); a sink into
+its only producer.
 
-* a chain link: V is U's only successor and U is V's only predecessor;
-* a source into its only consumer (U has no inputs: a variable, a constant);
-* a sink into its only producer (V has no consumers).
-
-Edges are visited in topological order of their sources, repeatedly until a
-sweep fuses nothing (a sweep enables at most a few more), so the result is
-deterministic. Each merge costs the size of the smaller neighbour sets
-(merging small into large), so the pass is near-linear: O((V + E) log V)
-per sweep.
+Edges are visited in topological order of their sources, repeatedly until a sweep fuses nothing,
+so the result is deterministic. Each merge costs the smaller neighbour set (small into large):
+O((V + E) log V) per sweep, and a sweep enables at most a few more.
 
 Example: a chain in one group fuses whole.
 
@@ -40,9 +30,8 @@ Example: a chain in one group fuses whole.
     >>> fuse(b.build().replace(group=[0, 0, 0])).members
     [[0, 1, 2]]
 
-Add ``a -> c``: fusing ``a`` with ``c`` would close the cycle
-``ac -> b -> ac``; ``a -> b`` or ``b -> c`` would not, but would hold ``c``
-(or ``b``) until the other ends, so nothing fuses.
+Add ``a -> c``: fusing ``a`` with ``c`` would close the cycle ``ac -> b -> ac``; ``a -> b`` or
+``b -> c`` would not, but would hold ``c`` (or ``b``) until the other ends, so nothing fuses.
 
     >>> _ = b.add_edge(0, 2)
     >>> g = b.build().replace(group=[0, 0, 0])
@@ -66,7 +55,7 @@ def fuse(graph: OpGraph) -> OpGraph:
         return graph
     uf = UnionFind(range(n))
     # Neighbour sets, made on first use: only the ends of candidate edges need one,
-    # and a set per op of a 1M-op graph would cost about 400 MB.
+    # and a set per op of a 1M-op graph would cost hundreds of MB.
     succ: list[set[int] | None] = [None] * n
     pred: list[set[int] | None] = [None] * n
     out_edges, in_edges = graph.out_edges, graph.in_edges

@@ -11,20 +11,27 @@ report.
 from __future__ import annotations
 
 import functools
+import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from baechi_cli.core.devices import DeviceSpec
-from baechi_cli.core.errors import InputError
-from baechi_cli.core.graph import OpGraph
+from baechi_cli.core.errors import BaechiError, InputError
+from baechi_cli.core.graph import OpGraph, own_bytes
+from baechi_cli.io.formats import FORMATS
 
 # Co-placement grows a group up to this fraction of the model's memory per
 # device (the placers' memory measure): chains and pairs merge, but no group
 # grows big enough to commit a placer, at its first op, to a large part of
-# the model (m-ETF on Inception-V3: 579 ms with 1/8 of a device, 188 ms here).
+# the model (measured on Inception-V3: bench/history/placement.md).
 COPLACE_GROUPS_PER_DEVICE = 256
+
+
+class PassError(RuntimeError):
+    """A pass raised something other than a one-line :class:`~baechi_cli.core.errors.BaechiError`: a bug,
+    reported with the pass's name."""
 
 
 @dataclass
@@ -38,10 +45,121 @@ class PassRecord:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PassSpec:
+    """One graph pass as the manager runs it.
+
+    ``module:function`` is the pass, ``function(graph, **arguments) -> graph``, imported on first
+    use. ``stage`` is ``constraint`` (what an input format imposes, named by
+    :attr:`~baechi_cli.io.formats.InputFormat.constraint_passes`; always run) or ``optimization``
+    (switched by the :class:`PassOptions` field of the same name). ``after`` names the passes
+    that must run first when both run; :func:`ordered` sorts by it. ``arguments(graph, devices,
+    value)`` gives the call's keyword arguments from the op graph, the devices and the option's
+    value (for the report too). ``off`` is what the record says when the option is off.
+    ``contracts_only`` is False for a pass that drops edges, whose node sequences do not expand
+    into op sequences.
+    """
+
+    name: str
+    module: str
+    function: str
+    stage: str  # constraint | optimization
+    after: tuple[str, ...] = ()
+    arguments: Callable[[OpGraph, DeviceSpec, Any], dict[str, Any]] | None = None
+    off: str = ""
+    contracts_only: bool = True
+
+    def load(self) -> Callable[..., OpGraph]:
+        """The pass function."""
+        return getattr(importlib.import_module(self.module), self.function)
+
+
+#: Every pass by name, in registration order (the tie-break of :func:`ordered`).
+REGISTRY: dict[str, PassSpec] = {}
+
+
+def register(spec: PassSpec) -> PassSpec:
+    """Add ``spec`` to :data:`REGISTRY`; ValueError for a taken name or an unknown ``after``."""
+    if not spec.name or spec.name in REGISTRY:
+        raise ValueError(f"pass name {spec.name!r} is empty or taken")
+    if spec.stage not in ("constraint", "optimization"):
+        raise ValueError(f"pass {spec.name}: unknown stage {spec.stage!r}")
+    unknown = [name for name in spec.after if name not in REGISTRY]
+    if unknown:
+        raise ValueError(f"pass {spec.name} runs after unknown passes: {', '.join(unknown)}")
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def ordered(stage: str) -> list[PassSpec]:
+    """The passes of ``stage`` in an order that honours every ``after``, registration order on ties.
+
+    Registration only names passes already registered, so the order always exists. O(P^2).
+
+    >>> [spec.name for spec in ordered("optimization")]
+    ['forward_only', 'coplace', 'fusion']
+    """
+    specs = [s for s in REGISTRY.values() if s.stage == stage]
+    done: set[str] = set()
+    out: list[PassSpec] = []
+    while len(out) < len(specs):
+        spec = next(
+            s
+            for s in specs
+            if s.name not in done and all(a in done or REGISTRY[a].stage != stage for a in s.after)
+        )
+        out.append(spec)
+        done.add(spec.name)
+    return out
+
+
+def _coplace_arguments(graph: OpGraph, devices: DeviceSpec, groups_per_device: int) -> dict[str, Any]:
+    """Co-placement's bound: the model's memory (the placers' measure) / (groups per device · devices)."""
+    return {"max_group_bytes": sum(own_bytes(graph)) // (groups_per_device * devices.count)}
+
+
+register(PassSpec("colocation", "baechi_cli.passes.colocation", "colocate", "constraint"))
+register(
+    PassSpec(
+        "control_flow", "baechi_cli.passes.control_flow", "control_flow", "constraint", after=("colocation",)
+    )
+)
+register(
+    PassSpec(
+        "forward_only",
+        "baechi_cli.passes.forward_only",
+        "forward_only",
+        "optimization",
+        contracts_only=False,
+    )
+)
+register(
+    PassSpec(
+        "coplace",
+        "baechi_cli.passes.coplace",
+        "coplace",
+        "optimization",
+        after=("forward_only",),
+        arguments=_coplace_arguments,
+        off="--no-coplace",
+    )
+)
+register(
+    PassSpec(
+        "fusion", "baechi_cli.passes.fusion", "fuse", "optimization", after=("coplace",), off="--no-fusion"
+    )
+)
+
+
 def run_pass(name: str, fn: Callable[[OpGraph], OpGraph], graph: OpGraph) -> tuple[OpGraph, PassRecord]:
     """Apply one pass and record what it did (ops, edges and groups before and after)."""
     t0 = time.perf_counter()
-    out = fn(graph)
+    try:
+        out = fn(graph)
+    except BaechiError:
+        raise  # a one-line error about the graph, naming its ops
+    except Exception as err:
+        raise PassError(f"pass {name} failed: {type(err).__name__}: {err}") from err
     seconds = time.perf_counter() - t0
     record = PassRecord(name, graph.num_ops, out.num_ops, graph.num_edges, out.num_edges, seconds)
     record.details = {
@@ -71,12 +189,10 @@ def constraint_passes(graph: OpGraph, fmt: str, path: str) -> tuple[OpGraph, lis
     """
     records: list[PassRecord] = []
     try:
-        if fmt == "graphdef":
-            from baechi_cli.passes.colocation import colocate
-            from baechi_cli.passes.control_flow import control_flow
-
-            for name, fn in (("colocation", colocate), ("control_flow", control_flow)):
-                graph, record = run_pass(name, fn, graph)
+        wanted = set(FORMATS[fmt].constraint_passes)
+        for spec in ordered("constraint"):
+            if spec.name in wanted:
+                graph, record = run_pass(spec.name, spec.load(), graph)
                 records.append(record)
         graph.topo_order()  # every later stage needs the order; a cycle fails here, once
     except InputError as err:
@@ -144,33 +260,23 @@ def optimization_passes(
     why it ran or not. The placement graph's nodes carry ``members`` when a
     pass contracted ops.
     """
-    from baechi_cli.core.graph import own_bytes
-    from baechi_cli.passes.coplace import coplace
-    from baechi_cli.passes.forward_only import forward_only
-
     records: list[PassRecord] = []
     current = graph
-    if options.forward_only:
-        current, record = run_pass("forward_only", forward_only, current)
-        record.details["reason"] = forward_only_reason
+    expands_sequence = True
+    for spec in ordered("optimization"):
+        value = getattr(options, spec.name)
+        if value is None or value is False:
+            records.append(skipped_pass(spec.name, current, spec.off or forward_only_reason))
+            continue
+        arguments = spec.arguments(graph, devices, value) if spec.arguments is not None else {}
+        fn = spec.load()
+        current, record = run_pass(spec.name, functools.partial(fn, **arguments), current)
+        record.details.update(arguments)
+        if spec.name == "forward_only":
+            record.details["reason"] = forward_only_reason
         records.append(record)
-    else:
-        records.append(skipped_pass("forward_only", graph, forward_only_reason))
-    if options.coplace is not None:
-        cap = sum(own_bytes(graph)) // (options.coplace * devices.count)
-        current, record = run_pass("coplace", lambda g: coplace(g, max_group_bytes=cap), current)
-        record.details["max_group_bytes"] = cap
-        records.append(record)
-    else:
-        records.append(skipped_pass("coplace", current, "--no-coplace"))
-    if options.fusion:
-        from baechi_cli.passes.fusion import fuse
-
-        current, record = run_pass("fusion", fuse, current)
-        records.append(record)
-    else:
-        records.append(skipped_pass("fusion", current, "--no-fusion"))
-    variant = Variant(options, current, records, expands_sequence=not options.forward_only)
+        expands_sequence = expands_sequence and spec.contracts_only
+    variant = Variant(options, current, records, expands_sequence=expands_sequence)
     if options.forward_only:
         fine = options._replace(forward_only=False)
 

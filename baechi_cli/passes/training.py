@@ -1,96 +1,24 @@
 """Training synthesis: a training step made from a forward-only (inference) graph.
 
-Most models reach us as inference exports (an ONNX file from PyTorch), but
-what is split over devices is a training step. :func:`synthesize_training`
-appends what a step adds to the forward ops, so every later stage (passes,
-placers, the simulator) sees a training graph like the ones TensorFlow
-writes:
+Most models reach us as inference exports (an ONNX file from PyTorch), but what is split over
+devices is a training step. :func:`synthesize_training` appends what a step adds to the forward
+ops, as PyTorch's autograd and torch.optim run it, so every later stage (passes, placers, the
+simulator) sees a training graph like the ones TensorFlow writes:
 
-* **Which ops get a gradient.** An op *needs a gradient* when it owns
-  parameters (``persistent_bytes > 0``: the ONNX reader puts initializer
-  bytes on the op that reads them; in TensorFlow, the variable), or when it
-  reads a value that needs one and has a floating-point output (or one of
-  unknown type); graph inputs (``Input``/``Placeholder`` ops)
-  never do. Integer shape arithmetic and ops upstream of every parameter
-  get none, as in autograd.
-* **One backward op per such op** ``v``, named ``gradients/<name>`` (a
-  leading ``/`` of the name dropped: ``gradients/fc/Gemm``; type
-  ``<type>Grad``), ``is_backward`` with ``forward_op = v``, and in ``v``'s
-  colocation group: the PyTorch autograd engine runs a node's backward on
-  the device its forward ran on, so a plan applied with ``module.to()``
-  cannot put it elsewhere. Its compute time is ``v``'s times a
-  multiplier set by the forward op's cost-rule kind
-  (:data:`BACKWARD_MULTIPLIER`):
+* an op *needs a gradient* (:func:`needs_gradient`) when it owns parameters
+  (``persistent_bytes > 0``), or reads a value that needs one and has a floating-point output;
+  graph inputs never do, so integer shape arithmetic gets none, as in autograd;
+* one backward op ``gradients/<name>`` per such op, in its forward op's colocation group
+  (autograd runs a node's backward on the device its forward ran on), its compute a multiple
+  of the forward's (:data:`BACKWARD_MULTIPLIER`); the data edges reversed, and an edge for each
+  activation autograd saves for backward, which keeps it alive until the backward op ends;
+* a ``loss/<name>`` op for the model's outputs (``out.pow(2).mean()``, :data:`LOSS_KERNELS`);
+* an ``optimizer/step`` barrier, then per op owning parameters an update ``optimizer/<name>``
+  timed as torch.optim's kernels (:data:`UPDATE_KERNELS`) and holding the optimizer state.
 
-  ============  ==========================================================
-  flops         one forward's FLOPs per gradient it produces -- a
-                gradient per input that needs one, plus one for the
-                parameters -- between 1 and 2 (conv/matmul: dX and dW,
-                2x; the first layer: dW only, 1x; Relu: 1x)
-  bytes         1x: the gradient of a copy, transpose, gather or concat is
-                the reverse data movement
-  zero          0x: the gradient of a view (Reshape, Identity) is a view
-  variable      0x
-  uncovered     1x (bytes only, both ways); ``fallback`` likewise
-  ============  ==========================================================
-
-  Its temporary bytes are ``v``'s. Output ports: one gradient per input
-  tensor of ``v`` that needs one (that tensor's bytes), then, when ``v``
-  owns parameters, the parameter gradient buffer (``persistent_bytes[v]``).
-* **Edges.** The data edges reversed: for each consumer ``w`` of a tensor
-  ``(u, p)`` that needs a gradient, ``gradients/w`` sends its gradient of
-  ``(u, p)`` (same bytes) to ``gradients/u``; gradients of a tensor used
-  several times are summed by ``gradients/u`` (the adds are not costed
-  separately). Activations kept alive: exactly what PyTorch's autograd
-  saves for ``v``'s op type (:data:`baechi_cli.costs.memory_rules.SAVED_FOR_BACKWARD`:
-  Gemm/MatMul/Conv their data inputs, Relu and Softmax their output, Add
-  nothing, MaxPool its input and int64 indices, Dropout a one-byte mask,
-  ...; an op type not listed keeps every data input when it is a ``flops``
-  or uncovered op) reaches ``gradients/v`` over an edge, so the simulator
-  keeps it until the backward op ends, which is where a training step's
-  activation memory comes from. A saved tensor that the forward op writes
-  only for its backward (mask, indices) is an extra output port of ``v``.
-  The gradient of a view (:attr:`OpGraph.view_of`) with one incoming
-  gradient is a view of it. A control edge ``v -> gradients/v`` orders a
-  backward op after its forward op (for the graph's outputs, the loss
-  gradient starts there).
-* **The loss.** It is not in the model: the step takes it of the model's
-  outputs, an op's float outputs that nothing reads. Per op with such
-  outputs, a ``loss/<name>`` op (``Loss``, ``is_backward``, ``forward_op =
-  v``, in ``v``'s group) reads them and sends their gradients (same bytes)
-  to ``gradients/<name>``: ``out.pow(2).mean()`` and its backward, the
-  benches' and the H100 reference's loss (:data:`LOSS_KERNELS`). While it
-  runs it holds :data:`LOSS_TEMPORARIES` output-sized temporaries besides
-  the outputs and their gradients, with the forward pass's activations
-  still alive: at GPT-2's 823 MB logits, the peak of a training step.
-  So the caller no longer holds the outputs (``OpGraph.held_outputs``), only
-  the inputs it fed.
-* **Optimizer step.** ``opt.step()`` runs once ``backward()`` has
-  returned: an ``optimizer/step`` op (``OptimizerStep``, 0 µs) waits for
-  the last backward ops (control edges) and every update waits for it, so
-  each parameter's gradient buffer is alive from its backward op until its
-  update, all of them together at the end of the backward pass, as with
-  ``zero_grad(set_to_none=True)``. It is in the group of the last forward
-  op that needs a gradient.
-* **Optimizer.** Per op owning parameters, an update op
-  ``optimizer/<name>`` (likewise) in ``v``'s group (``is_backward``, ``forward_op =
-  v``), fed by the parameter gradient, of the TensorFlow type of the same
-  update (``ApplyGradientDescent``, ``ApplyMomentum``, ``ApplyAdam``). It is
-  timed as PyTorch runs it (:data:`UPDATE_KERNELS`: torch.optim's kernels,
-  each a pass over the parameter-sized tensors it reads and writes; Adam's
-  seven move 72 bytes a float32 element where TensorFlow's fused ApplyAdam
-  moves 28) on each device kind, and holds the optimizer state as
-  persistent bytes: 0 (sgd), 1x (momentum) or 2x (adam) the parameter
-  bytes; while an Adam update runs it holds two parameter-sized temporaries
-  (PyTorch's single-tensor Adam; :data:`UPDATE_TEMPORARIES`). Parameters are
-  taken as float32.
-
-Names are made unique with a ``_<k>`` suffix when the model already uses
-them. Ops ids of the input graph are unchanged: new ops are appended in
-topological order of their forward ops (backward ops reversed), so
-``graph.names[:n]`` is still the model.
-
-Complexity: O(V + E).
+Op ids of the input graph are unchanged: new ops are appended (names made unique with a
+``_<k>`` suffix), so ``graph.names[:n]`` is still the model. :func:`synthesize_training`
+states each rule in full. Complexity: O(V + E).
 
 Example:
     >>> from baechi_cli.core.graph import GraphBuilder
@@ -169,14 +97,14 @@ LOSS_KERNELS: tuple[tuple[str, int, int, int], ...] = (
 # At the backward's peak the mean's gradient, pow(1) and its double are alive beside the
 # result (the output's gradient) and the output itself, while the forward pass's activations
 # still are: cross-entropy's log_softmax output, its gradient and exp's result alike
-# (bench/h100.md: GPT-2's 823 MB logits at 8x512 tokens).
+# (bench/h100.md: GPT-2's logits).
 LOSS_TEMPORARIES = 3
 LOSS_OP = "Loss"
 # The barrier between the backward pass and the updates (a 0 µs op, no cost rule needed).
 STEP_OP, STEP_OP_NAME = "OptimizerStep", "optimizer/step"
 
 # Backward compute as a multiple of forward compute, by the forward op's rule
-# kind; ``flops`` is refined per op (see the module docstring).
+# kind; ``flops`` is refined per op (see synthesize_training).
 BACKWARD_MULTIPLIER = {
     "flops": 2.0,
     "bytes": 1.0,
@@ -220,12 +148,95 @@ def needs_gradient(graph: OpGraph) -> list[bool]:
 def synthesize_training(
     graph: OpGraph, devices: DeviceSpec, kinds: Sequence[str], optimizer: str = "sgd"
 ) -> OpGraph:
-    """``graph`` plus backward and optimizer ops (module docstring).
+    """``graph`` plus backward and optimizer ops (summary in the module docstring).
 
     ``graph`` must be costed and forward-only; ``kinds[v]`` is the cost-rule
     kind of op ``v`` (flops, bytes, zero, variable, uncovered, fallback).
     Raises :class:`InputError` when the graph already has backward ops, has
     nothing to train (no op owns parameters), or ``optimizer`` is unknown.
+
+    Rules, as PyTorch runs a step:
+
+    * **Which ops get a gradient.** An op *needs a gradient* when it owns
+      parameters (``persistent_bytes > 0``: the ONNX reader puts initializer
+      bytes on the op that reads them; in TensorFlow, the variable), or when it
+      reads a value that needs one and has a floating-point output (or one of
+      unknown type); graph inputs (``Input``/``Placeholder`` ops) never do.
+      Integer shape arithmetic and ops upstream of every parameter get none,
+      as in autograd.
+    * **One backward op per such op** ``v``, named ``gradients/<name>`` (a
+      leading ``/`` of the name dropped: ``gradients/fc/Gemm``; type
+      ``<type>Grad``), ``is_backward`` with ``forward_op = v``, and in ``v``'s
+      colocation group: the PyTorch autograd engine runs a node's backward on
+      the device its forward ran on, so a plan applied with ``module.to()``
+      cannot put it elsewhere. Its compute time is ``v``'s times a multiplier
+      set by the forward op's cost-rule kind (:data:`BACKWARD_MULTIPLIER`):
+
+      ============  ==========================================================
+      flops         one forward's FLOPs per gradient it produces -- a
+                    gradient per input that needs one, plus one for the
+                    parameters -- between 1 and 2 (conv/matmul: dX and dW,
+                    2x; the first layer: dW only, 1x; Relu: 1x)
+      bytes         1x: the gradient of a copy, transpose, gather or concat is
+                    the reverse data movement
+      zero          0x: the gradient of a view (Reshape, Identity) is a view
+      variable      0x
+      uncovered     1x (bytes only, both ways); ``fallback`` likewise
+      ============  ==========================================================
+
+      Its temporary bytes are ``v``'s. Output ports: one gradient per input
+      tensor of ``v`` that needs one (that tensor's bytes), then, when ``v``
+      owns parameters, the parameter gradient buffer (``persistent_bytes[v]``).
+    * **Edges.** The data edges reversed: for each consumer ``w`` of a tensor
+      ``(u, p)`` that needs a gradient, ``gradients/w`` sends its gradient of
+      ``(u, p)`` (same bytes) to ``gradients/u``; gradients of a tensor used
+      several times are summed by ``gradients/u`` (the adds are not costed
+      separately). Activations kept alive: exactly what PyTorch's autograd
+      saves for ``v``'s op type (:data:`baechi_cli.costs.memory_rules.SAVED_FOR_BACKWARD`:
+      Gemm/MatMul/Conv their data inputs, Relu and Softmax their output, Add
+      nothing, MaxPool its input and int64 indices, Dropout a one-byte mask,
+      ...; an op type not listed keeps every data input when it is a ``flops``
+      or uncovered op) reaches ``gradients/v`` over an edge, so the simulator
+      keeps it until the backward op ends, which is where a training step's
+      activation memory comes from. A saved tensor that the forward op writes
+      only for its backward (mask, indices) is an extra output port of ``v``.
+      The gradient of a view (:attr:`OpGraph.view_of`) with one incoming
+      gradient is a view of it. A control edge ``v -> gradients/v`` orders a
+      backward op after its forward op (for the graph's outputs, the loss
+      gradient starts there).
+    * **The loss.** It is not in the model: the step takes it of the model's
+      outputs, an op's float outputs that nothing reads. Per op with such
+      outputs, a ``loss/<name>`` op (``Loss``, ``is_backward``, ``forward_op =
+      v``, in ``v``'s group) reads them and sends their gradients (same bytes)
+      to ``gradients/<name>``: ``out.pow(2).mean()`` and its backward, the
+      benches' and the H100 reference's loss (:data:`LOSS_KERNELS`). While it
+      runs it holds :data:`LOSS_TEMPORARIES` output-sized temporaries besides
+      the outputs and their gradients, with the forward pass's activations
+      still alive: with large logits, the peak of a training step. So the
+      caller holds only the inputs it fed, not the outputs
+      (``OpGraph.held_outputs``).
+    * **Optimizer step.** ``opt.step()`` runs once ``backward()`` has
+      returned: an ``optimizer/step`` op (``OptimizerStep``, 0 µs) waits for
+      the last backward ops (control edges) and every update waits for it, so
+      each parameter's gradient buffer is alive from its backward op until its
+      update, all of them together at the end of the backward pass, as with
+      ``zero_grad(set_to_none=True)``. It is in the group of the last forward
+      op that needs a gradient.
+    * **Optimizer.** Per op owning parameters, an update op
+      ``optimizer/<name>`` (likewise) in ``v``'s group (``is_backward``,
+      ``forward_op = v``), fed by the parameter gradient, of the TensorFlow type
+      of the same update (``ApplyGradientDescent``, ``ApplyMomentum``,
+      ``ApplyAdam``). It is timed as PyTorch runs it (:data:`UPDATE_KERNELS`:
+      torch.optim's kernels, each a pass over the parameter-sized tensors it
+      reads and writes; Adam's seven move 72 bytes a float32 element where
+      TensorFlow's fused ApplyAdam moves 28) on each device kind, and holds the
+      optimizer state as persistent bytes: 0 (sgd), 1x (momentum) or 2x (adam)
+      the parameter bytes; while an Adam update runs it holds two
+      parameter-sized temporaries (PyTorch's single-tensor Adam;
+      :data:`UPDATE_TEMPORARIES`). Parameters are taken as float32.
+
+    New ops are appended in topological order of their forward ops (backward
+    ops reversed).
     """
     if optimizer not in OPTIMIZERS:
         raise InputError(f"unknown optimizer '{optimizer}' (choose from {', '.join(OPTIMIZERS)})")

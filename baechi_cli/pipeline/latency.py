@@ -1,65 +1,27 @@
 """Single-sample latency splits: Tarnawski et al.'s latency objective and an exact solver for it.
 
-The model (Tarnawski et al., NeurIPS 2020, Appendix A/F; their ``lip.py``
-and ``greedy.cpp -computeLatency``): one sample passes through the graph.
-``k`` identical accelerators of ``memory`` bytes each run one *contiguous*
-subgraph (the difference of two ideals) as one call: the call starts when
-every op outside it that feeds it has finished, then receives its inputs,
-computes, and sends its outputs, communication not overlapped with compute::
+The model (Tarnawski et al., NeurIPS 2020, Appendix A/F; their ``lip.py`` and ``greedy.cpp
+-computeLatency``): one sample passes through the graph. ``k`` identical accelerators of
+``memory`` bytes each run one *contiguous* subgraph (the difference of two ideals) as one call,
+which starts when every op outside it that feeds it has finished, then receives its inputs,
+computes and sends its outputs, communication not overlapped with compute::
 
     finish(S) = max(finish of S's producers outside S) + in(S) + compute(S) + out(S)
 
-``in(S)`` is the transfer time of every tensor made outside ``S`` and read
-in it (once per tensor), ``out(S)`` of every tensor made in ``S`` and read
-outside it; every op of ``S`` finishes at ``finish(S)``. An op on a CPU runs
-as soon as its inputs are ready, at its CPU time, with no transfers of its
-own (their model has as many CPU cores as the graph is wide; ``maxCPUs`` only
-says whether CPUs may be used). The split's *latency* is the last finish.
-Valid splits keep colocation groups on one device and each accelerator's
-ops within its memory (``size``).
+``in(S)`` is the transfer time of every tensor made outside ``S`` and read in it (once per
+tensor), ``out(S)`` of every tensor made in ``S`` and read outside it. An op on a CPU runs as
+soon as its inputs are ready, at its CPU time, with no transfers (their model has as many CPU
+cores as the graph is wide; ``maxCPUs`` only says whether CPUs may be used). The split's
+*latency* is the last finish. Valid splits keep colocation groups on one device and each
+accelerator's ops within its memory (``size``).
 
-:func:`evaluate_latency` prices any assignment as ``greedy.cpp
--computeLatency`` does, including its first step: an accelerator's ops that
-are not contiguous are cut into the fewest contiguous pieces (by the number
-of times a path leaves and re-enters them), each a call of its own.
-
-Solver (:func:`solve_latency`), exact within the model:
-
-1. *Upper bound.* Splits into consecutive ranges of a few topological
-   orders of the units (:mod:`baechi_cli.pipeline.throughput`'s units: colocation
-   groups, cycles fused), each range on its own accelerator, ranges run one
-   after another: the least sum of range costs is a DP over ``(ranges,
-   end)``, O(k n w) for ranges of at most ``w`` units that fit memory. The
-   best such split, judged by :func:`evaluate_latency` (ranges that do not
-   depend on each other overlap), is ``U``.
-2. *Exact search* over chains of ideals ``0 = I_0 < I_1 < ... < I_m = all``:
-   every contiguous split is such a chain (its calls in a topological order
-   of the call graph), each step ``I_j - I_{j-1}`` one call on a new
-   accelerator or one unit on a CPU. A *label* at ideal ``I`` holds the
-   accelerators used, the finish time of each unit of ``I`` that still has a
-   successor outside ``I`` (the frontier: all a later call can wait for), and
-   the latest finish of the others. Labels of one ideal that are dominated
-   (no fewer accelerators, no earlier finish anywhere) are dropped. Ideals
-   are expanded in order of size, so an ideal's labels are final when it is
-   expanded. Pruning, all exact: a call is grown by sibling-exclusion
-   branching (every ideal above ``I`` once) while its start, compute and
-   the transfers no growth can undo stay below ``U``, and its bytes within
-   memory; a label whose frontier finish plus the longest path of cheapest
-   compute after it reaches ``U`` is dropped, as is one whose remaining
-   bytes cannot fit the accelerators left (without CPUs).
-3. When the search completes the result is *proven* optimal. It is bounded
-   by ``max_sets`` enumerated calls; beyond that the best split found is
-   returned with ``proven=False`` and a valid lower bound: the least lower
-   bound of the labels not yet expanded (every split not found completes
-   one of them), at least the critical path of cheapest compute.
-4. An unproven split is then improved by local search (:func:`_improve`):
-   a unit on a call's boundary moves to a neighbouring call, an unused
-   accelerator or a CPU while the latency drops, within a fixed number of
-   judged splits.
-
-A unit on a CPU is timed as one block (its ops' CPU times summed, started
-when all its inputs are ready), exact for a unit of one op; the evaluator
-times each op by itself, which can only be earlier.
+:func:`evaluate_latency` prices any assignment as ``greedy.cpp -computeLatency`` does: an
+accelerator's ops that are not contiguous are cut into the fewest contiguous pieces, each a
+call of its own. :func:`solve_latency` is exact within the model: a DP over ranges of a few
+topological orders gives an upper bound, a label search over chains of ideals proves or improves
+it, and past ``max_sets`` the best split is returned with ``proven=False``, a valid lower bound
+and a local-search polish. A unit on a CPU is timed as one block (exact for a unit of one op;
+the evaluator, timing each op by itself, can only be earlier).
 
 Example:
     >>> from baechi_cli.pipeline.throughput import LoadModel
@@ -90,10 +52,10 @@ from baechi_cli.pipeline.throughput import Growing, LoadModel, Units, build_unit
 
 # Floating-point slack when comparing times summed in different orders.
 _EPS = 1e-9
-# Splits the local search after an unfinished exact search may judge (about 200 a second here).
+# Splits the local search after an unfinished exact search may judge (about a second's worth).
 IMPROVE_EVALUATIONS = 300
-# Calls the exact search may enumerate (about 30,000 a second here) before it settles for the
-# best found with a bound: the pipeline may run it again on cut memory, so keep it near a second.
+# Calls the exact search may enumerate before it settles for the best found with a bound: the
+# pipeline may run it again on cut memory, so keep it near a second (bench/history/placement.md).
 DEFAULT_MAX_SETS = 40_000
 
 
@@ -273,6 +235,30 @@ def solve_latency(model: LoadModel, *, max_sets: int = DEFAULT_MAX_SETS) -> Late
     Raises InfeasibleError when no contiguous split fits the accelerators'
     memory (and no CPU may take the rest), InputError on a model without
     devices. Deterministic: the same model gives the same split.
+
+    Algorithm, exact within the model:
+
+    1. *Upper bound.* Splits into consecutive ranges of a few topological orders of the units
+       (:mod:`baechi_cli.pipeline.throughput`'s units: colocation groups, cycles fused), each range
+       on its own accelerator, run one after another: the least sum of range costs is a DP over
+       ``(ranges, end)``, O(k n w) for ranges of at most ``w`` units that fit memory. The best,
+       judged by :func:`evaluate_latency` (independent ranges overlap), is ``U``.
+    2. *Exact search* over chains of ideals ``0 = I_0 < I_1 < ... < I_m = all``: every contiguous
+       split is one (its calls in a topological order of the call graph), each step one call on a
+       new accelerator or one unit on a CPU. A *label* at ideal ``I`` holds the accelerators used,
+       the finish of each unit of ``I`` with a successor outside ``I`` (the frontier: all a later
+       call can wait for), and the latest finish of the others; dominated labels are dropped.
+       Ideals are expanded by size, so an ideal's labels are final when expanded. Exact pruning: a
+       call grows by sibling-exclusion branching while its start, compute and the transfers no
+       growth can undo stay below ``U`` and its bytes within memory; a label whose frontier finish
+       plus the cheapest-compute path after it reaches ``U`` is dropped, as is one whose remaining
+       bytes cannot fit the accelerators left.
+    3. A search that completes *proves* the result optimal. Past ``max_sets`` enumerated calls
+       the best split is returned with ``proven=False`` and the least lower bound of the labels
+       not yet expanded (every split not found completes one), at least the critical path.
+    4. An unproven split is improved by local search (:func:`_improve`): a unit on a call's
+       boundary moves to a neighbouring call, an unused accelerator or a CPU while the latency
+       drops, within a fixed number of judged splits.
     """
     if model.accelerators < 0 or model.cpus < 0 or model.num_devices == 0:
         raise InputError("a latency split needs at least one device")
@@ -535,7 +521,7 @@ def _fill(u: Units, order: list[int], k: int, memory: float) -> list[_Stage]:
 
 @dataclass
 class _Label:
-    """A partial split reaching an ideal (module docstring, step 2)."""
+    """A partial split reaching an ideal (:func:`solve_latency`, step 2)."""
 
     ideal: int
     accels: int

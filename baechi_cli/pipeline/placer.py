@@ -1,49 +1,39 @@
 """pipeline: a pipeline-parallel split for throughput or latency (``--objective throughput|latency``).
 
-Contract: ``place(graph, devices, options)`` splits the op graph into
-pipeline stages, one per device, by :mod:`baechi_cli.pipeline.throughput` (Tarnawski
-et al.'s max-load model, solved exactly or with a stated bound), and returns
-the placement with the split in ``info["pipeline"]``:
+Contract: ``place(graph, devices, options)`` splits the op graph into pipeline stages over the
+devices by :mod:`baechi_cli.pipeline.throughput` (Tarnawski et al.'s max-load model, solved
+exactly or with a stated bound), and returns the placement with the split in ``info["pipeline"]``:
 
-* without ``options.microbatches`` the objective is theirs: the least
-  max-load, i.e. the steady-state throughput of an endless stream of
-  samples;
-* with ``microbatches = M`` the graph is one minibatch of M microbatches, each
-  costing 1/M of its compute and transfers, run by ``options.schedule``
-  (1F1B or GPipe, :mod:`baechi_cli.pipeline.schedules`, which flushes the pipeline
-  every minibatch). The best split for every stage count from 1 to the
-  devices is simulated, and the one with the highest throughput whose
-  stages fit their memory (persistent bytes plus the activations in flight,
-  by the schedule) is kept: more stages spread the work but add bubbles
-  ``(S - 1) / (M + S - 1)`` and hold more microbatches' activations. On a
-  PyTorch export each stage count's best split is then tuned for the
-  schedule (:func:`_tune`: its boundaries moved between torch's cut points
-  while the simulated minibatch gets faster within memory) before they
-  compete.
+* without ``options.microbatches`` the objective is theirs: the least max-load, i.e. the
+  steady-state throughput of an endless stream of samples;
+* with ``microbatches = M`` the graph is one minibatch of M microbatches, each costing 1/M of its
+  compute and transfers, run by ``options.schedule`` (:mod:`baechi_cli.pipeline.schedules`, which
+  flushes the pipeline every minibatch). The best split for every stage count from 1 to the
+  devices is simulated, and the fastest whose stages fit their memory (persistent bytes plus the
+  activations in flight) is kept: more stages spread the work but add bubbles
+  ``(S - 1) / (M + S - 1)`` and hold more activations. On a PyTorch export each stage count's
+  best split is first tuned for the schedule (:func:`_tune`: boundaries moved between torch's cut
+  points while the simulated minibatch gets faster within memory).
 
-A weight several ops read (an ONNX export's tied embedding and head) keeps
-its readers in one unit in Tarnawski et al.'s model; with microbatches the
-split is also solved with each reader free to sit in another stage
-(:func:`baechi_cli.pipeline.throughput.load_model`'s ``replicate_tied``), as torch's
-``pipeline()`` copies such a parameter to every stage using it: the copies
-count in their devices' memory and the schedule all-reduces their gradient
-once per minibatch (``info["tied_weights"]``). Both are simulated; the
-fastest within memory is kept.
+A weight several ops read (a tied embedding and head) keeps its readers in one unit in Tarnawski
+et al.'s model; with microbatches the split is also solved with each reader free to sit in
+another stage (``replicate_tied`` of :func:`baechi_cli.pipeline.throughput.load_model`), as torch's
+``pipeline()`` copies such a parameter to every stage using it: the copies count in memory and
+the schedule all-reduces their gradient per minibatch (``info["tied_weights"]``). The fastest
+of both within memory is kept.
 
-An ONNX export with PyTorch module paths is split only where
-``torch.distributed.pipelining`` can cut (:mod:`baechi_cli.pipeline.torch_split`):
-the units are ordered by the program and the stages are ranges of that
-order starting at a module's first op; ``info["pipeline"]["split_points"]``
-is then the ``split_spec`` that rebuilds the split in PyTorch.
+An ONNX export with PyTorch module paths is split only where ``torch.distributed.pipelining`` can
+cut (:mod:`baechi_cli.pipeline.torch_split`): stages are ranges of the program order starting at a
+module's first op, and ``info["pipeline"]["split_points"]`` is the ``split_spec`` that rebuilds
+the split in PyTorch.
 
-With ``options.objective == "latency"`` the split is Tarnawski et al.'s
-inference-latency one instead (:mod:`baechi_cli.pipeline.latency`): one contiguous
-call per accelerator, ordered by every edge of the graph, least time for one
-sample; ``info["pipeline"]`` then has ``latency_us`` and the calls' start
-and finish.
+With ``options.objective == "latency"`` the split is Tarnawski et al.'s inference-latency one
+(:mod:`baechi_cli.pipeline.latency`): one contiguous call per accelerator, ordered by every edge
+of the graph, least time for one sample; ``info["pipeline"]`` then has ``latency_us`` and the
+calls' start and finish.
 
-Complexity: that of :func:`baechi_cli.pipeline.throughput.solve`, once per stage count
-with microbatches, plus O(S M) per schedule simulation.
+Complexity: that of :func:`baechi_cli.pipeline.throughput.solve`, once per stage count with
+microbatches, plus O(S M) per schedule simulation.
 """
 
 from __future__ import annotations
@@ -56,9 +46,8 @@ from baechi_cli.core.devices import DeviceSpec
 from baechi_cli.core.errors import BaechiError, InfeasibleError, InputError
 from baechi_cli.core.graph import CONTROL_PORT, OpGraph
 from baechi_cli.evaluator.placement import Placement
+from baechi_cli.pipeline import schedules
 from baechi_cli.pipeline.schedules import (
-    INTERLEAVED,
-    ZBV,
     StageCosts,
     render_timeline,
     simulate_pipeline,
@@ -78,24 +67,26 @@ from baechi_cli.placers import PipelineOptions
 if TYPE_CHECKING:
     from baechi_cli.pipeline.torch_split import SkipFinder
 
-# Stages per device under the interleaved schedule (Megatron-LM's and torch's usual choice);
-# zbv runs exactly two.
-INTERLEAVED_CHUNKS = 2
-CHUNKS = {INTERLEAVED: INTERLEAVED_CHUNKS, ZBV: 2}
 # The boundary search after the max-load split (_tune): simulated splits, and move lengths in
 # cut points, longest first.
 TUNE_EVALUATIONS = 200
 TUNE_STEPS = (8, 4, 2, 1)
-# What the default (--schedule left out) simulates, the simplest first: it wins ties.
-AUTO_SCHEDULES = ("1f1b", INTERLEAVED, ZBV)
 
 
 def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Placement:
     """Split ``graph`` into pipeline stages over ``devices`` (module docstring)."""
     if options.microbatches is not None and options.microbatches < 1:
         raise InputError(f"--microbatches must be at least 1, got {options.microbatches}")
-    if options.objective == "latency":
-        return _place_for_latency(graph, devices, options)
+    solver = SOLVERS.get(options.objective)
+    if solver is None:
+        raise InputError(
+            f"the pipeline splitter places for {' or '.join(SOLVERS)}, not {options.objective!r}"
+        )
+    return solver(graph, devices, options)
+
+
+def _place_for_throughput(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Placement:
+    """Stages for the most minibatches per second (:mod:`baechi_cli.pipeline.throughput`)."""
     # Tarnawski's files tie a backward node to its forward node by colorClass only.
     from_workload = graph.num_ops > 0 and "cpu_us" in graph.attrs[0]
     model = load_model(graph, devices, cpus=options.cpus, follow_forward=not from_workload)
@@ -104,7 +95,8 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
         split = solve(model, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts)
         info = _info(model, split, None, options)
     else:
-        schedules = AUTO_SCHEDULES if options.schedule == "auto" else (options.schedule,)
+        # --schedule left out: the registry's default ones, the simplest first (it wins ties).
+        tried = schedules.compared_by_default() if options.schedule == "auto" else (options.schedule,)
         best = None
         first_error = None
         minibatch_us: dict[str, float | None] = {}
@@ -117,7 +109,7 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
             if untied.tied:
                 models.append(untied)
         solved: dict[tuple[int, int, float], Split | BaechiError] = {}  # interleaved's are zbv's
-        for schedule in schedules:
+        for schedule in tried:
             found = _best_for_schedule(
                 graph, models, program, cuts, replace(options, schedule=schedule), solved
             )
@@ -134,7 +126,7 @@ def place(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Plac
             assert first_error is not None
             raise first_error
         split, info = best
-        if len(schedules) > 1:  # what the default compared (None: no split fit under it)
+        if len(tried) > 1:  # what the default compared (None: no split fit under it)
             info["schedule"]["compared_minibatch_us"] = minibatch_us
     if cuts is not None:
         info["split_points"] = _split_points(graph, split)
@@ -157,6 +149,10 @@ def _place_for_latency(graph: OpGraph, devices: DeviceSpec, options: PipelineOpt
     model = LoadModel(**{**model.__dict__, "is_backward": [False] * model.num_ops})
     split = solve_latency(model)
     return Placement(split.device_of_op, info={"pipeline": {"objective": "latency", **split.to_json()}})
+
+
+# What the pipeline splitter solves for each objective it optimises (core.objectives names it).
+SOLVERS = {"throughput": _place_for_throughput, "latency": _place_for_latency}
 
 
 def _program_cuts(graph: OpGraph) -> tuple[list[int] | None, dict[int, str] | None]:
@@ -214,7 +210,7 @@ def _best_for_schedule(
     )
     best: _Found | None = None
     problems: list[str] = []
-    chunks = CHUNKS.get(options.schedule, 1)
+    chunks = schedules.get(options.schedule).stages_per_device
     model = models[0]
     for devices in range(1, model.accelerators + 1):
         best_here: _Found | None = None  # the best on this many devices, tuned before it competes
@@ -297,7 +293,7 @@ class _Found:
         finder = per_op.skip_finder
         skips = finder.skips(_stage_of(split)) if finder is not None else []
         # torch's multi-stage schedules send nothing past a stage; 1F1B and GPipe no gradient.
-        several = CHUNKS.get(options.schedule, 1) > 1
+        several = schedules.get(options.schedule).stages_per_device > 1
         self.blocking = sum(1 for skip in skips if several or skip.needs_gradient)
         if skips:
             self.info["skips"] = [

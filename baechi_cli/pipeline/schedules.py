@@ -1,76 +1,34 @@
 """Pipeline-schedule simulator: one minibatch of pipeline-parallel training or inference, timed.
 
-Numbers in, numbers out. ``simulate_pipeline(costs, num_microbatches, schedule)``
-takes per-stage costs (:class:`StageCosts`) and returns the minibatch time,
-throughput, per-stage busy time, bubble fraction and activation-memory peak,
-and the timeline of every op and transfer (:class:`PipelineTiming`).
-:func:`render_timeline` draws that timeline as text for a terminal.
+``simulate_pipeline(costs, num_microbatches, schedule)`` takes per-stage costs
+(:class:`StageCosts`) and returns the minibatch time, throughput, per-stage busy time, bubble
+fraction, activation-memory peak and the timeline of every op and transfer
+(:class:`PipelineTiming`); :func:`render_timeline` draws the timeline as text.
 
-Model:
+Model. ``F(s, m)`` is the forward of microbatch ``m`` on stage ``s``, ``B(s, m)`` its backward
+(under ``zbv`` an input gradient ``I``, which the stage below waits for, and a weight gradient
+``W``, which nothing waits for), ``O(s)`` the stage's optimizer step after its last backward, and
+``S(s)`` an all-reduce of a weight copied to several devices (``gradient_syncs``), run once every
+holder has run its last forward or backward, before their optimizer steps. A schedule
+(:data:`REGISTRY`: ``gpipe``, ``1f1b``, ``interleaved``, ``zbv``, each a :class:`Schedule`
+matching a ``torch.distributed.pipelining`` class) fixes which device runs each stage and each
+device's op order. Every op starts as early as its device and its input allow: ``F(s, m)`` once
+the activation of ``m`` arrived from ``s - 1``, ``B(s, m)`` once its gradient arrived from
+``s + 1``. Each stage pair has one link per direction, sending one microbatch at a time in the
+order produced; data arrives ``send_forward_us[s]`` (``send_backward_us[s]``) after the send
+starts, at once between stages on one device. The minibatch time is the end of the last op;
+throughput is ``M / minibatch``. In flight on ``s``: microbatches whose forward started there and
+whose backward (``W``) has not ended; ``peak_bytes[s] = persistent_bytes[s] + peak_in_flight[s] *
+activation_bytes[s]``. With ``backward_us`` all 0 the costs describe inference: forwards only, and
+an optimizer step is refused.
 
-* Stage ``s`` (0-based, in pipeline order) is one device running its ops one
-  at a time in the fixed order :func:`op_order` gives. ``F(s, m)`` is the
-  forward of microbatch ``m`` on stage ``s``, ``B(s, m)`` its backward,
-  ``O(s)`` the stage's optimizer step (once per minibatch, after its last
-  backward, when ``optimizer_us[s] > 0``). ``S(s)`` is an all-reduce of a
-  weight that several stages hold a copy of (``gradient_syncs``: tied
-  embeddings split across stages): it starts once every device holding a
-  copy has run its last forward or backward, holds them all for its time,
-  and precedes their optimizer steps. Copies on one device need none.
-* Schedules (``S`` stages, ``M`` microbatches):
+Closed forms (equal stages ``f``, ``b``, free transfers): gpipe and 1f1b take
+``(M + S - 1)(f + b)``, bubble fraction ``(S - 1) / (M + S - 1)``; inference ``(M + S - 1) f``.
+GPipe keeps ``M`` microbatches in flight on every stage, 1F1B ``min(S - s, M)`` on stage ``s``.
 
-  - ``gpipe``: every stage runs ``F(s, 0..M-1)``, then ``B(s, 0..M-1)``:
-    fill-drain with backwards in microbatch order, as
-    torch.distributed.pipelining's ``ScheduleGPipe`` issues them (the order of
-    the backwards does not change the minibatch time when stages are equal).
-  - ``1f1b``: non-interleaved 1F1B (PipeDream-flush), exactly Megatron-LM's
-    ``forward_backward_pipelining_without_interleaving``: stage ``s`` runs
-    ``w = min(S - s - 1, M)`` warm-up forwards, then ``M - w`` steady pairs
-    (one forward, then the backward of the oldest microbatch in flight), then
-    ``w`` cool-down backwards. torch's ``Schedule1F1B`` counts the first
-    steady forward as warm-up (``min(S - s, M)`` forwards) and issues the
-    same per-stage order.
-  - ``interleaved`` and ``zbv`` run several stages per device
-    (:func:`device_orders`, :func:`stage_devices`): torch's
-    ``ScheduleInterleaved1F1B`` and ``ScheduleZBVZeroBubble``. Under ``zbv``
-    a backward is two ops: ``I(s, m)``, the input gradient (``backward_us -
-    weight_us``), which the stage below waits for, and ``W(s, m)``, the
-    weight gradient (``weight_us``), which nothing waits for, so the order
-    slips it into what would be bubbles.
-
-  With ``backward_us`` all 0 the costs describe inference: both schedules
-  run only ``F(s, 0..M-1)``, and an optimizer step is refused.
-* ``F(s, m)`` starts when stage ``s`` is free and the activation of ``m`` has
-  arrived from ``s - 1``; ``B(s, m)`` when the stage is free and the gradient
-  of ``m`` has arrived from ``s + 1`` (the last stage's backward only needs
-  its own forward of ``m``, which its order puts earlier); ``I`` likewise,
-  ``W`` when its device is free. Every op starts as
-  early as that allows: ``start = max(end of the stage's previous op, input
-  arrival)``.
-* Transfers overlap compute: each stage pair has one link per direction. A
-  link sends one microbatch at a time, in the order the sender produced them:
-  a send starts at ``max(producer's end, the link's previous send's end)``
-  and the data arrives ``send_forward_us[s]`` (``send_backward_us[s]``) later.
-  Between two stages on one device nothing moves: the data is there at once.
-* Minibatch time: the end of the last op (all-reduces and optimizer steps included).
-  Throughput is ``M / minibatch`` per µs, reported per second.
-* In flight on stage ``s``: microbatches whose forward has started on ``s``
-  and whose backward (under ``zbv`` its ``W``) on ``s`` has not ended (a backward ending at the instant
-  a forward starts frees first); in inference, a microbatch only while its
-  forward runs. ``peak_bytes[s] = persistent_bytes[s] + peak_in_flight[s] *
-  activation_bytes[s]``.
-
-Closed forms (equal stages ``f``, ``b``, free transfers): both schedules take
-``(M + S - 1)(f + b)`` with bubble fraction ``(S - 1) / (M + S - 1)``;
-inference takes ``(M + S - 1) f``. GPipe keeps ``M`` microbatches in flight
-on every stage, 1F1B ``min(S - s, M)`` on stage ``s``.
-
-Complexity: O(S·M) time and memory. Each stage's order is fixed up front;
-times are resolved by a work list of stages, each advanced while its next op's
-input has arrived, and a stage is revisited only when one of its inputs
-arrives, so every op is resolved once. Both orders are deadlock-free (they
-are the orders Megatron-LM and torch run); the simulator asserts that every
-op was resolved.
+Complexity: O(S·M) time and memory: orders are fixed up front and a work list revisits a stage
+only when an input arrives, so every op is resolved once. The orders are deadlock-free
+(Megatron-LM's and torch's); the simulator asserts that every op was resolved.
 
 Example:
     >>> costs = StageCosts(forward_us=[1, 1], backward_us=[2, 2])
@@ -91,14 +49,6 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from baechi_cli.core.errors import InputError
-
-SCHEDULES = ("gpipe", "1f1b")  # one stage per device
-# torch's ScheduleInterleaved1F1B (Megatron-LM's interleaved schedule): several stages per device.
-INTERLEAVED = "interleaved"
-# torch's ScheduleZBVZeroBubble: two stages per device in a V, the backward split into its
-# input gradient (I) and its weight gradient (W), which fills the bubbles.
-ZBV = "zbv"
-ALL_SCHEDULES = (*SCHEDULES, INTERLEAVED, ZBV)
 
 OpKind = Literal["F", "B", "I", "W", "O", "S"]
 
@@ -257,182 +207,330 @@ def _check_microbatches(num_microbatches: int) -> None:
         raise InputError(f"the number of microbatches must be at least 1, got {num_microbatches}")
 
 
+class Schedule:
+    """One pipeline schedule: which device runs each stage, and the order each device runs its ops.
+
+    A new schedule is one subclass plus one entry in :data:`REGISTRY` (:func:`register`): the
+    placer, the simulator, ``--schedule``'s choices and the report read it from there.
+    ``stages_per_device`` is how many stages the placer cuts per device (1: one stage per device;
+    more: that many per device); ``compared_by_default`` says whether ``--schedule`` left out
+    tries it; ``torch_class`` names the ``torch.distributed.pipelining`` schedule that runs it.
+    """
+
+    name: str = ""
+    torch_class: str = ""
+    stages_per_device: int = 1
+    compared_by_default: bool = True
+    needs_training: bool = False
+
+    def stage_devices(self, num_stages: int, num_devices: int) -> list[int]:
+        """The device of each stage: ``s % num_devices`` unless the schedule says otherwise. O(S)."""
+        return [s % num_devices for s in range(num_stages)]
+
+    def device_orders(
+        self, num_stages: int, num_devices: int, num_microbatches: int, training: bool
+    ) -> list[list[tuple[OpKind, int, int]]]:
+        """Each device's ops, as (kind, stage, microbatch), in the order the schedule runs them."""
+        raise NotImplementedError
+
+    def check_devices(self, num_stages: int, num_devices: int) -> None:
+        """InputError unless ``num_stages`` stages can run on ``num_devices`` devices."""
+        if self.stages_per_device == 1 and num_devices != num_stages:
+            raise InputError(
+                f"{self.name} runs one stage per device: {num_stages} stages on {num_devices} devices"
+            )
+
+
+class _OneStagePerDevice(Schedule):
+    """A schedule with one stage per device, defined by each stage's own op order."""
+
+    def op_order(
+        self, num_stages: int, num_microbatches: int, training: bool
+    ) -> list[list[tuple[OpKind, int]]]:
+        """Each stage's ops, as (kind, microbatch), in the order the schedule runs them. O(S·M)."""
+        raise NotImplementedError
+
+    def device_orders(
+        self, num_stages: int, num_devices: int, num_microbatches: int, training: bool
+    ) -> list[list[tuple[OpKind, int, int]]]:
+        self.check_devices(num_stages, num_devices)
+        return [
+            [(kind, s, m) for kind, m in order]
+            for s, order in enumerate(self.op_order(num_stages, num_microbatches, training))
+        ]
+
+
+class GPipe(_OneStagePerDevice):
+    """Every forward, then every backward (torch's ``ScheduleGPipe``).
+
+    Fill-drain with backwards in microbatch order, as torch issues them (the order of the
+    backwards does not change the minibatch time when stages are equal).
+    """
+
+    name = "gpipe"
+    torch_class = "ScheduleGPipe"
+    compared_by_default = False
+
+    def op_order(
+        self, num_stages: int, num_microbatches: int, training: bool
+    ) -> list[list[tuple[OpKind, int]]]:
+        forwards: list[tuple[OpKind, int]] = [("F", m) for m in range(num_microbatches)]
+        backwards: list[tuple[OpKind, int]] = [("B", m) for m in range(num_microbatches)] if training else []
+        return [forwards + backwards for _ in range(num_stages)]
+
+
+class OneFOneB(_OneStagePerDevice):
+    """Warm-up forwards, then one forward and one backward in turn (torch's ``Schedule1F1B``).
+
+    Non-interleaved 1F1B (PipeDream-flush), exactly Megatron-LM's
+    ``forward_backward_pipelining_without_interleaving``: stage ``s`` runs ``w = min(S - s - 1, M)``
+    warm-up forwards, then ``M - w`` pairs (a forward, then the backward of the oldest microbatch
+    in flight), then ``w`` backwards. torch's ``Schedule1F1B`` counts the first steady forward as
+    warm-up and issues the same per-stage order.
+    """
+
+    name = "1f1b"
+    torch_class = "Schedule1F1B"
+
+    def op_order(
+        self, num_stages: int, num_microbatches: int, training: bool
+    ) -> list[list[tuple[OpKind, int]]]:
+        forwards: list[tuple[OpKind, int]] = [("F", m) for m in range(num_microbatches)]
+        if not training:
+            return [list(forwards) for _ in range(num_stages)]
+        backwards: list[tuple[OpKind, int]] = [("B", m) for m in range(num_microbatches)]
+        orders = []
+        for stage in range(num_stages):
+            warmup = min(num_stages - stage - 1, num_microbatches)
+            order = forwards[:warmup]
+            for steady in range(num_microbatches - warmup):
+                order += [forwards[warmup + steady], backwards[steady]]
+            order += backwards[num_microbatches - warmup :]
+            orders.append(order)
+        return orders
+
+
+class Interleaved(Schedule):
+    """Several stages per device, round robin (torch's ``ScheduleInterleaved1F1B``, Megatron-LM's).
+
+    ``v = num_stages / num_devices`` stages per device: ``r = max(1, M // D)`` rounds of ``M / r``
+    microbatches (M must be a multiple of ``r``); device ``d`` runs ``min((v - 1) M/r + 2 (D - 1 -
+    d), v M)`` warm-up forwards, then pairs of a forward and a backward, then the remaining
+    backwards, forward step ``i`` on its local stage ``(i // (M/r)) % v`` and backward step ``i``
+    (counted from the end of the warm-up) on ``v - 1 - (i // (M/r)) % v``, each stage's
+    microbatches in order.
+    """
+
+    name = "interleaved"
+    torch_class = "ScheduleInterleaved1F1B"
+    stages_per_device = 2
+
+    def check_devices(self, num_stages: int, num_devices: int) -> None:
+        if num_devices < 1 or num_stages % num_devices:
+            raise InputError(
+                f"the interleaved schedule needs a whole number of stages per device: "
+                f"{num_stages} stages on {num_devices} devices"
+            )
+
+    def device_orders(
+        self, num_stages: int, num_devices: int, num_microbatches: int, training: bool
+    ) -> list[list[tuple[OpKind, int, int]]]:
+        self.check_devices(num_stages, num_devices)
+        local = num_stages // num_devices
+        rounds = max(1, num_microbatches // num_devices)
+        if num_microbatches % rounds:
+            raise InputError(
+                f"the interleaved schedule needs the microbatches to be a multiple of its rounds "
+                f"(max(1, M // devices) = {rounds}), got {num_microbatches}"
+            )
+        per_round = num_microbatches // rounds
+        return [
+            self._order(d, num_devices, local, num_microbatches, per_round, training)
+            for d in range(num_devices)
+        ]
+
+    @staticmethod
+    def _order(
+        device: int, devices: int, local: int, microbatches: int, per_round: int, training: bool
+    ) -> list[tuple[OpKind, int, int]]:
+        steps = local * microbatches
+        warmup = steps if not training else min((local - 1) * per_round + 2 * (devices - 1 - device), steps)
+        done = {"F": [0] * local, "B": [0] * local}
+        order: list[tuple[OpKind, int, int]] = []
+        for step in range(steps + (warmup if training else 0)):
+            kinds: list[OpKind] = []
+            if step < steps:
+                kinds.append("F")
+            if training and step >= warmup:
+                kinds.append("B")
+            for kind in kinds:
+                if kind == "F":
+                    chunk = (step // per_round) % local
+                else:
+                    chunk = local - 1 - ((step - warmup) // per_round) % local
+                order.append((kind, chunk * devices + device, done[kind][chunk]))
+                done[kind][chunk] += 1
+        return order
+
+
+class ZeroBubbleV(Schedule):
+    """Two stages per device in a V, each backward split into I and W (torch's ``ScheduleZBVZeroBubble``).
+
+    Stages ``d`` and ``2 D - 1 - d`` run on device ``d`` (torch's
+    ``generate_stage_to_rank_mapping(style="v")``). Each backward is an ``I`` (input gradient,
+    sent on) and a ``W`` (weight gradient, free to wait). Device ``d`` of ``D`` runs ``2 (D - d) -
+    1`` forwards of its first stage, ``d`` pairs of forwards of both, ``D - d`` rounds of F, I, W
+    on its second stage, then F, I, W of the first stage and of the second in turn, and drains
+    with the Is of both stages, then the Ws. The order is laid out for at least ``2 D - 1``
+    microbatches, as torch lists it, and the ops of microbatches past the last are left out.
+    Training only.
+    """
+
+    name = "zbv"
+    torch_class = "ScheduleZBVZeroBubble"
+    stages_per_device = 2
+    needs_training = True
+
+    def stage_devices(self, num_stages: int, num_devices: int) -> list[int]:
+        return [s if s < num_devices else 2 * num_devices - 1 - s for s in range(num_stages)]
+
+    def check_devices(self, num_stages: int, num_devices: int) -> None:
+        if num_stages != 2 * num_devices:
+            raise InputError(
+                f"the zbv schedule runs two stages per device: {num_stages} stages on {num_devices}"
+            )
+
+    def device_orders(
+        self, num_stages: int, num_devices: int, num_microbatches: int, training: bool
+    ) -> list[list[tuple[OpKind, int, int]]]:
+        self.check_devices(num_stages, num_devices)
+        if not training:
+            raise InputError("the zbv schedule splits backwards: it needs a training step")
+        return [self._order(d, num_devices, num_microbatches) for d in range(num_devices)]
+
+    @staticmethod
+    def _order(device: int, devices: int, microbatches: int) -> list[tuple[OpKind, int, int]]:
+        first, second = device, 2 * devices - 1 - device  # the V's two stages on this device
+        laid_out = max(2 * devices - 1, microbatches)
+        order: list[tuple[OpKind, int, int]] = []
+        count = {(kind, stage): 0 for kind in "FIW" for stage in (first, second)}
+
+        def run(kind: OpKind, stage: int) -> None:
+            order.append((kind, stage, count[kind, stage]))
+            count[kind, stage] += 1
+
+        def backward(stage: int) -> None:  # the input gradient, then at once the weight gradient
+            run("I", stage)
+            run("W", stage)
+
+        for _ in range(2 * (devices - device) - 1):
+            run("F", first)
+        for _ in range(device):
+            run("F", second)
+            run("F", first)
+        for _ in range(devices - device):
+            run("F", second)
+            backward(second)
+        while count["F", second] < count["F", first] or count["F", first] < laid_out:
+            if count["F", first] < laid_out:
+                run("F", first)
+            backward(first)
+            run("F", second)
+            backward(second)
+        for _ in range(device):
+            run("I", first)
+            run("I", second)
+        for _ in range(devices - device):
+            backward(first)
+        while count["W", second] < count["I", second]:
+            run("W", second)
+        while count["W", first] < count["I", first]:
+            run("W", first)
+        return [op for op in order if op[2] < microbatches]
+
+
+#: Every schedule by name, in the order ``--schedule``'s help lists them and the default compares them.
+REGISTRY: dict[str, Schedule] = {}
+
+
+def register(schedule: Schedule) -> Schedule:
+    """Add ``schedule`` to :data:`REGISTRY` (ValueError for a name taken)."""
+    if not schedule.name or schedule.name in REGISTRY or schedule.name == "auto":
+        raise ValueError(f"schedule name {schedule.name!r} is empty or taken")
+    REGISTRY[schedule.name] = schedule
+    return schedule
+
+
+for _schedule in (GPipe(), OneFOneB(), Interleaved(), ZeroBubbleV()):
+    register(_schedule)
+
+
+INTERLEAVED = Interleaved.name
+ZBV = ZeroBubbleV.name
+#: The schedules with one stage per device.
+SCHEDULES = tuple(name for name, s in REGISTRY.items() if s.stages_per_device == 1)
+ALL_SCHEDULES = tuple(REGISTRY)
+
+
+def get(name: str) -> Schedule:
+    """The schedule called ``name``; InputError naming the known ones otherwise."""
+    found = REGISTRY.get(name)
+    if found is None:
+        raise InputError(f"unknown schedule {name!r}: expected one of {', '.join(REGISTRY)}")
+    return found
+
+
+def names() -> tuple[str, ...]:
+    """Every schedule's name, in registry order."""
+    return tuple(REGISTRY)
+
+
+def compared_by_default() -> tuple[str, ...]:
+    """The schedules ``--schedule`` left out compares, in registry order (the first wins ties)."""
+    return tuple(name for name, s in REGISTRY.items() if s.compared_by_default)
+
+
 def op_order(
     schedule: str, num_stages: int, num_microbatches: int, *, training: bool = True
 ) -> list[list[tuple[OpKind, int]]]:
     """Each stage's ops, as (kind 'F' or 'B', microbatch), in the order ``schedule`` runs them.
 
-    See the module docstring for the schedules; optimizer steps are not
-    listed. O(S·M).
+    Only for schedules with one stage per device (see :func:`device_orders` for the others);
+    optimizer steps are not listed. O(S·M).
 
     >>> op_order("1f1b", 3, 4)[0]
     [('F', 0), ('F', 1), ('F', 2), ('B', 0), ('F', 3), ('B', 1), ('B', 2), ('B', 3)]
     >>> op_order("gpipe", 2, 2)[1], op_order("1f1b", 2, 2, training=False)[1]
     ([('F', 0), ('F', 1), ('B', 0), ('B', 1)], [('F', 0), ('F', 1)])
     """
-    if schedule in (INTERLEAVED, ZBV):
+    found = get(schedule)
+    if not isinstance(found, _OneStagePerDevice):
         raise InputError(f"the {schedule} schedule runs several stages per device: see device_orders")
-    if schedule not in SCHEDULES:
-        raise InputError(f"unknown schedule {schedule!r}: expected one of {', '.join(ALL_SCHEDULES)}")
     _check_microbatches(num_microbatches)
-    forwards: list[tuple[OpKind, int]] = [("F", m) for m in range(num_microbatches)]
-    if not training:
-        return [list(forwards) for _ in range(num_stages)]
-    backwards: list[tuple[OpKind, int]] = [("B", m) for m in range(num_microbatches)]
-    if schedule == "gpipe":
-        return [forwards + backwards for _ in range(num_stages)]
-    orders = []
-    for stage in range(num_stages):
-        warmup = min(num_stages - stage - 1, num_microbatches)
-        order = forwards[:warmup]
-        for steady in range(num_microbatches - warmup):
-            order += [forwards[warmup + steady], backwards[steady]]
-        order += backwards[num_microbatches - warmup :]
-        orders.append(order)
-    return orders
+    return found.op_order(num_stages, num_microbatches, training)
 
 
 def stage_devices(schedule: str, num_stages: int, num_devices: int) -> list[int]:
-    """The device of each stage: ``s % num_devices``, except under ``zbv``, whose stages go down
-    the devices and back up (a V: stages ``d`` and ``2 D - 1 - d`` on device ``d``), as torch's
-    ``generate_stage_to_rank_mapping(style="v")``. O(S).
+    """The device of each stage under ``schedule``. O(S).
 
     >>> stage_devices("interleaved", 6, 3), stage_devices("zbv", 6, 3)
     ([0, 1, 2, 0, 1, 2], [0, 1, 2, 2, 1, 0])
     """
-    if schedule == ZBV:
-        return [s if s < num_devices else 2 * num_devices - 1 - s for s in range(num_stages)]
-    return [s % num_devices for s in range(num_stages)]
+    return get(schedule).stage_devices(num_stages, num_devices)
 
 
 def device_orders(
     schedule: str, num_stages: int, num_devices: int, num_microbatches: int, *, training: bool = True
 ) -> list[list[tuple[OpKind, int, int]]]:
-    """Each device's ops, as (kind, stage, microbatch), in the order ``schedule`` runs them.
+    """Each device's ops, as (kind, stage, microbatch), in the order ``schedule`` runs them. O(S·M).
 
-    Stage ``s`` runs on device ``stage_devices(...)[s]``. GPipe and 1F1B need one
-    stage per device (their :func:`op_order`). ``interleaved`` is torch's
-    ``ScheduleInterleaved1F1B`` with ``v = num_stages / num_devices`` stages
-    per device: ``r = max(1, M // D)`` rounds of ``M / r`` microbatches (M
-    must be a multiple of ``r``); device ``d`` runs ``min((v - 1) M/r + 2 (D
-    - 1 - d), v M)`` warm-up forwards, then pairs of a forward and a
-    backward, then the remaining backwards, forward step ``i`` on its local
-    stage ``(i // (M/r)) % v`` and backward step ``i`` (counted from the end
-    of the warm-up) on ``v - 1 - (i // (M/r)) % v``, each stage's
-    microbatches in order. ``zbv`` is torch's ``ScheduleZBVZeroBubble``
-    (training only, two stages per device in a V): each backward is an ``I``
-    (input gradient, sent on) and a ``W`` (weight gradient, free to wait);
-    device ``d`` of ``D`` runs ``2 (D - d) - 1`` forwards of its first stage,
-    ``d`` pairs of forwards of both, ``D - d`` rounds of F, I, W on its second
-    stage, then F, I, W of the first stage and of the second in turn, and
-    drains with the Is of both stages, then the Ws (:func:`_zbv_order`).
-    O(S·M).
+    Stage ``s`` runs on device ``stage_devices(...)[s]``; each schedule's class documents its order.
 
     >>> [f"{k}{s}.{m}" for k, s, m in device_orders("interleaved", 4, 2, 2)[1]]
     ['F1.0', 'F1.1', 'F3.0', 'B3.0', 'F3.1', 'B3.1', 'B1.0', 'B1.1']
     """
     _check_microbatches(num_microbatches)
-    if schedule == ZBV:
-        if num_stages != 2 * num_devices:
-            raise InputError(
-                f"the zbv schedule runs two stages per device: {num_stages} stages on {num_devices}"
-            )
-        if not training:
-            raise InputError("the zbv schedule splits backwards: it needs a training step")
-        return [_zbv_order(d, num_devices, num_microbatches) for d in range(num_devices)]
-    if schedule != INTERLEAVED:
-        if num_devices != num_stages:
-            raise InputError(
-                f"{schedule} runs one stage per device: {num_stages} stages on {num_devices} devices"
-            )
-        return [
-            [(kind, s, m) for kind, m in order]
-            for s, order in enumerate(op_order(schedule, num_stages, num_microbatches, training=training))
-        ]
-    if num_devices < 1 or num_stages % num_devices:
-        raise InputError(
-            f"the interleaved schedule needs a whole number of stages per device: "
-            f"{num_stages} stages on {num_devices} devices"
-        )
-    local = num_stages // num_devices
-    rounds = max(1, num_microbatches // num_devices)
-    if num_microbatches % rounds:
-        raise InputError(
-            f"the interleaved schedule needs the microbatches to be a multiple of its rounds "
-            f"(max(1, M // devices) = {rounds}), got {num_microbatches}"
-        )
-    per_round = num_microbatches // rounds
-    return [
-        _interleaved_order(d, num_devices, local, num_microbatches, per_round, training)
-        for d in range(num_devices)
-    ]
-
-
-def _interleaved_order(
-    device: int, devices: int, local: int, microbatches: int, per_round: int, training: bool
-) -> list[tuple[OpKind, int, int]]:
-    """One device's ops under the interleaved schedule (:func:`device_orders`)."""
-    steps = local * microbatches
-    warmup = steps if not training else min((local - 1) * per_round + 2 * (devices - 1 - device), steps)
-    done = {"F": [0] * local, "B": [0] * local}
-    order: list[tuple[OpKind, int, int]] = []
-    for step in range(steps + (warmup if training else 0)):
-        kinds: list[OpKind] = []
-        if step < steps:
-            kinds.append("F")
-        if training and step >= warmup:
-            kinds.append("B")
-        for kind in kinds:
-            if kind == "F":
-                chunk = (step // per_round) % local
-            else:
-                chunk = local - 1 - ((step - warmup) // per_round) % local
-            order.append((kind, chunk * devices + device, done[kind][chunk]))
-            done[kind][chunk] += 1
-    return order
-
-
-def _zbv_order(device: int, devices: int, microbatches: int) -> list[tuple[OpKind, int, int]]:
-    """One device's ops under ``zbv`` (:func:`device_orders`), as torch's ``ScheduleZBVZeroBubble``
-    lists them: the order is laid out for at least ``2 D - 1`` microbatches, and the ops of
-    microbatches past the last are left out."""
-    first, second = device, 2 * devices - 1 - device  # the V's two stages on this device
-    laid_out = max(2 * devices - 1, microbatches)
-    order: list[tuple[OpKind, int, int]] = []
-    count = {(kind, stage): 0 for kind in "FIW" for stage in (first, second)}
-
-    def run(kind: OpKind, stage: int) -> None:
-        order.append((kind, stage, count[kind, stage]))
-        count[kind, stage] += 1
-
-    def backward(stage: int) -> None:  # the input gradient, then at once the weight gradient
-        run("I", stage)
-        run("W", stage)
-
-    for _ in range(2 * (devices - device) - 1):
-        run("F", first)
-    for _ in range(device):
-        run("F", second)
-        run("F", first)
-    for _ in range(devices - device):
-        run("F", second)
-        backward(second)
-    while count["F", second] < count["F", first] or count["F", first] < laid_out:
-        if count["F", first] < laid_out:
-            run("F", first)
-        backward(first)
-        run("F", second)
-        backward(second)
-    for _ in range(device):
-        run("I", first)
-        run("I", second)
-    for _ in range(devices - device):
-        backward(first)
-    while count["W", second] < count["I", second]:
-        run("W", second)
-    while count["W", first] < count["I", first]:
-        run("W", first)
-    return [op for op in order if op[2] < microbatches]
+    return get(schedule).device_orders(num_stages, num_devices, num_microbatches, training)
 
 
 def simulate_pipeline(

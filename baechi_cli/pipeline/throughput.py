@@ -1,80 +1,30 @@
 """Pipeline-parallel splits: Tarnawski et al.'s max-load model and an exact solver for it.
 
-The model (Tarnawski et al., "Efficient Algorithms for Device Placement of
-DNN Graph Operators", NeurIPS 2020, and their ``dp.cpp``): samples stream
-through a pipeline of devices, ``k`` identical accelerators of ``memory``
-bytes and ``cpus`` CPU cores. A split gives every op one device. A device's
-*load* is the time it spends per sample:
+The model (Tarnawski et al., "Efficient Algorithms for Device Placement of DNN Graph Operators",
+NeurIPS 2020, and their ``dp.cpp``): samples stream through a pipeline of ``k`` identical
+accelerators of ``memory`` bytes and ``cpus`` CPU cores. A split gives every op one device; a
+device's *load* is its time per sample: on an accelerator the compute of its ops plus the
+transfer time of every tensor it sends (once, however many devices consume it) or receives (once
+per receiving device), on a CPU core its ops' CPU compute. The split's *max-load* is the largest
+load, the bottleneck's time per sample, so its throughput is ``1 / max-load``. A split is valid when
 
-* an accelerator: the compute of its ops plus the transfer time of every
-  tensor it sends (once, however many devices consume it) or receives (once
-  per receiving device);
-* a CPU core: the CPU compute of its ops (CPUs do not pay for communication).
+* every colocation group, and every backward op with its forward op, sits on one device (a *unit*);
+* every accelerator holds at most ``memory`` bytes of its ops' ``size``, and ops that an
+  accelerator cannot run sit on a CPU;
+* each device holds one *contiguous* set of units, the difference of two ideals (downward-closed
+  sets) of the forward graph of units, so activations only flow forward (gradients back).
 
-The split's *max-load* is the largest load: the time per sample of the
-pipeline's bottleneck, so its throughput is ``1 / max-load``. A split is
-valid when
+Units (:func:`build_units`): ops joined by colocation group and ``forward_op``; a unit with backward
+ops only (a loss, an accumulator) is ordered by mirroring its backward edges, as ``dp.cpp`` does;
+cycles the joining creates are fused, and a unit with no compute, no backward ops and one forward
+neighbour joins it (this cannot cost memory: it removes a crossing and adds none).
 
-* every colocation group, and every backward op with its forward op, sits on
-  one device (the *units* below);
-* every accelerator holds at most ``memory`` bytes of its ops' ``size``, and
-  ops that an accelerator cannot run sit on a CPU;
-* each device holds one *contiguous* set of units: in the forward graph of
-  units, the set is the difference of two ideals (downward-closed sets), so
-  the devices form a pipeline in which activations only flow forward (and
-  gradients back along the same stages, in a training graph).
-
-Units. Ops are joined (union-find) by colocation group and by a backward
-op's ``forward_op``. The forward graph of units has an edge ``a -> b`` per
-edge between forward ops of different units; a unit with backward ops only
-(a loss, an accumulator) is ordered by mirroring its backward edges, as
-``dp.cpp`` does with its artificial forward nodes. Cycles that the joining
-creates are fused (strongly connected components). A unit with no compute,
-no backward ops and one forward neighbour is fused with that neighbour when
-this cannot cost memory: moving it there removes a crossing and adds none.
-
-Solver (:func:`solve`), exact within the model:
-
-1. *Upper bound.* An interval DP over a few topological orders of the units
-   (each device a contiguous range of the order; the ranges priced in numpy
-   as the lattice below prices stages, O(k n^2) per order), the best of
-   which is ``U``.
-2. *Exact search over the lattice* (when the unit DAG has at most
-   ``max_sets / 2`` ideals, and few enough to fit ``_LATTICE_CELLS``;
-   every published workload but GNMT training does). The ideals are enumerated once, as rows of bits sorted by
-   compute. A stage ``J - I`` costs ``accel[J] - accel[I] + bnd[J] +`` a
-   correction for the tensors crossing ``I``'s boundary (``bnd``: the
-   transfers across ``J``'s boundary), so blocks of (I, J) pairs are priced
-   by a few numpy products. A pass decides exactly whether a split with
-   every load below a limit exists: breadth first by (accelerators, CPU
-   cores) used, each ideal kept in the first cell that reaches it, and only
-   where it and its complement can hold their compute within the devices
-   left at the limit each, CPU cores taking at most what a fractional
-   knapsack (bounded by LP duality) lets them. A pass that finds a split
-   improves ``U``; one that finds none below ``U`` proves it optimal
-   (:func:`_prove_lattice`).
-3. *Exact search over sets* otherwise, or when the lattice's passes use up
-   ``max_sets``: from each reachable ideal ``I`` with value ``v`` (the
-   max-load of its devices so far) every ideal ``J`` above ``I`` is
-   enumerated once (branching on the available units in order, earlier
-   siblings excluded), and ``J`` is reached with ``max(v, load(J - I))``.
-   The loads are kept incrementally as a unit joins the set (O(degree)).
-   Pruning, all exact: a set whose compute or memory exceeds ``U`` or the
-   device's memory stops growing; a state whose value exceeds ``U``, or
-   whose remaining work cannot fit the remaining devices at ``U`` each, is
-   dropped; ``U`` tightens as complete splits are found.
-4. A search that completes *proves* the result optimal. Beyond ``max_sets``
-   (the lattice's pairs count ``1 / _PAIRS_PER_SET`` set each) the best
-   split found so far (never worse than step 1's) is returned with
-   ``proven=False`` and the best lower bound shown.
-
-``dp.cpp`` enumerates every pair of ideals and prices each pair from
-scratch in C++; here only the pairs within the bounds are priced, in
-blocks, which is why this is faster (bench/pipeline.md).
-
-Evaluation (:func:`evaluate`) prices any assignment of ops to devices by
-the same rules, contiguous or not; it equals ``dp.exe -expert`` on the same
-split (tests/test_throughput.py, bench/pipeline.md).
+:func:`solve` is exact within the model: an interval DP over a few topological orders gives an
+upper bound, then a search over the lattice of ideals (or over sets, where the lattice is too big)
+improves it or proves it optimal; past ``max_sets`` it returns its best with ``proven=False``.
+``dp.cpp`` prices every pair of ideals from scratch; here only the pairs within the bounds are
+priced, in numpy blocks. :func:`evaluate` prices any assignment by the same rules, contiguous or
+not, and equals ``dp.exe -expert`` on the same split (tests/test_throughput.py).
 
 Example:
     >>> m = LoadModel.chain([4.0, 1.0, 3.0, 2.0], send_us=[0.5, 0.5, 0.5, 0.0], accelerators=2)
@@ -101,8 +51,8 @@ from baechi_cli.core.unionfind import UnionFind
 
 # Floating-point slack when comparing loads summed in different orders.
 _EPS = 1e-9
-# Effort of the exact search in sets (the search over sets does about 30,000 a second here; the
-# lattice prices _PAIRS_PER_SET pairs per set): it stops within seconds.
+# Effort of the exact search in sets (the lattice prices _PAIRS_PER_SET pairs per set): it stops
+# within seconds (bench/history/placement.md).
 DEFAULT_MAX_SETS = 150_000
 
 
@@ -563,6 +513,30 @@ def solve(
     optimal in). Raises InfeasibleError when no valid split fits the
     accelerators' memory, InputError on a model with no devices.
     Deterministic: the same model gives the same split.
+
+    Algorithm, exact within the model:
+
+    1. *Upper bound.* An interval DP over a few topological orders of the units (each device a
+       contiguous range of the order, priced in numpy as the lattice prices stages, O(k n^2) per
+       order); the best is ``U``.
+    2. *Search over the lattice* (when the unit DAG has at most ``max_sets / 2`` ideals, few
+       enough for ``_LATTICE_CELLS``). The ideals are enumerated once, as rows of bits sorted by
+       compute. A stage ``J - I`` costs ``accel[J] - accel[I] + bnd[J] +`` a correction for the
+       tensors crossing ``I``'s boundary, so blocks of (I, J) pairs are priced by a few numpy
+       products. A pass decides exactly whether a split with every load below a limit exists:
+       breadth first by (accelerators, CPU cores) used, each ideal kept in the first cell that
+       reaches it, and only where it and its complement fit within the devices left at the limit
+       each (CPU cores taking at most what a fractional knapsack lets them). A pass that finds a
+       split improves ``U``; one that finds none below ``U`` proves it optimal (:func:`_prove_lattice`).
+    3. *Search over sets* otherwise, or when the lattice's passes use up ``max_sets``: from each
+       reachable ideal ``I`` of value ``v`` (the max-load so far) every ideal ``J`` above it is
+       enumerated once and reached with ``max(v, load(J - I))``, loads kept incrementally
+       (O(degree) per unit). Exact pruning: a set whose compute or memory exceeds ``U`` or the
+       device's memory stops growing; a state above ``U``, or whose remaining work cannot fit the
+       remaining devices at ``U`` each, is dropped; ``U`` tightens as splits are found.
+    4. A search that completes *proves* the result optimal. Beyond ``max_sets`` (the lattice's
+       pairs count ``1 / _PAIRS_PER_SET`` set each) the best split so far (never worse than
+       step 1's) is returned with ``proven=False`` and the best lower bound.
     """
     if model.accelerators < 0 or model.cpus < 0 or model.num_devices == 0:
         raise InputError("a pipeline needs at least one device")

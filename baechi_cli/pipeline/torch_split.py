@@ -1,86 +1,31 @@
 """Pipeline stages of a PyTorch export: where a stage may begin, and the ``split_spec`` that cuts there.
 
-Contract
---------
-A pipeline split cuts a model into S stages that are contiguous in program
-order. PyTorch runs such a split with
-``torch.distributed.pipelining.pipeline(module, mb_args=...,
-split_spec={"layer2": SplitPoint.BEGINNING, ...})``. What that does, read
-from ``torch/distributed/pipelining/_IR.py`` (torch 2.13):
-``annotate_split_points`` replaces the ``forward`` of each named submodule
-with one that calls ``pipe_split()`` and then the original ``forward``, so a
-split marker is traced in (by ``torch.export``) *before every call* of that
-module; ``Pipe._from_traced`` drops a marker that directly follows another
-and ``split_module`` starts a new stage at each marker: everything traced
-before it, functional ops of the parent included, stays in the earlier stage.
-A module never called (an ``nn.ModuleList`` iterated by its parent) gets no
-marker; a name that is not a submodule raises AttributeError.
+Contract. A pipeline split cuts a model into S stages contiguous in program order; PyTorch runs it
+with ``pipeline(module, mb_args=..., split_spec={"layer2": SplitPoint.BEGINNING, ...})``
+(``torch.distributed.pipelining``). Per its ``_IR.py`` (torch 2.13) a split marker is traced in
+*before every call* of each named submodule, a marker directly after another is dropped, and a
+new stage starts at each marker (what was traced before it, the parent's functional ops included,
+stays in the earlier stage). A module never called (an ``nn.ModuleList``) gets no marker.
 
-The legacy exporter (``dynamo=False``) writes ONNX nodes in the order torch
-executed the ops, so the ops in node order are the program order, and
-``paths[i]``, the module path of the i-th op
-(:func:`baechi_cli.io.torch_modules.module_paths`; None: none, ``""`` the
-root), says which module calls it ran inside. A module M *covers* op i when
-``paths[i]`` is M or starts with ``M + "."`` (every dot-prefix of a path is a
-module). A **boundary** is a position i (1 <= i < n) at which a new stage
-may begin, with the ``split_spec`` key that makes torch cut there: the
-outermost module M (shortest path) such that
+The legacy exporter (``dynamo=False``) writes ONNX nodes in execution order, so ``paths[i]``, the
+module path of the i-th op (:func:`baechi_cli.io.torch_modules.module_paths`; None: none, ``""``
+the root), says which module calls it ran inside. A **boundary** (:func:`stage_boundaries`, which
+states the rules) is a position where a new stage may begin, with the outermost module that
+begins there, is called once and whose ``forward`` is known to run. Ops with no path (graph
+inputs, unscoped nodes, shape arithmetic: :func:`graph_boundaries`) begin no stage.
 
-1. M is not the root and begins at op i: op i is the first op M covers
-   (M's own op or a descendant's);
-2. M is called once: the ops with a path from M's first op to its last are
-   all covered by M (a module called twice with other ops between its calls
-   covers a run broken by them, and torch would cut before each call), and
-   neither M nor a module M is inside is in ``repeated`` (modules known to
-   be called more than once: :func:`graph_boundaries` reads the legacy
-   exporter's call suffixes, ``/block_1/Add``);
-3. M's ``forward`` is known to run: some op sits directly in M
-   (``paths[j] == M``). A bare container (``nn.Sequential`` with no op of
-   its own, an ``nn.ModuleList``) does not qualify; an inner module that
-   begins at the same op does, and torch cuts at the same place;
-4. some op with a path runs before op i, so the earlier stage is not empty.
+Known limits: a module called twice in a row (``self.act(self.act(x))``) is told apart only by a
+legacy export's call suffixes (with the dynamo exporter torch makes more stages than planned:
+check ``pipe.num_stages``); the keys have :mod:`baechi_cli.io.torch_modules`' limits.
 
-Ops with no path stand for no op of torch's traced program: they begin no
-stage, a module's run may hold them, and :func:`split_points` ignores their
-stages (so long as no stage is made of them alone: torch would see an empty
-stage). Give None to graph inputs and to ONNX nodes torch does not trace as
-ops, as the graph functions below do: the exporter's unscoped nodes
-(``Identity_0``, its copy of a deduplicated initializer; ``Constant_114``)
-have no module path already, and those functions also drop the path of
-``Constant``, ``Shape`` and ``Size`` nodes and of nodes that read no
-initializer and only such nodes' outputs, or nothing (shape arithmetic,
-which ``torch.export`` folds into constants at the example's static
-shapes). That matters because ``pipeline()`` merges two split markers with
-nothing traced between them: two cuts with only such nodes between would
-give one stage fewer than planned. (Dropping a path is the safe error: the
-op then only begins no stage.)
+The report carries the split as ``module_map.pipeline.split_points`` (:func:`split_points`);
+tests/test_torch_pipeline.py runs it on real models::
 
-A root-level functional op (``/Flatten``, ``/Add``) or a parent's
-functional op just before a module's first op stays in the earlier stage:
-torch traces it before the module's ``pipe_split()``. Positions are never
-before the first op (torch would make an empty first stage). Where no
-module qualifies, no stage may begin (``layer1.0.relu`` of a ResNet block is
-called twice; a stage may begin at the block instead).
-
-Known limits: a module called twice in a row (``self.act(self.act(x))``)
-covers one unbroken run, so only its call suffix in a legacy export's
-names tells it apart (the dynamo exporter's names do not; there torch
-makes more stages than planned: check ``pipe.num_stages``); and the keys are
-module paths, with :mod:`baechi_cli.io.torch_modules`' limits (a module
-under a container never called through its attribute gets a shortened
-path that ``pipeline()`` rejects with AttributeError).
-
-The report carries the split as ``module_map.pipeline.split_points``,
-``{"layer2": "beginning", ...}`` (:func:`split_points`); to run it::
-
-    from torch.distributed.pipelining import SplitPoint, pipeline
     spec = {m: SplitPoint.BEGINNING for m in plan["module_map"]["pipeline"]["split_points"]}
-    pipe = pipeline(model, mb_args=(microbatch,), split_spec=spec)  # wraps model's forwards
+    pipe = pipeline(model, mb_args=(microbatch,), split_spec=spec)
 
-(tests/test_torch_pipeline.py does this on real models and runs the stages.)
-
-Deterministic. Complexity: O(N x D) for N ops and module depth D (path
-lengths); the graph functions O(N x D + E) for E edges.
+Deterministic. Complexity: O(N x D) for N ops and module depth D; the graph functions
+O(N x D + E) for E edges.
 
 Example:
     >>> paths = [None, "conv1", "layer1.0.conv1", "layer1.0.relu", "layer1.0", "layer1.0.relu",
@@ -126,7 +71,23 @@ def stage_boundaries(paths: Sequence[str | None], repeated: Collection[str] = ()
 
     ``paths[i]`` is the module path of the i-th op in program order (None:
     none, ``""`` the root); ``repeated`` the modules known to be called more
-    than once. See the module docstring for the rules. O(N x D).
+    than once. O(N x D). A module M *covers* op i when ``paths[i]`` is M or
+    starts with ``M + "."``. Position i (1 <= i < n) is a boundary, keyed by
+    the outermost module M (shortest path) such that
+
+    1. M is not the root and begins at op i: op i is the first op M covers;
+    2. M is called once: the ops with a path from M's first op to its last are
+       all covered by M (torch would cut before each call of a module called
+       twice), and neither M nor a module M is inside is in ``repeated``;
+    3. M's ``forward`` is known to run: some op sits directly in M
+       (``paths[j] == M``); a bare container (``nn.Sequential`` with no op of
+       its own, an ``nn.ModuleList``) does not qualify, an inner module that
+       begins at the same op does, and torch cuts at the same place;
+    4. some op with a path runs before op i, so the earlier stage is not empty.
+
+    Ops with no path begin no stage and a module's run may hold them. A root-level
+    functional op (``/Flatten``) or a parent's just before a module's first op stays
+    in the earlier stage: torch traces it before the module's ``pipe_split()``.
 
     >>> stage_boundaries(["", "blocks.0.ln", "blocks.0", "blocks.1.ln", "blocks.1", "head"])
     [Boundary(index=1, module='blocks.0'), Boundary(index=3, module='blocks.1'), Boundary(index=5, module='head')]
@@ -199,8 +160,17 @@ def graph_boundaries(graph: OpGraph, num_ops: int | None = None) -> dict[int, st
     In program order (the ONNX node order, :func:`~baechi_cli.io.onnx.onnx_node_ops`
     of the first ``num_ops`` ops); paths from ``attrs[v]["_module"]``, but
     None for shape arithmetic, and repeated calls from the legacy exporter's
-    call suffixes in the names (see the module docstring). Empty when the
-    graph is not a PyTorch export. O(N x D + E) for E edges.
+    call suffixes in the names (``/block_1/Add``). Empty when the graph is not
+    a PyTorch export. O(N x D + E) for E edges.
+
+    None goes to graph inputs and to nodes torch does not trace as ops: the
+    exporter's unscoped nodes (``Identity_0``, ``Constant_114``), ``Constant``,
+    ``Shape`` and ``Size`` nodes, and nodes that read no initializer and only
+    such nodes' outputs, or nothing (shape arithmetic, which ``torch.export``
+    folds into constants). ``pipeline()`` merges two split markers with nothing
+    traced between them, so two cuts with only such nodes between would give one
+    stage fewer than planned; dropping a path is the safe error (the op then
+    only begins no stage).
     """
     ops = onnx_node_ops(graph, num_ops)
     paths, repeated = _program(graph, ops)

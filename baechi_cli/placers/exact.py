@@ -1,184 +1,43 @@
 """exact: an optimal placement and order by constraint programming (OR-Tools CP-SAT).
 
-The model, over the nodes the placers see (after fusion; colocation groups in
-``graph.group``), in integer time units of ``unit`` µs:
+Contract: :func:`solve` (and :func:`place`, hinted by m-ETF) take the placers' graph (after
+fusion; colocation groups in ``graph.group``) and devices, and return a placement, an order and
+``lower_bound_us``, a step time no placement within memory beats under the evaluator's semantics.
+``status`` is ``optimal`` iff the evaluator's step time is at most ``lower_bound_us (1 + 1e-6) +
+2n unit``, else ``feasible``. Graphs over ``max_nodes`` raise InputError before anything is built.
 
-* per colocation group ``g`` and device ``d`` a boolean ``x[g, d]``, exactly
-  one per group (a whole group on one device);
-* per node ``v`` a start ``S[v]`` and per device ``d`` an optional interval
-  ``[S[v], S[v] + p[v, d])``, present iff ``x[group(v), d]``, where
-  ``p[v, d]`` is v's compute on d's kind (``graph.durations(kind)``); one
-  ``NoOverlap`` per device;
-* per producer/consumer pair ``(u, v)`` in different groups ``S[v] >= E[u]``,
-  and ``S[v] >= E[u] + c`` when they are on different devices, ``c`` the
-  longest transfer among the tensors the pair carries
-  (:func:`baechi_cli.evaluator.sim.transfer_length`: a measured time, else the link's
-  latency and bandwidth; a control edge is a 0-byte tensor, so it costs the
-  latency). With per-link overrides the cost depends on the device pair:
-  then, for each device ``b``, when v is on ``b``,
-  ``S[v] >= E[u] + sum_{a != b} c[a, b] x[group(u), a]``. This is the
-  simulator's ``parallel`` rule: a transfer leaves when its producer ends and
-  never waits, and a tensor sent once to a device for several consumers
-  reaches all of them then;
-* minimise the makespan ``M``, at least every node's end (a transfer ends
-  before its consumer starts, so the last node's end is the step time).
+Model, in integer time of ``unit`` µs (a power of ten, about 1e-7 of the horizon): a boolean
+``x[g, d]`` per group and device, exactly one per group; a start ``S[v]`` and, per device, an
+optional interval of v's duration on d's kind, one ``NoOverlap`` per device; ``S[v] >= E[u] + c``
+per producer/consumer pair in different groups, ``c`` the longest transfer between them when apart
+(:func:`baechi_cli.evaluator.sim.transfer_length`; per device pair with per-link overrides); minimise
+the makespan. This is the simulator's ``parallel`` rule; ``sequential`` channels only delay
+transfers, so the bound stays valid for both. Redundant rows help propagation: per-device loads,
+a cumulative of capacity D, heads and tails (:meth:`_Problem._heads`), the loads summing to every
+duration on uniform devices (only where the load bound is the larger root bound: elsewhere they
+slow the proof), and symmetry breaking over interchangeable devices.
 
-Redundant constraints help the search: ``M`` covers each device's load, and
-``D M`` the sum of every node at its fastest kind (:meth:`_Problem.load_bound`:
-each device runs its nodes one at a time within ``[0, M]``); when every
-node lasts as long on every device, the loads, one variable per device, add
-up to the sum of the durations, so that once ``M`` is bounded every device
-must carry at least that sum less ``(D - 1) M``, which the search without
-the LP (below) does not infer from the other rows. They are added only when
-the load bound is the larger of the two bounds the model starts from (the
-other: the longest head, node and tail): else they slow the propagation
-for nothing (the GNMT training workload on four devices: proven in 63 s
-with them, 35 without). On bench/search.py's 40-node layered DAGs on four
-devices, seeds 0-14, the seconds to a proof summed 272 before, 3 of 15
-unproven within the limit, and 159 after, 1 unproven (on two and three
-devices, seeds 0-5: 28 and 39 s, every one proven; the weaker row that
-also holds for kinds of different speed, the loads adding up to at least
-every node at its fastest, did not help on the same graphs); a cumulative
-of capacity ``D`` over every node at its fastest kind; each start lies
-between its *head* and the horizon less its *tail*, bounds valid for every
-placement that count communication (:meth:`_Problem._heads`: a node's
-inputs either run before it on its device, one at a time, or arrive from
-elsewhere after a transfer). When devices are interchangeable (same kind and
-memory, no per-link overrides) their symmetry is broken: taking groups in
-topological order of their first node, a group may use the k-th device of
-its class only if an earlier group uses the (k-1)-th.
+Memory: none counted when every device holds the graph (:func:`baechi_cli.placers.memory.ample`).
+Else a first model counts what every placement the evaluator accepts must meet (so its bound is
+valid); if its answer is over memory, a second counts a safe upper bound of the evaluator's peak
+(so its answer fits), judged against the first's bound.
 
-``sequential`` communication is not modelled: its channels only delay
-transfers (a receive ends no earlier than the producer's end plus the
-transfer time), so the ``parallel`` model is a relaxation of it and its bound
-stays valid. The evaluator judges the answer with the real channels, and it
-is called optimal only when that judgement meets the bound.
+Why the bound is valid: durations and transfers round *down* (a node shorter than a unit lasts
+one, so intervals never nest); any schedule the evaluator could produce, step time ``T``, maps to
+a model solution of makespan at most ``T (1 + 1e-9) / unit + Z`` (``Z`` lengthened nodes), so
+CP-SAT's proven bound ``B`` gives ``T >= (B - Z) unit / (1 + 1e-9)``. Each later phase adds
+``M >= B`` for the bound proven so far, which every solution meets.
 
-Memory. When every device could hold the whole graph however it is placed
-(:func:`baechi_cli.placers.memory.ample`) nothing is counted. Otherwise the
-first model requires only what every placement the evaluator accepts meets:
-each device holds its persistent bytes (resident all step) and, while a node
-runs there for a positive time, those plus the node's outputs, temporaries
-and inputs (each allocated then: inputs are freed no sooner than the node
-ends; an input counts the smaller of its producer's output and its copy, one
-of which it is; views allocate nothing and are left out). Should
-the evaluator find that model's answer over memory, a second model counts a
-safe upper bound of the evaluator's peak instead: persistent bytes and every
-output of the device's nodes (views allocate nothing) for the whole step,
-its largest temporary (a device runs one node at a time), and one received
-copy per (tensor, device) the tensor is sent to (a boolean each). Its answer
-always fits; the lower bound stays the first model's, which no placement
-within memory can beat.
+Search, with one worker: phases under a deterministic time limit and a fixed seed, so the same
+input gives the same answer on any machine (``workers > 1``: CP-SAT's portfolio on the clock, not
+reproducible; ``ExactResult.reproducible``). First without the LP (``NO_LP_SHARE``): a load-bound
+graph's optimum is its load bound, met by a balanced schedule that the LP's solves only delay.
+Then CP-SAT's deterministic interleave of searches without and with the LP, from the best
+solution so far. A hint is first probed without the LP (``PROBE_SHARE``; not on load-bound
+graphs); if the probe improves without finishing, the no-LP phase restarts from scratch rather
+than retrace it. :class:`_Watch` stops once the evaluator's step time meets the bound.
 
-Why the bound is valid. Times are integers of ``unit`` µs, a power of ten
-about 1e-7 of the horizon (every node at its slowest kind plus every
-transfer at its dearest). Every duration and transfer is rounded *down*,
-``floor(t (1 + 1e-9) / unit)`` (the 1e-9 absorbs the last bit of a
-floating-point division), except that a node shorter than one unit lasts one
-unit, so that intervals never nest and each device's order by start times is
-the model's order. Take any placement within memory and any schedule of it
-the evaluator could produce, with start times ``s`` and step time ``T``.
-Then ``S[v] = floor(s[v] (1 + 1e-9) / unit) + k[v]``, where ``k[v]`` counts
-the lengthened nodes on a chain (dependencies and device order) before v,
-meets every constraint of the first model (devices relabelled within their
-classes for the symmetry breaking) with makespan at most
-``T (1 + 1e-9) / unit + Z`` for ``Z`` lengthened nodes. So CP-SAT's proven
-bound ``B`` on its model's optimum gives ``T >= (B - Z) unit / (1 + 1e-9)``
-for every placement: that is ``lower_bound_us`` (or the simulator's
-:func:`~baechi_cli.evaluator.sim.lower_bound`, if larger). Conversely, the model's
-schedule run by the evaluator in its order is late by at most one unit per
-node and per transfer on a chain: in ``parallel`` mode its step time is at
-most ``(objective + 2n) unit``. The answer is ``optimal`` iff the evaluator's
-step time is at most ``lower_bound_us (1 + 1e-6) + 2n unit``: then no
-placement and order is faster by more than that. CP-SAT stops as soon as its
-own gap is below half that tolerance, so a proven model gives ``optimal`` in
-``parallel`` mode; in ``sequential`` mode it does when the channels do not
-delay the critical transfers. It also stops as soon as the evaluator's step
-time of its best solution passes that very test against its bound so far
-(:class:`_Watch`): the answer is then ``optimal`` by the same definition,
-without proving the rounded model's optimum to the unit. Else ``feasible``.
-Each phase of the search after the first (below), but for the search from
-scratch that may follow a probe, adds ``M >= B``, ``B`` the bound the
-phases before it proved: every solution of the model meets it, so the
-model's optimum, and every bound proven of it, are unchanged, and the
-largest of the phases' bounds is ``B``.
-
-Search. With one worker the search runs in phases on the same model, each
-under a deterministic limit. First a search without the LP relaxation, for
-``NO_LP_SHARE`` (0.3) of the limit: on interchangeable devices the optimum
-of a load-bound graph is the load bound within the tolerance, the LP proves
-nothing more, and its solves and cuts take most of the time, so the balanced
-schedule that meets the bound is found far sooner without it
-(bench/search.py's 40-node layered DAGs on 2-4 devices: 9 of 9 proven, at
-0.02-7.5 counted seconds; 4 of 9 in 10 with the LP). If it neither proves
-nor meets the bound, the rest of the limit goes to CP-SAT's deterministic
-interleaving (``interleave_search``) of two searches, without the LP and
-with it, sharing solutions and bounds, started from the best solution so
-far (as the hint) and above the bound proven so far: where communication
-makes the LP's bound the one that matters it is proven there. With a hint,
-the search without the LP first runs as a probe, near the hint, for
-``PROBE_SHARE`` (0.1) of the limit. If the probe did not improve on the
-hint, the LP phase follows: testdata/mlp.pb's raw graph on 4 devices, whose
-hint (all on one device) is optimal, is proven after the probe's 2 counted
-seconds in 3.4 (7.7 with the LP alone). If it improved on it without
-finishing, the search without the LP runs again for its whole share without
-the hint, from scratch: it explores elsewhere, where a rerun from the hint
-would retrace the probe's steps. The GNMT training workload on 2, 3
-and 4 devices, hinted by m-ETF (as ``--algo exact`` runs): 5.5, 9.1 and 10
-(the limit, 0.05% from the bound) counted seconds with the rerun from the
-hint; 6.8, 6.7 and 2.4, each proven, from scratch. A load-bound graph (the
-rows for the loads, above) gets no probe: the LP adds nothing to its bound,
-and the balanced schedule is found, if at all, by searching near a plan
-that is nearly balanced (bench/search.py's 40-node layered DAGs on four
-devices, hinted by m-ETF: seed 1 proven after 3.4 counted seconds with the
-probe and its rerun, 2.4 without the probe). Measured and left out, on
-those DAGs (seeds 0-9 on four devices, 0-5 on three; as is: 14.6 counted
-seconds in all, 15 of 16 proven): the cumulative's overload checker and
-timetable edge finding (28.4, 15), dynamic precedences in the disjunctive
-(40.6, 13), the quick-restart portfolio as the search (116, 5), m-ETF's
-hint first refined by :mod:`baechi_cli.search.refine` (33.2, 13): a hint nearer
-balance does not lead the search to the balanced schedule sooner; without
-the redundant cumulative (34.9, 13); branching on starts, lowest first
-(34.2, 13); the share without the LP cut into runs of 1, 1 and 1 counted
-seconds with random seeds 0, 1, 2, each hinted by the best so far (26.2,
-14); two searches without the LP, random seeds 0 and 1, in the
-deterministic interleave on two threads (the DAG of seed 0 on four devices:
-3.42 counted seconds, against 0.49 with one search). CP-SAT's random seed matters more than any of these: the DAG of
-seed 1 on four devices takes 2.42 counted seconds with ``SEED`` (0); with
-random seeds 1-9, 1.11-7.34 on the six that prove it, and the other three
-do not within the limit. So whether bench/search.py's 10 s target for exact
-holds depends on how fast the machine counts (0.22-0.28 counted seconds per
-wall second on the 2-core machine of bench/search.md).
-
-Determinism. CP-SAT's parallel portfolio returns whatever its threads had
-found when the clock stops, and even a proven optimum may differ run to run.
-Its deterministic mode (``interleave_search``) runs tasks in batches, each
-full search for a deterministic second, and waits for the slowest of a
-batch: with its whole portfolio measured 10-100x slower to a proof than one
-worker on graphs of 20-25 nodes, hence only two searches in it, and only
-after the phases without the LP. So by default (``workers=1``) the search is
-deterministic, with a fixed seed, under a *deterministic* time limit
-(``max_deterministic_time``: CP-SAT's count of its work, nominally seconds
-of one core), and the same input gives the same answer on any machine (with
-the same OR-Tools). The count drifts from the clock (measured 0.15-1 counted
-seconds per wall second on a shared 2-core machine; without the LP
-0.1-0.35), so on a loaded machine a search takes longer, never differently. The
-stop when the answer meets the bound is decided in CP-SAT's own thread, on
-its solutions and bounds alone, so it is as deterministic. ``workers > 1`` runs CP-SAT's
-parallel portfolio under a wall-clock limit: faster with that many free
-cores, not reproducible, and ``ExactResult.reproducible`` says so. The
-search takes no values from the LP relaxation
-(``exploit_integer_lp_solution``): those leave nodes later than they could
-start, and the search then crawls down one time unit per solution.
-
-Size. Graphs of more than ``max_nodes`` nodes are refused (InputError) before
-anything is built: the model has ``V·D`` intervals and up to ``E·D``
-conditional precedences. How far proofs reach depends on the graph more
-than its size: a load-bound graph on four devices, where a schedule
-balanced to within the tolerance must be found, takes the longest of
-bench/search.py's 40-node cases, while the committed GNMT training graph
-(192 ops, 96 after the passes) is proven optimal on four devices
-(tests/test_exact.py's docstring has the measurements).
+Complexity: ``V·D`` intervals, up to ``E·D`` conditional precedences; exponential search, cut at the limit.
 """
 
 from __future__ import annotations
@@ -776,7 +635,7 @@ class _Problem:
             for d in range(ndev):
                 load = m.NewIntVar(0, sum(row[d] for row in p), "")
                 m.Add(load == sum(p[v][d] * x[gof[v]][d] for v in range(n)))
-                # The load row above again, as measured: CP-SAT's search shifts with any change of the model.
+                # The load row above again, kept as benchmarked: CP-SAT's search shifts with any model change.
                 m.Add(load <= makespan_var)
                 loads.append(load)
             m.Add(sum(loads) == sum(row[0] for row in p))
@@ -843,7 +702,7 @@ class _Problem:
             prm.relative_gap_limit = TOLERANCE / 2
             prm.num_workers = max(1, workers)
             # Integer values from the LP leave nodes later than they could start, and the search
-            # then improves the makespan one unit per solution: measured 2-10x slower to a proof.
+            # then improves the makespan one unit per solution, far slower to a proof.
             prm.exploit_integer_lp_solution = False
             prm.exploit_all_lp_solution = False
 

@@ -1,59 +1,27 @@
 """The list-scheduling engine behind m-ETF and m-SCT.
 
-Repeatedly commits the (ready op, device) pair with the earliest possible
-start — ties broken by the op's topological index, then a placer-given
-preference among that op's devices, then the device index — where an op is
-ready once all its
-predecessors are committed, and a device is a candidate for it when:
+Repeatedly commits the (ready op, device) pair with the earliest possible start, ties broken by
+the op's topological index, then a placer-given preference among that op's devices, then the
+device index. An op is ready once all its predecessors are committed, and a device is a
+candidate for it when the op's colocation group is already there, or the group is unplaced and
+the op fits there at the time it would start (co-adjusted colocation: committing the group's
+first op places the whole group; memory counted along the schedule by
+:class:`~baechi_cli.placers.liveness.LiveLedger`, when there is a budget).
 
-* the op's colocation group is already on that device, or the group is
-  unplaced and the op fits there at the time it would start (co-adjusted
-  colocation: committing the group's first op places the whole group;
-  memory counted along the schedule by
-  :class:`~baechi_cli.placers.liveness.LiveLedger`, when there is a budget).
-
-Later ops of a placed group go to its device whatever the memory; should one
-exceed the budget there, or should no device have room for any ready op, the
-schedule goes on over budget and says so in its estimate, and
-:func:`~baechi_cli.placers.memory.place_in_memory` retries with a margin.
+Later ops of a placed group go to its device whatever the memory; should one exceed the budget
+there, or should no device have room for any ready op, the schedule goes on over budget and says
+so in its estimate, and :func:`~baechi_cli.placers.memory.place_in_memory` retries with a margin.
 
 Start times come from :class:`~baechi_cli.evaluator.sim.ListSchedule`, the simulator's
-list-schedule API (device channels and cached copies in ``sequential``
-mode). The placement carries the commit order; the evaluator judges it
-(exactly as planned in ``parallel`` mode, see ListSchedule).
+list-schedule API (device channels and cached copies in ``sequential`` mode). The placement
+carries the commit order; the evaluator judges it (exactly as planned in ``parallel`` mode).
+Per-device heaps with lazily re-checked keys and one visible device per class of
+interchangeable empty devices keep each step from rescanning (:func:`list_schedule`).
 
-Data structures: per device, ``waiting`` is a heap of candidates keyed by
-(data-ready time, rank, preference), and ``available`` a heap keyed by
-(rank, preference) of candidates whose inputs are there by the time the
-device is free. A device's best candidate is the top of ``available`` (it
-starts when the device is free) or else the top of ``waiting``. Keys grow
-(devices and channels only get busier), so a stale key is a lower bound:
-tops are re-checked lazily and re-pushed when their time has moved. The
-devices are asked in order of their tops' stale keys, and only while one
-could still beat the choice so far. One exception, in ``sequential`` mode:
-a copy sent for another consumer frees the op from queueing that input on
-the channels, so its ready time can move *earlier* (tests/test_placer_timelines.py
-has a case: 93 -> 82 µs); its stale key then overstates it, and another
-op may be committed first where ETF's rule would take it. The evaluator
-judges the result either way.
-
-Interchangeable devices (:meth:`~baechi_cli.core.devices.DeviceSpec.classes`:
-same kind, same budget, no per-pair link) that hold nothing yet are in the
-same state: no op, idle channels, nothing live, the same candidates at the
-same times (their inputs all come from elsewhere). Of such a class only the
-lowest-index device is *visible*: it is the one the device-index tie-break
-would pick among them. A device leaves its class when it first gets an op
-or refuses a group on its own (the look-ahead, which packs devices in index
-order); it takes a copy of the class's heaps, and the next one becomes
-visible. A group the visible device refuses for room is refused by the whole
-class at once, as each of them would refuse it in turn.
-
-Complexity: O((V·A + E·A) log V) heap work for V ops, E edges and A visible
-devices (those used or refused, plus one per class: A <= D) in ``parallel``
-mode, where data-ready times never change; in ``sequential`` mode each
-re-check of a top costs O(indegree) and tops are re-checked only when their
-channel got busier. No step rescans all ready ops, nor the idle devices of a
-class. O(D) memory for the per-device state.
+Complexity: O((V·A + E·A) log V) heap work for V ops, E edges and A visible devices (those used
+or refused, plus one per class: A <= D) in ``parallel`` mode, where data-ready times never
+change; in ``sequential`` mode each re-check of a top costs O(indegree) and tops are re-checked
+only when their channel got busier. O(D) memory for the per-device state.
 """
 
 from __future__ import annotations
@@ -90,6 +58,26 @@ def list_schedule(
     ledger's ``estimated_peak_bytes`` per device; when some op fits no device
     it goes where it exceeds the budget least (the estimate then says so, and
     :func:`~baechi_cli.placers.memory.place_in_memory` retries).
+
+    Data structures: per device, ``waiting`` is a heap of candidates keyed by (data-ready time,
+    rank, preference), and ``available`` a heap keyed by (rank, preference) of candidates whose
+    inputs are there by the time the device is free. A device's best candidate is the top of
+    ``available`` (it starts when the device is free) or else the top of ``waiting``. Keys grow
+    (devices and channels only get busier), so a stale key is a lower bound: tops are re-checked
+    lazily and re-pushed when their time has moved. The devices are asked in order of their tops'
+    stale keys, and only while one could still beat the choice so far. One exception, in
+    ``sequential`` mode: a copy sent for another consumer frees the op from queueing that input on
+    the channels, so its ready time can move *earlier* (tests/test_placer_timelines.py has a
+    case); its stale key then overstates it, and another op may be committed first where ETF's
+    rule would take it. The evaluator judges the result either way.
+
+    Interchangeable devices (:meth:`~baechi_cli.core.devices.DeviceSpec.classes`: same kind, same
+    budget, no per-pair link) that hold nothing yet are in the same state, so of such a class only
+    the lowest-index device is *visible* (the one the device-index tie-break would pick). A device
+    leaves its class when it first gets an op or refuses a group on its own (the look-ahead, which
+    packs devices in index order); it takes a copy of the class's heaps, and the next one becomes
+    visible. A group the visible device refuses for room is refused by the whole class at once,
+    as each of them would refuse it in turn.
     """
     n, ndev = graph.num_ops, devices.count
     order = graph.topo_order()
@@ -113,7 +101,7 @@ def list_schedule(
     pending = 0  # ready, uncommitted ops
 
     # Interchangeable devices still holding nothing: only the lowest of each class is visible
-    # and its heaps and refusals stand for all of them (module docstring).
+    # and its heaps and refusals stand for all of them (docstring above).
     device_class = devices.classes(budget)
     class_members: list[list[int]] = []
     for d, c in enumerate(device_class):
@@ -201,7 +189,7 @@ def list_schedule(
         """A lower bound of best(d) from its heaps' tops as they are (no refresh), None if both are empty.
 
         A top's stale key is at most any candidate's fresh one (keys grow; for the
-        exception in ``sequential`` mode see the module docstring); a waiting top
+        exception in ``sequential`` mode see list_schedule's docstring); a waiting top
         due by the time d is free may hide candidates of any key that start then."""
         a, w, free = available[d], waiting[d], dev_free[d]
         bound = (free, *a[0]) if a else None

@@ -1,39 +1,24 @@
 """LiveLedger: the memory a list schedule holds on each device, counted as the evaluator counts it.
 
-m-ETF, m-SCT and m-TOPO build a :class:`~baechi_cli.evaluator.sim.ListSchedule` one op
-at a time, so they know when each committed op runs. The ledger follows that
-schedule with the evaluator's memory rules (:mod:`baechi_cli.evaluator.sim`):
+m-ETF, m-SCT and m-TOPO build a :class:`~baechi_cli.evaluator.sim.ListSchedule` one op at a
+time, so they know when each committed op runs. The ledger follows that schedule with the
+evaluator's memory rules (:mod:`baechi_cli.evaluator.sim`: persistent bytes all step; an output
+until its last consumer there and its last send have ended; a received copy until its last
+consumer there has ended; temporaries while the op runs; views allocate nothing; a held output
+is never freed; a scope hold keeps a tensor where it was made until the keeping op has ended).
 
-* persistent bytes of the colocation groups on a device, for the whole step;
-* an op's output from its start until its last consumer on that device and
-  its last send have ended; a received copy from the receive's start until
-  its last consumer there has ended; temporary bytes while the op runs;
-* views (``graph.view_of``) allocate nothing and keep what they view alive;
-* a tensor the caller holds (``graph.held_outputs``) is never freed, and one
-  a scope hold keeps (``graph.scope_holds``) stays where it was made until
-  the keeping op, wherever it runs, has ended.
-
-What the future may still decide is counted on the safe side: a tensor stays
-live on a device while a consumer that might still run there (not committed,
-its colocation group not pinned to another device) has not been committed;
-where the sends of a tensor are not known in advance (``sequential`` mode,
-per-link rates) it stays live on its producer's device until every consumer
-is committed. Once a tensor's free time is known, levels already recorded
-after it are lowered. So the ledger's level at each committed op's start is
-an upper bound of the evaluator's level there, and its peak an upper bound of
-the evaluator's peak whenever the evaluator runs the planned schedule
-(``parallel`` mode with the placer's sequence; tests/test_liveness.py checks
+What the future may still decide is counted on the safe side: a tensor stays live on a device
+while a consumer that might still run there (its group not pinned elsewhere) is not committed;
+where the sends of a tensor are not known in advance (``sequential`` mode, per-link rates) it
+stays live on its producer's device until every consumer is committed. Once a tensor's free
+time is known, levels already recorded after it are lowered. So the ledger's level at each
+committed op's start, and its peak, are upper bounds of the evaluator's whenever it runs the
+planned schedule (``parallel`` mode with the placer's sequence; tests/test_liveness.py checks
 this on drawn graphs).
+:meth:`LiveLedger.admits` asks whether op v fits on device d if committed there next.
 
-:meth:`LiveLedger.admits` answers "does op v fit on device d if committed
-there next?": when d is next free (everything live then, v's fresh outputs,
-temporaries and received copies; v starts then or later, when no more is
-live), for a received copy over the whole window from its arrival, and,
-when v's group is not placed yet, its persistent bytes over the whole step.
-
-Cost: O(indegree + outdegree) per commit and per question, plus, for a copy
-received while other ops run, the number of ops it spans on that device.
-Flat lists throughout; buffers are numbered as they are allocated.
+Cost: O(indegree + outdegree) per commit and per question, plus, for a copy received while other
+ops run, the number of ops it spans on that device. Flat lists; buffers numbered as allocated.
 
 Example:
     >>> from baechi_cli.core.graph import GraphBuilder
@@ -180,7 +165,10 @@ class LiveLedger:
     def excess(self, v: int, d: int) -> int:
         """Bytes by which committing ``v`` on ``d`` next exceeds d's budget (<= 0: it fits).
 
-        Counted when ``d`` is next free: v starts then or later, when no more is live.
+        Counted when ``d`` is next free: v starts then or later, when no more is live. Everything
+        live then, v's fresh outputs, temporaries and received copies count; a received copy over
+        the whole window from its arrival; and, when v's group is not placed yet, its persistent
+        bytes over the whole step.
         """
         self._advance(d, self.schedule.dev_free[d])
         g = self.graph

@@ -17,10 +17,9 @@
      the same time on a device, a favorite child on its parent's device goes
      before the others.
 
-   Neither wins everywhere: favorites-first reaches the critical path on the
-   Inception-V3 workload and is up to 5x worse on BERT and ResNet (it delays
-   critical ops), so both run; the second costs one more list schedule, next
-   to the LP's solve.
+   Neither wins everywhere (favorites-first can delay critical ops;
+   bench/history/placement.md), so both run; the second costs one more list
+   schedule, next to the LP's solve.
 
 A failed or timed-out LP is a :class:`~baechi_cli.core.errors.SolverError`, never
 a silent fallback to m-ETF. The report gets the solver's backend, status,

@@ -1,20 +1,13 @@
 """The favorite-child LP of m-SCT (Hanen & Munier's small-communication-time relaxation).
 
-Every op ``v`` has a processing time ``p_v`` (``graph.compute_us``). The LP
-has one edge per distinct ``(u, v)`` op pair joined by at least one graph edge:
-multi-edges and control edges are merged, and the pair's communication time
-``c_uv`` is the sum over the distinct tensors ``(u, port)`` it carries of their
-transfer time between two different devices. A tensor costs its measured
-``edge_transfer_us`` when one is set (the largest, if its edges disagree),
-else ``interconnect.transfer_time(bytes, 0, 1)``; per-link overrides are
-ignored because the LP does not know the devices yet. A control dependency
-counts as the 0-byte tensor ``(u, CONTROL_PORT)``, so it costs the latency,
-as in the simulator. Summing (rather than taking the largest) charges a
-pair's tensors one after another, as sequential communication does.
-
-Variables: ``x_e`` in [0, 1] per LP edge (1: ``v`` is not ``u``'s favorite
-child and pays ``c_e``), a start time ``s_v >= 0`` per op, the makespan
-``w >= 0``::
+Every op ``v`` has a processing time ``p_v`` (``graph.compute_us``). The LP has one edge per
+distinct ``(u, v)`` op pair joined by a graph edge (multi-edges and control edges merged); its
+communication time ``c_uv`` sums the transfer time between two devices of the distinct tensors
+``(u, port)`` it carries (charged one after another, as sequential communication does): the
+measured ``edge_transfer_us`` when set (the largest, if its edges disagree), else
+``interconnect.transfer_time(bytes, 0, 1)``; per-link overrides are ignored, as the LP does not
+know the devices yet; a control dependency is the 0-byte tensor ``(u, CONTROL_PORT)``. With
+``x_e`` in [0, 1] per LP edge (1: ``v`` is not ``u``'s favorite child and pays ``c_e``)::
 
     minimise   w
     subject to s_u + p_u + c_e x_e <= s_v        for every LP edge e = (u, v)
@@ -22,28 +15,17 @@ child and pays ``c_e``), a start time ``s_v >= 0`` per op, the makespan
                sum_{e into v}   x_e >= indeg(v) - 1    for indeg(v) >= 2
                s_v + p_v <= w                    for every sink v
 
-Bounds are variable bounds, not rows. Degree rows with degree 1 would read
-``x_e >= 0`` and are left out; makespan rows are needed only for sinks,
-since every other op ends before its successors start.
+The LP is always feasible (all ``x_e = 1``) and bounded, so any answer but "optimal" is a
+:class:`~baechi_cli.core.errors.SolverError`, never a silent fallback. Backends (OR-Tools
+``pywraplp``): HiGHS's dual simplex by default (measured: bench/lp_backends.md); GLOP, CLP, PDLP.
 
-The LP is always feasible (all ``x_e = 1`` and ``s`` = earliest start times)
-and bounded (``w >= 0``), so any answer but "optimal" is a solver failure,
-reported as :class:`~baechi_cli.core.errors.SolverError`: never a silent fallback.
-
-Backends (OR-Tools ``pywraplp``): HiGHS's dual simplex by default, chosen by
-measurement (bench/lp_backends.md); GLOP, CLP and PDLP by name.
-
-Complexity: O(V + E log E) to build (grouping and sorting each op's out-edges)
-into V + E' + 1 variables and at most 2V + E' rows for E' LP edges; building
-20k ops takes about half a second. The solve dominates: simplex time grows
-roughly quadratically with the LP (HiGHS on layered DAGs of width 16: 0.2 s
-at 1k ops, 3 s at 5k, ~40 s at 20k) and depends strongly on the graph's shape
-(width 64 is ~20x slower at 5k ops), which is why callers pass a time limit.
+Complexity: O(V + E log E) to build V + E' + 1 variables and at most 2V + E' rows for E' LP
+edges. The solve dominates: simplex time grows roughly quadratically with the LP and depends
+strongly on the graph's shape, which is why callers pass a time limit (bench/lp_backends.md).
 :func:`favorite_children` is O(E' log E').
 
-Example (the fork of the tests: ``a`` feeds ``l`` over 5 µs and ``r`` over
-8 µs; at most one child can skip its transfer, and the LP splits the
-difference, ``5 x_l = 8 x_r``, leaving ``r`` below 1/2):
+Example: ``a`` feeds ``l`` over 5 µs and ``r`` over 8 µs; at most one child can skip its
+transfer, and the LP splits the difference, ``5 x_l = 8 x_r``, leaving ``r`` below 1/2:
 
     >>> from baechi_cli.core.graph import GraphBuilder
     >>> from baechi_cli.core.devices import parse_devices
@@ -83,9 +65,8 @@ BACKENDS: dict[str, tuple[str, str]] = {
 # HiGHS' deterministic iteration limit, as a line of its parameters.
 HIGHS_ITERATION_LIMIT = "\nsimplex_iteration_limit={}"
 # Seconds per simplex iteration per row and column of the LP: the cost model that turns a
-# work limit in seconds into iterations (:func:`iteration_limit`). HiGHS' dual simplex on
-# the 2-core CI machine: 1.3-1.5 ns on static GNMT's LP (5,704 iterations), 4.4-6.6 ns on
-# layered DAGs of 1k-8k ops (0.9-1.2 iterations per row), their late iterations the dearest.
+# work limit in seconds into iterations (:func:`iteration_limit`), fitted to HiGHS' dual
+# simplex on the 2-core CI machine (bench/history/placement.md).
 SECONDS_PER_ITERATION_ELEMENT = 5e-9
 DEFAULT_BACKEND = "highs"  # fastest in bench/lp_backends.md
 DEFAULT_THRESHOLD = 0.5
@@ -194,6 +175,10 @@ def solve_favorite_lp(
     OR-Tools build, or the solve does not end optimal: infeasible,
     unbounded, abnormal, or stopped by a limit (even with a feasible
     solution in hand: a non-optimal LP would make the rounding arbitrary).
+
+    Bounds are variable bounds, not rows; degree rows with degree 1 would read ``x_e >= 0``
+    and are left out; makespan rows are needed only for sinks. O(V + E log E) to build
+    (grouping and sorting each op's out-edges).
     """
     _check_limit(time_limit_s)
     _check_limit(work_limit_s, "work limit")

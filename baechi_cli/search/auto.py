@@ -23,15 +23,10 @@ auto never trusts one setting. It runs, cheapest first:
    (:data:`baechi_cli.search.refine.SETUP_EVALUATIONS`): from the best plan, and,
    each time a climb reaches a local optimum with budget left, from the next
    distinct plan instead of kicking (:data:`REFINE_STARTS` plans at most;
-   the last kicks on). A bigger budget then goes to other starts rather
-   than only to kicks around the first: the GNMT layer graph's default
-   budget refines three plans, to 337.601 ms (one plan, kicking: 337.607);
-   cnn.pb on 4x8GB with ``--budget 4``, 0.968 ms (1.000). On 15 of
-   bench/search.md's cases at budgets 1, 4 and 16 s, no plan got slower.
-   A bigger budget can still give a slower plan: transformer.pb on 4x8GB,
-   68.154 ms at 1 s, 68.842 at 16 s, where another setting of the passes
-   gives a better start whose climb finds nothing and reaches no local
-   optimum within the budget.
+   the last kicks on), so a bigger budget goes to other starts rather
+   than only to kicks around the first. A bigger budget can still give a
+   slower plan, where another setting of the passes gives a better start
+   whose climb reaches no local optimum within the budget.
 
 Every plan is expanded onto the ops and judged by the one evaluator, and the
 fastest one that fits wins (the earlier one on ties). Stages 2-4 run within
@@ -216,10 +211,10 @@ def run_candidates(
 
     A placer with :attr:`~baechi_cli.placers.PlacerSpec.native_solver` runs in a second
     thread while the main thread runs the others: its solver lets go of the GIL, so on
-    two cores it solves beside them (static GNMT on rtx2080x4: m-SCT's LP, 0.25-0.3 s,
-    off the critical path). Each candidate is a function of its inputs alone, so the
-    candidates, and auto's plan, do not depend on how the threads interleave; only the
-    seconds each candidate reports include its waits for the other thread.
+    two cores it solves beside them, off the critical path. Each candidate is a function
+    of its inputs alone, so the candidates, and auto's plan, do not depend on how the
+    threads interleave; only the seconds each candidate reports include its waits for the
+    other thread.
     """
     native = [i for i, run in enumerate(runs) if isinstance(run, tuple) and run[0].native_solver]
     out: list[Candidate | None] = [run if isinstance(run, Candidate) else None for run in runs]

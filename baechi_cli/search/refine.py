@@ -1,80 +1,28 @@
 """Local-search refinement of a placement, judged by the simulator.
 
-Placeto's idea — improve a placement by moving ops and asking a simulator
-whether the step got faster — in seconds instead of hours of reinforcement
-learning: a deterministic hill climb over structured moves, every candidate
-timed by :meth:`baechi_cli.evaluator.sim.StepTimer.step_time` (the evaluator's engine
-without its transfers and memory counted: about half a full evaluation's
-cost), or, while moves are often taken (:data:`TRACE_WHEN_TAKEN`), by
-:meth:`~baechi_cli.evaluator.sim.StepTimer.timing`, whose run a move taken reuses for
-its memory check and the next pass's critical path. The first pass walks
-the critical path of the judge's own run of the start.
+Placeto's idea (move ops, ask a simulator whether the step got faster) as a deterministic hill
+climb that takes seconds, not hours of reinforcement learning. The search moves *units*, the
+colocation groups, in families (:class:`_Search`): name-scope clusters, pipeline splits, moves
+off the critical path of the current schedule, single units. Passes go coarse to fine and take
+the first improvement, a seeded kick leaves a local optimum, and the best placement seen wins.
+Candidates are timed by :meth:`baechi_cli.evaluator.sim.StepTimer.step_time` (the evaluator's
+engine without memory); an improvement's memory is checked before it is taken.
 
-Contract of :func:`refine` (``graph`` is the op graph as the evaluator sees
-it, ``graph.group`` its hard colocation groups; ``start`` a placement of it
-that keeps every group whole):
+Contract of :func:`refine` (``graph`` as the evaluator sees it, ``graph.group`` its hard
+colocation groups; ``start`` a placement of it that keeps every group whole):
 
-* the result keeps every group whole; its evaluation
-  (:func:`baechi_cli.evaluator.evaluate.evaluate`, run on it) is within memory whenever
-  the start's is, and its value is at most the start's evaluated value —
-  the start itself (the same object) when nothing better was found;
-* it is a function of (graph, devices, start, max_evaluations, seed): the
-  budget counts fast evaluations (a memory check counts as three; the last
-  improvement's check may overrun the budget by three), no decision reads a
-  clock, and ``seed`` only draws the kicks;
-* a start with a ``sequence`` keeps it as one global order (each device runs
-  its ops in that order) or drops it for the evaluator's dispatch rule,
-  whichever runs the start faster.
+* the result keeps every group whole; its evaluation (:func:`baechi_cli.evaluator.evaluate.evaluate`)
+  is within memory whenever the start's is, and its value is at most the start's evaluated
+  value: the start itself (the same object) when nothing better was found;
+* it is a function of (graph, devices, start, max_evaluations, seed): the budget counts fast
+  evaluations (a memory check counts as three; the last improvement's check may overrun the
+  budget by three), no decision reads a clock, and ``seed`` only draws the kicks;
+* a start with a ``sequence`` keeps it as one global order or drops it for the evaluator's
+  dispatch rule, whichever runs the start faster.
 
-The search moves *units*, the colocation groups; a move puts a set of units on
-a device. Moves come in families:
-
-* ``scope``: name-scope clusters — the units with an op under a scope
-  prefix, at every depth (``gradients/`` stripped, so a layer's backward ops
-  go with it), and the same with one numbered level wildcarded
-  (``decoder/step*/softmax``: one module across all time steps;
-  ``/encoder/layer.*/attention``), each also *closed*: joined, repeatedly, by
-  every outside unit that exchanges more transfer time with it than with the
-  rest (a layer's weights, its gradient sum, its optimizer update). A scope
-  is closed when a pass first ranks clusters of its size (most are small,
-  and closing them all up front took most of the setup);
-* ``split``: pipeline splits — ranges of 1/2, 1/4, 1/8 and 1/16 of the
-  compute along a topological order of the units, plain and with each
-  backward op at its forward op's position (so a stage takes its backward
-  pass along), and every suffix from a multiple of 1/16 on;
-* ``critical``: from the chain of ops and transfers that ends last in the
-  current schedule — for a transfer on it, the producer's unit joins the
-  consumer's device and vice versa; for an op that waited for its busy device,
-  it, and the op that kept the device busy, go to the device idle longest in
-  that window, or it swaps with what ran there;
-* ``unit``: one unit to another device.
-
-Ranking. A move's estimate is the compute it balances between the devices it
-touches less a quarter of the transfer time it adds (each tensor once per
-receiving device, as the simulator sends it: most of it overlaps compute); a
-critical move's is at least what it could take off the chain. Passes go
-coarse to fine: a pass ranks the clusters holding at least 1/32, 1/256,
-1/2048 or any of the compute (:data:`LEVELS`), times at most
-max(16, budget / 8) of them, and hands over to the next level unless it
-improved. Within a pass each family is ranked by estimate (moves never tried
-first), and the next move comes from the family that promises most per
-evaluation: the µs its moves saved plus its next estimate — discounted by how
-much of its past estimates came true — over its moves tried plus one. So on
-a recurrent network the budget goes to scope moves, on a CNN to critical
-moves, and splits that keep failing fade. The first improvement is taken
-(after its memory is checked: by an upper bound, else exactly by the
-evaluator, whose judgement of the last placement checked is the result's when
-it is the best) and the pass ranks again from there. When every level was
-swept in full without improving, a seeded kick takes one of the four
-least-bad moves and the climb goes on; the best placement seen wins. On alike devices without per-link overrides, empty
-devices are interchangeable: a move targets only the first empty one.
-
-Complexity: O(V + E) per scope depth to build the clusters; each evaluation
-O((V + E) log V) (:func:`evaluation_cost` predicts its seconds, search
-overhead included); ranking a pass is linear in the size of the candidate
-clusters and their boundaries (computed once, on first use: a big cluster's
-by O(P) numpy steps over the graph's P tensor-consumer pairs; the sums of a
-big cluster in numpy too, :data:`VECTOR_MIN`, the same to the last bit).
+Complexity: O(V + E) per scope depth to build the clusters; each evaluation O((V + E) log V)
+(:func:`evaluation_cost` predicts its seconds); ranking a pass is linear in the candidate
+clusters and their boundaries (each computed once, on first use).
 
 Example: two independent chains on one device; the search splits them.
 
@@ -112,14 +60,12 @@ from baechi_cli.evaluator.placement import Placement
 from baechi_cli.evaluator.sim import StepTimer, Timing
 from baechi_cli.placers.memory import ample, safe_peaks
 
-# Seconds per fast evaluation per op and edge, the search's own work included: StepTimer
-# takes 0.5-1 µs per op and edge on the four reference graphs, ranking, memory checks
-# and building candidates about as much again (bench: 1.1-1.5 µs in all).
+# Seconds per fast evaluation per op and edge, the search's own work (ranking, memory checks,
+# building candidates) included: calibrated on the four reference graphs (bench/history/placement.md).
 SECONDS_PER_ELEMENT = 1.5e-6
 # What setting the search up costs, in evaluations: each unit's compute and transfers, the
 # clusters, and the first pass's ranking (each big cluster's boundary is found on first
-# use). Measured 3.2-7.2 from one device and from m-ETF's plans on static GNMT (0.43-0.53 s
-# against 0.111 s per evaluation), Inception-V3, ResNet-50, the Transformer and a 5k-op DAG.
+# use). Calibrated on the reference graphs (bench/history/placement.md).
 SETUP_EVALUATIONS = 5
 # Pipeline splits: ranges of 1/2, 1/4, ... of the compute down to 1/MAX_SPLIT,
 # and suffixes from multiples of 1/CUT_STEPS on.
@@ -154,17 +100,17 @@ FAMILIES = {
 TRUST_PRIOR = 0.002
 # What a memory check (a full evaluation) is charged, in evaluations.
 MEMORY_CHECK_COST = 3
-# A move is timed with its trace kept (StepTimer.timing, 10-15% dearer than step_time) while
+# A move is timed with its trace kept (StepTimer.timing, a little dearer than step_time) while
 # more than this share of the moves tried so far (plus one taken, of two, as a prior) were
 # taken: a move taken then needs no second run for its memory check and critical path.
 TRACE_WHEN_TAKEN = 0.15
 # A cluster's boundary is found in numpy, straight into the flat form its transfers are summed
-# from, when its units' tensors (made and used) number more than this: a Python loop takes
-# about 0.4 µs per tensor, the numpy steps 0.3 ms in all on the 26,786-op GNMT graph.
+# from, when its units' tensors (made and used) number more than this: below it a Python loop
+# is cheaper than the numpy steps' fixed cost.
 VECTOR_BOUNDARY = 1000
 # Where a cluster is (:meth:`_Search._where`) is found in numpy when it has more units than
-# this, its transfers when its boundary has more tensors (0.15-0.3 µs each in Python, some
-# 50 µs in all in numpy). Both ways add the same floats in the same order, so they give the
+# this, its transfers when its boundary has more tensors (where numpy's fixed cost pays).
+# Both ways add the same floats in the same order, so they give the
 # same estimates to the last bit.
 VECTOR_MIN = 250
 # Random kicks at a local optimum are drawn among this many least-bad moves.
@@ -347,7 +293,36 @@ def _wildcard(part: str) -> str:
 
 
 class _Search:
-    """The state of one refinement: units, their devices, the candidate moves and the budget."""
+    """The state of one refinement: units, their devices, the candidate moves and the budget.
+
+    A move puts a set of units on a device. Families:
+
+    * ``scope``: name-scope clusters, the units with an op under a scope prefix, at every depth
+      (``gradients/`` stripped, so a layer's backward ops go with it), and the same with one
+      numbered level wildcarded (``decoder/step*/softmax``: one module across all time steps),
+      each also *closed*: joined, repeatedly, by every outside unit that exchanges more transfer
+      time with it than with the rest (a layer's weights, its gradient sum, its optimizer update).
+      A scope is closed when a pass first ranks clusters of its size, not all up front;
+    * ``split``: pipeline splits, ranges of 1/2 to 1/:data:`MAX_SPLIT` of the compute along a
+      topological order of the units, plain and with each backward op at its forward op's
+      position, and every suffix from a multiple of 1/:data:`CUT_STEPS` on;
+    * ``critical``: from the chain of ops and transfers that ends last: for a transfer on it, the
+      producer's unit joins the consumer's device and vice versa; an op that waited for its busy
+      device, and the op that kept it busy, go to the device idle longest then, or swap;
+    * ``unit``: one unit to another device.
+
+    Ranking: a move's estimate is the compute it balances less :data:`COMM_WEIGHT` of the transfer
+    time it adds (most of it overlaps compute); a critical move's is at least what it could take
+    off the chain. A pass ranks the clusters holding at least a share :data:`LEVELS` of the
+    compute, times at most max(:data:`MIN_PASS`, budget / :data:`PASS_SHARE`) moves, and hands over
+    to the next level unless it improved. The next move comes from the family that promises most
+    per evaluation (µs saved plus its next estimate, discounted by how far its estimates came
+    true, over moves tried plus one): on a recurrent network the budget goes to scope moves, on a
+    CNN to critical moves. The first improvement is taken once its memory is checked (an upper
+    bound, else the evaluator). When every level was swept without improving, a seeded kick takes
+    one of the :data:`KICK_CHOICES` least-bad moves. On alike devices without per-link overrides,
+    empty devices are interchangeable: a move targets only the first empty one.
+    """
 
     def __init__(
         self,
@@ -556,8 +531,8 @@ class _Search:
     def _close_scopes(self, level: int) -> None:
         """Close the scopes that hold at least ``LEVELS[level]`` of the compute, not closed yet.
 
-        Closing every scope up front takes most of the search's setup (a third of a
-        second on static GNMT's 9,749 scopes) while a coarse pass ranks only the big ones.
+        Closing every scope up front takes most of the search's setup, while a coarse pass
+        ranks only the big ones (bench/history/placement.md).
         """
         least = LEVELS[level] * self.total_compute
         if least >= self.closed_down_to:
@@ -738,7 +713,7 @@ class _Search:
 
     def _structural(self, loads: list[float], level: int) -> list[_Move]:
         """Every cluster holding at least ``LEVELS[level]`` of the compute to every device worth
-        trying, scored (module docstring)."""
+        trying, scored (class docstring)."""
         dev, ndev = self.dev, self.ndev
         used = [False] * ndev
         for d in dev:
@@ -865,7 +840,7 @@ class _Search:
         return self.dev_array
 
     def _critical(self, timing: Timing) -> list[_Move]:
-        """Moves along the chain of ops and transfers that ends last (module docstring)."""
+        """Moves along the chain of ops and transfers that ends last (class docstring)."""
         g, ndev = self.graph, self.ndev
         device_of, unit_of, dev = self.device_of, self.unit_of, self.dev
         start, end, ready, copies = timing.start, timing.end, timing.ready, timing.copies
@@ -1061,7 +1036,7 @@ class _Search:
         return False, True
 
     def run(self, max_evaluations: int, kick: bool = True) -> bool:
-        """Climb until the budget is spent (module docstring): passes cycle through the levels,
+        """Climb until the budget is spent (class docstring): passes cycle through the levels,
         staying at one while it improves; when every level was swept in full without
         improving, kick, or, without ``kick``, stop there. True when it stopped at a local
         optimum with budget left."""

@@ -1,58 +1,34 @@
 """Check a placed ONNX model: statically against its original, and by running it in onnxruntime.
 
-``baechi verify PLACED.onnx [--original MODEL.onnx] [--run]`` (see the README)
-reaches :func:`verify_onnx`, which returns an :class:`OnnxVerifyReport`
-(``baechi.verify/v1`` as JSON, with ``"format": "onnx"``);
-:func:`baechi_cli.cli.render.verify.render_onnx_report` prints it. What a placed
-model is: :func:`baechi_cli.io.onnx.write_placed_onnx`. Differences are
+``baechi verify PLACED.onnx [--original MODEL.onnx] [--run]`` reaches :func:`verify_onnx`,
+which returns an :class:`OnnxVerifyReport` (``baechi.verify/v1`` as JSON, with
+``"format": "onnx"``); :func:`baechi_cli.cli.render.verify.render_onnx_report` prints it.
+What a placed model is: :func:`baechi_cli.io.onnx.write_placed_onnx`. Differences are
 counted and kept as :mod:`baechi_cli.verify.diff` does for GraphDefs.
 
-Static check (:func:`static_check_onnx`, never imports onnxruntime)
--------------------------------------------------------------------
-* PLACED (and the original) parse as an ONNX ``ModelProto`` with a graph
-  of at least one node; otherwise :class:`~baechi_cli.core.errors.InputError`.
-* ``onnx.checker.check_model(full_check=False)`` passes, on the file so
-  that external data resolves beside it. When external weight files are
-  absent, the top-level initializers stored there are checked as graph
-  inputs of their type instead (what ``baechi place`` does) and
-  ``checker_note`` says so.
-* Every node of the top-level graph carries a device: a
-  ``device_configurations`` entry for the configuration ``"baechi"``, or a
-  ``baechi.device`` metadata entry (subgraph nodes run with their node and
-  are not checked).
-* The annotations agree: ``ModelProto.configuration`` has exactly one
-  ``"baechi"`` entry, its ``num_devices`` is its device count and its
-  devices are distinct; per node at most one entry of each kind, both
-  present, the sharding specs naming exactly one device index of that
-  configuration, that device being the ``baechi.device`` value, and only
-  tensors the node reads or writes. One problem per node, naming both
-  devices when they disagree.
-* With an original: after removing what the writer adds (the
-  ``"baechi"`` configuration, each top-level node's ``"baechi"``
-  ``device_configurations`` entry and ``baechi.device`` metadata, from both
-  models) the models are equal, and ``ir_version`` is the original's raised
-  to at least 11. Nodes are matched by label (their name, else
-  ``<op_type>_<index>``, as ``baechi place`` names ops); each difference is
-  one line naming the node, initializer or field and what changed.
+Static check (:func:`static_check_onnx`, never imports onnxruntime):
 
-Run check (:func:`run_check_onnx`, needs onnxruntime)
-----------------------------------------------------
-PLACED and a reference run in onnxruntime on the CPU
-(``CPUExecutionProvider``, ``use_deterministic_compute``) with the same
-feeds, and every output must be identical (``numpy.array_equal``, NaN equal
-to NaN); for one that is not, ``max_abs_diff`` says by how much. The
-reference is the original when given, else PLACED with the annotations above
-removed (so the run shows that the annotations change nothing onnxruntime
-computes). Feeds are synthetic and deterministic:
-``numpy.random.default_rng(SEED)``, one array per graph input that is not an
-initializer, in ``graph.input`` order: floats from a standard normal,
-integers uniformly from ``[0, 2)`` (valid indices into any table of two or
-more rows), bools uniformly; other element types (strings, bfloat16, ...)
-are an InputError. Symbolic dims take ``dims[name]``, else (axis 0
-only) ``batch_size``, else 1; the dims bound to 1 that way are listed in
-``dims_defaulted``. External weights must be present beside the models
-(else InputError). Failures are results: a model onnxruntime cannot load or
-run comes back with ``ok=False`` and its message on one line in ``error``.
+* PLACED (and the original) parse as a ``ModelProto`` with at least one node, else
+  :class:`~baechi_cli.core.errors.InputError`; ``onnx.checker`` passes (absent external
+  weights checked as graph inputs of their type, as ``baechi place`` does: ``checker_note``);
+* every top-level node carries a device (a ``"baechi"`` ``device_configurations`` entry or
+  ``baechi.device`` metadata), and the annotations agree: one ``"baechi"`` configuration
+  of distinct devices, each node's sharding specs naming one of its devices, the same as
+  its metadata, and only tensors the node reads or writes (one problem per node);
+* with an original: once what the writer adds is removed from both, the models are
+  equal, and ``ir_version`` is the original's raised to at least 11. Nodes are matched by
+  label (name, else ``<op_type>_<index>``); each difference is one line.
+
+Run check (:func:`run_check_onnx`, needs onnxruntime): PLACED and a reference (the
+original, else PLACED with the annotations removed, which shows that they change nothing
+onnxruntime computes) run on the CPU (``use_deterministic_compute``) with the same
+synthetic feeds from ``numpy.random.default_rng(SEED)``: floats standard normal, integers
+in ``[0, 2)`` (valid indices into any table of two or more rows), bools uniform; other
+element types, and absent external weights, are an InputError. Symbolic dims take
+``dims[name]``, else (axis 0) ``batch_size``, else 1 (listed in ``dims_defaulted``). Every
+output must be identical (``numpy.array_equal``, NaN equal to NaN; else
+``max_abs_diff``). Failures are results: a model onnxruntime cannot load or run comes back
+with ``ok=False`` and ``error``.
 
 Complexity: the static check is O(model size) (parsing, the checker, and
 one comparison of each field); the run is two onnxruntime sessions and one

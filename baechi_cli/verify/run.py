@@ -6,82 +6,36 @@ The run check (:func:`verify_placed_graph`) runs in a fresh Python subprocess
 TensorFlow initialises, and returns a :class:`VerifyResult`. Importing this
 module never imports TensorFlow; only the subprocess does (:func:`check`).
 
-The subprocess:
+The subprocess (:func:`check`):
 
-1. Creates a TF1 ``Session`` with ``N`` CPU devices (``ConfigProto.device_count``;
-   ``tf.config.set_logical_device_configuration`` configures the eager context
-   only and a ``tf.compat.v1.Session`` does not see it), hides GPUs, and
-   turns oneDNN graph rewrites off (``TF_ENABLE_ONEDNN_OPTS=0``: they fuse
-   e.g. Conv2D into its BiasAdd within a device, so the Conv2D would vanish
-   from the step stats and go unchecked).
-2. Maps ``/device:GPU:i`` (also ``/GPU:i``, ``/gpu:i``, with or without a
-   job/replica/task prefix) to ``/device:CPU:i`` and imports the graph.
-   ``import_graph_def`` rewrites the device of every node carrying ``_class``
-   to that of the node it names, which would hide a placement that splits a
-   colocation group, so the requested device is re-applied to every op.
-3. Runs with ``allow_soft_placement=False`` (TF reports an impossible
-   placement as an error instead of moving ops), with all of grappler off
-   (``disable_meta_optimizer``: its remapper fuses MatMul+BiasAdd(+Relu) and
-   Conv2D+BiasAdd+Relu across devices and runs the fused kernel on the first
-   op's device; its constant folding and other rewrites replace nodes) and
-   with the classic graph optimizer at ``L0`` (no constant folding or CSE, so
-   Const nodes run too and get checked). The graph thus runs as written
-   (:func:`baechi_cli.io.tfsupport.as_written_config`).
-4. Runs the sidecar's ``init_op``, then ``loss`` + ``train_op`` for ``steps``
-   steps with ``FULL_TRACE``, and reads from the step stats the device each
-   node actually ran on. Every node of the graph that ran and has a requested
-   device is compared with that device; nodes TensorFlow adds (``_SOURCE``,
-   ``_Send``/``_Recv``, ``_arg_*``/``_retval_*`` for feeds and fetches) are
-   ignored. Nodes that never run in these steps (e.g. ``VarIsInitializedOp``,
-   fed Placeholders, which become ``_arg`` nodes) are not checked;
-   ``ops_checked`` says how many were.
-5. Runs the reference graph -- the original file when one is given, else the
-   placed graph -- with every device cleared, the same feeds, in a fresh
-   ``tf.Graph``, and compares the losses. Given known reference losses
-   (``reference_loss``, e.g. cached by a test), it skips this run (and then
-   has no variables to compare with).
-6. Trains the placed graph a second time, in a fresh session, and requires
-   the two runs to agree bit for bit: every step's loss, the loss of one more
-   forward pass after the steps (``eval_loss_*``), and the value of every
-   variable. When they differ, the reference is run again too, so the result
-   says whether TensorFlow runs the unplaced graph non-reproducibly as well
-   (``reference_deterministic``).
-7. Compares every variable after the steps with the reference's: the count
-   that are not bitwise equal and the largest relative L2 distance.
+1. creates a TF1 session with ``N`` CPU devices, GPUs hidden and oneDNN's rewrites off
+   (they fuse ops within a device, so a fused op would go unchecked);
+2. maps ``/device:GPU:i`` to ``/device:CPU:i``, imports the graph and re-applies each
+   op's requested device (``import_graph_def`` moves ``_class`` members to the node they
+   name, which would hide a placement that splits a colocation group);
+3. runs it as written (:func:`baechi_cli.io.tfsupport.as_written_config`: no soft
+   placement, no grappler, whose remapper fuses ops across devices, no constant folding);
+4. runs the sidecar's ``init_op``, then ``loss`` + ``train_op`` for ``steps`` steps with
+   ``FULL_TRACE``, and compares every node that ran with its requested device
+   (``ops_checked`` counts them; nodes TensorFlow adds are ignored);
+5. runs the reference (the original, else the placed graph with devices cleared) on the
+   same feeds and compares losses, unless ``reference_loss`` is given;
+6. trains the placed graph again and requires the two runs to agree bit for bit (losses,
+   one more forward pass, every variable), rerunning the reference when they do not;
+7. compares every variable with the reference's.
 
-Before any of it, :func:`find_races` looks for accesses of one variable that
-the step leaves unordered (:mod:`baechi_cli.verify.races`); any makes the
-check fail, since such a graph trains differently depending on timing, which
-a multi-device placement changes.
+Before any of it, :func:`find_races` looks for variable accesses the step leaves unordered
+(:mod:`baechi_cli.verify.races`); any fails the check. Feeds are synthetic and
+deterministic (:func:`_make_feeds`). Losses are equal when bitwise equal or within 1e-6
+relative; variables within 1e-6 relative L2 distance. Placement moves whole ops and never
+splits one, so the kernels and reductions are the same; the intra-op thread count is not
+(Eigen splits reductions by it), so reference and placed runs share one process and one
+session configuration.
 
-Feeds are synthetic and deterministic: ``numpy.random.RandomState(seed)``
-from the sidecar, one batch per step and one for the last forward pass
-(see :func:`_make_feeds`). The graph's own random ops must be seeded (the
-generator in ``testdata/`` seeds them) or the runs start from different weights.
-
-Losses are "equal" when bitwise equal or within 1e-6 relative difference;
-variables when within 1e-6 relative L2 distance. With TF 2.21 on CPU they
-have been bitwise equal for every placement tried: the kernels are the same
-and no cross-device reduction is reordered, because placement moves whole
-ops and never splits one. ``losses_bitwise_equal`` says which case held.
-What does change the numbers is the intra-op thread count: Eigen splits
-reductions and contractions by it, so the same graph on 2 and on 8 threads
-ends two Inception-V3 steps with 560 of 568 variables different and a loss
-0.09% apart. The reference and placed runs therefore share one process and
-one session configuration; comparing runs made under different thread
-settings measures the threads, not the placement.
-
-Failures are results, not exceptions: a placement TF rejects (e.g. "Cannot
-colocate nodes ...") comes back with ``ok=False`` and TF's message shortened
-to one line in ``error``. Only bad arguments (missing files, a malformed
-sidecar) raise :class:`~baechi_cli.core.errors.InputError`, and a missing
-TensorFlow raises :class:`~baechi_cli.core.errors.MissingDependencyError`.
-
-The sidecar is :mod:`baechi_cli.io.sidecar`'s. Command line of the
-subprocess (:func:`main`, reached through ``baechi_cli/verify/__main__.py``):
-``python -m baechi_cli.verify PLACED SIDECAR --devices N [--original MODEL]
-[--reference-loss JSON] [--steps K] [--json]``; exit status 0 when the check
-passes, 1 when it fails, 2 for bad input, 5 when TensorFlow is missing.
+Failures are results (``ok=False``, TF's message on one line in ``error``); only bad
+arguments raise :class:`~baechi_cli.core.errors.InputError`, and a missing TensorFlow
+:class:`~baechi_cli.core.errors.MissingDependencyError`. The subprocess's exit status
+(:func:`main`): 0 pass, 1 fail, 2 bad input, 5 no TensorFlow.
 """
 
 from __future__ import annotations

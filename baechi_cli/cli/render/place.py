@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from baechi_cli.cli.render.common import fmt_bytes, fmt_us, make_console, make_table, memory_bar
+from baechi_cli.io.formats import FORMATS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -209,8 +210,9 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
     if written:
         console.print("wrote " + ", ".join(written))
     else:
-        placed = "placed.onnx" if outcome.prepared.input_format == "onnx" else "placed.pb"
-        console.print(f"nothing written: add -o {placed}, --report report.json or --trace timeline.json")
+        fmt = FORMATS[outcome.prepared.input_format]
+        placed = f"-o placed{fmt.extension}, " if fmt.write is not None else ""
+        console.print(f"nothing written: add {placed}--report report.json or --trace timeline.json")
 
 
 def device_rows(spec: DeviceSpec, sim: SimResult) -> list[tuple[int, int]]:
