@@ -303,13 +303,13 @@ def _with_thresholds(boundary: int, where: int, fn):
 def test_numpy_paths_give_the_python_loops_results_exactly(case, data):
     # Big clusters take numpy paths (boundary, where, transfers); forced onto every cluster,
     # they must give the loops' lists and floats to the last bit, or the ranking could change.
-    from baechi_cli.search.refine import _Search
+    from baechi_cli.search.refine import _RefineSearch
 
     graph, devices, device_of, _ = case
     for ops in graph.group_members().values():  # keep colocation groups whole
         for v in ops:
             device_of[v] = device_of[ops[0]]
-    search = _Search(graph, devices, Placement(device_of), 0, None)
+    search = _RefineSearch(graph, devices, Placement(device_of), 0, None)
     search._close_scopes(len(LEVELS) - 1)  # every scope closed, as the finest pass has them
     search.dev = [data.draw(st.integers(0, devices.count - 1)) for _ in search.dev]
     never = 10**9

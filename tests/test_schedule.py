@@ -21,9 +21,9 @@ from baechi_cli.pipeline.schedules import (
     PipelineTiming,
     StageCosts,
     op_order,
-    render_timeline,
     simulate_pipeline,
 )
+from baechi_cli.pipeline.timeline import render_timeline
 
 
 def uniform(stages: int, f: float, b: float, **kwargs) -> StageCosts:

@@ -32,7 +32,7 @@ from baechi_cli.pipeline.throughput import (
     _Lattice,
     _range_loads,
     build_units,
-    evaluate,
+    evaluate_loads,
     solve,
     units,
 )
@@ -70,7 +70,7 @@ def brute_force(model: LoadModel) -> float:
     for stage in itertools.product(range(k), repeat=n):
         if any(stage[a] > stage[b] for a, b in model.edges):
             continue
-        judged = evaluate(model, list(stage))
+        judged = evaluate_loads(model, list(stage))
         if judged.within_memory:
             best = min(best, judged.max_load_us)
     return best
@@ -82,7 +82,7 @@ def test_proven_split_equals_brute_force(seed):
     split = solve(model)
     assert split.proven
     assert split.max_load_us == pytest.approx(brute_force(model))
-    assert evaluate(model, split.device_of_op).max_load_us == pytest.approx(split.max_load_us)
+    assert evaluate_loads(model, split.device_of_op).max_load_us == pytest.approx(split.max_load_us)
 
 
 def random_training_model(n: int, seed: int, accelerators: int, cpus: int, memory: float) -> LoadModel:
@@ -131,7 +131,7 @@ def brute_force_with_cpus(model: LoadModel) -> float:
             for on_accel in kinds:
                 device.append(next(accel) if on_accel else next(cpu))
             device_of_op = [device[stage[w]] for w in u.of_op]
-            judged = evaluate(model, device_of_op)
+            judged = evaluate_loads(model, device_of_op)
             if judged.within_memory and all(model.accel_ok[v] or d >= k for v, d in enumerate(device_of_op)):
                 best = min(best, judged.max_load_us)
     return best
@@ -151,7 +151,7 @@ def test_lattice_proof_equals_brute_force_with_cpus_memory_and_gradients(seed):
     split = solve(model)
     assert split.proven and split.lower_bound_us == split.max_load_us
     assert split.max_load_us == pytest.approx(expected)
-    judged = evaluate(model, split.device_of_op)
+    judged = evaluate_loads(model, split.device_of_op)
     assert judged.within_memory and judged.max_load_us == pytest.approx(split.max_load_us)
 
 
@@ -221,8 +221,8 @@ def test_evaluation_counts_a_tensor_once_per_receiving_device():
         accelerators=3,
         memory=float("inf"),
     )
-    assert evaluate(model, [0, 1, 2]).loads_us == [6.0, 7.0, 8.0]
-    assert evaluate(model, [0, 1, 1]).loads_us == [6.0, 10.0, 0.0]
+    assert evaluate_loads(model, [0, 1, 2]).loads_us == [6.0, 7.0, 8.0]
+    assert evaluate_loads(model, [0, 1, 1]).loads_us == [6.0, 10.0, 0.0]
 
 
 def workload_model(name: str):
@@ -260,7 +260,7 @@ def test_inception_is_proven_optimal_below_the_interval_splits():
     split = solve(model)
     assert split.proven and split.lower_bound_us == split.max_load_us
     assert split.max_load_us == pytest.approx(51551.864, rel=1e-6)
-    assert split.max_load_us == pytest.approx(evaluate(model, split.device_of_op).max_load_us)
+    assert split.max_load_us == pytest.approx(evaluate_loads(model, split.device_of_op).max_load_us)
 
 
 def test_backward_units_follow_their_colour_class():

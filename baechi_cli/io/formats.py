@@ -82,6 +82,7 @@ class InputFormat:
     name: str
     title: str
     extension: str  # what a placed model's file name ends with
+    suffixes: tuple[str, ...]  # the file names it reads by (lower case); graphdef also takes any other
     read: Callable[[str, int | None, dict[str, int] | None], Read]
     op_set: str | None
     write: Callable[[str, OpGraph, int, Sequence[int], Sequence[str], str], list[str]] | None = None
@@ -102,6 +103,7 @@ FORMATS: dict[str, InputFormat] = {
         "graphdef",
         "TensorFlow GraphDef",
         ".pb",
+        (".pb", ".pbtxt"),
         _read_graphdef,
         op_set="tensorflow",
         write=_write_graphdef,
@@ -113,6 +115,7 @@ FORMATS: dict[str, InputFormat] = {
         "onnx",
         "ONNX model",
         ".onnx",
+        (".onnx",),
         _read_onnx,
         op_set="onnx",
         write=_write_onnx,
@@ -125,6 +128,7 @@ FORMATS: dict[str, InputFormat] = {
         "workload",
         "cost-annotated workload JSON",
         ".json",
+        (".json",),
         _read_workload,
         op_set=None,
         no_output="-o writes a placed model, but the input is a workload JSON; use --report",
@@ -136,20 +140,24 @@ OP_SETS = {name: f.op_set or "tensorflow" for name, f in FORMATS.items()}
 
 
 def detect_format(path: str) -> str:
-    """'workload' for .json, 'onnx' for .onnx, 'graphdef' for .pb/.pbtxt and anything else,
-    unless the file's first byte says it is an ONNX model (``model.pb`` saved by onnx)."""
-    ext = os.path.splitext(path)[1].lower()
-    if ext == ".json":
-        return "workload"
-    if ext == ".onnx":
-        return "onnx"
-    if ext != ".pbtxt":
-        try:
-            with open(path, "rb") as f:
-                if f.read(1) == _ONNX_FIRST_BYTE:
-                    return "onnx"
-        except OSError:
-            pass  # reading it fails again, with its error, in the reader
+    """The name of ``path``'s format: the one whose ``suffixes`` end the name, else ``graphdef``,
+    unless the file's first byte says it is an ONNX model (``model.pb`` saved by onnx).
+
+    >>> detect_format("model.onnx"), detect_format("workload.json"), detect_format("graph.pbtxt")
+    ('onnx', 'workload', 'graphdef')
+    """
+    name = os.path.basename(path).lower()
+    for fmt in FORMATS.values():
+        if fmt.suffixes and name.endswith(fmt.suffixes):
+            if fmt.name != "graphdef" or name.endswith(".pbtxt"):
+                return fmt.name
+            break
+    try:
+        with open(path, "rb") as f:
+            if f.read(1) == _ONNX_FIRST_BYTE:
+                return "onnx"
+    except OSError:
+        pass  # reading it fails again, with its error, in the reader
     return "graphdef"
 
 

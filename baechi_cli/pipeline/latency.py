@@ -282,7 +282,7 @@ def solve_latency(model: LoadModel, *, max_sets: int = DEFAULT_MAX_SETS) -> Late
             value = _judge(model, u, stages).latency_us
             if value < best_value * (1 - _EPS):
                 best_value, best_stages = value, stages
-    search = _Search(u, k, cpus, model.memory, tail, hop, best_value, best_stages, max_sets)
+    search = _LatencySearch(u, k, cpus, model.memory, tail, hop, best_value, best_stages, max_sets)
     proven = search.run()
     if not search.best_stages:
         devices = f"{k} accelerator(s) of {model.memory:.6g} bytes" + (" and the CPU cores" if cpus else "")
@@ -533,7 +533,7 @@ class _Label:
     alive: bool = True  # False once expanded, or once a label at the same ideal dominates it
 
 
-class _Search:
+class _LatencySearch:
     """The exact search over chains of ideals, least bound first; ``best_*`` improve in place."""
 
     def __init__(

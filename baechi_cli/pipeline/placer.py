@@ -49,7 +49,6 @@ from baechi_cli.evaluator.placement import Placement
 from baechi_cli.pipeline import schedules
 from baechi_cli.pipeline.schedules import (
     StageCosts,
-    render_timeline,
     simulate_pipeline,
     stage_devices,
 )
@@ -58,10 +57,11 @@ from baechi_cli.pipeline.throughput import (
     ProgramOrder,
     Split,
     TiedWeight,
-    evaluate,
+    evaluate_loads,
     load_model,
     solve,
 )
+from baechi_cli.pipeline.timeline import render_timeline
 from baechi_cli.placers import PipelineOptions
 
 if TYPE_CHECKING:
@@ -434,7 +434,7 @@ def _info(
     if devices is not None:
         # The stages' loads are per stage; max-load is per device, each running several.
         device_of_stage = stage_devices(options.schedule, len(split.stage_device), devices)
-        judged = evaluate(model, [device_of_stage[s] for s in _stage_of(split)])
+        judged = evaluate_loads(model, [device_of_stage[s] for s in _stage_of(split)])
         info["max_load_us"] = round(judged.max_load_us, 6)
         info["throughput_per_s"] = round(1e6 / judged.max_load_us, 6) if judged.max_load_us > 0 else None
         info["stages"] = [{**stage, "device": d} for stage, d in zip(info["stages"], device_of_stage)]

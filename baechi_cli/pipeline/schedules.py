@@ -3,7 +3,7 @@
 ``simulate_pipeline(costs, num_microbatches, schedule)`` takes per-stage costs
 (:class:`StageCosts`) and returns the minibatch time, throughput, per-stage busy time, bubble
 fraction, activation-memory peak and the timeline of every op and transfer
-(:class:`PipelineTiming`); :func:`render_timeline` draws the timeline as text.
+(:class:`PipelineTiming`); :mod:`baechi_cli.pipeline.timeline` draws it as text.
 
 Model. ``F(s, m)`` is the forward of microbatch ``m`` on stage ``s``, ``B(s, m)`` its backward
 (under ``zbv`` an input gradient ``I``, which the stage below waits for, and a weight gradient
@@ -35,9 +35,6 @@ Example:
     >>> timing = simulate_pipeline(costs, 2, "1f1b")
     >>> timing.minibatch_us, round(timing.throughput_per_s), timing.peak_in_flight
     (9.0, 222222, (2, 1))
-    >>> print(render_timeline(timing, width=9))
-    s0 |FF..BB.BB|
-    s1 |.FBBFBB..|
 """
 
 from __future__ import annotations
@@ -715,41 +712,3 @@ def _peak_in_flight(order: list[tuple[OpKind, int]], training: bool) -> int:
         if kind in ("B", "W") or not training:
             in_flight -= 1
     return peak
-
-
-def render_timeline(timing: PipelineTiming, width: int = 72) -> str:
-    """The timeline as text: one line per stage (per device ``d0, d1, ...`` when a device runs
-    several), ``width`` columns spanning the minibatch.
-
-    Each column shows what its stage runs at the column's midpoint: ``F``
-    (forward), ``B`` (backward), ``O`` (optimizer step), ``S`` (a tied weight's
-    gradient all-reduce) or ``.`` (idle, a bubble). Ops shorter than a column may not show. O(S·M + S·width).
-
-    >>> timing = simulate_pipeline(StageCosts([1, 1, 1], [0, 0, 0]), 3, "gpipe")
-    >>> print(render_timeline(timing, width=10))
-    s0 |FFFFFF....|
-    s1 |..FFFFFF..|
-    s2 |....FFFFFF|
-    """
-    if isinstance(width, bool) or not isinstance(width, numbers.Integral) or width < 1:
-        raise InputError(f"the timeline width must be a positive integer, got {width!r}")
-    device_of = timing.stage_device or tuple(range(timing.num_stages))
-    rows = max(device_of) + 1
-    prefix = "s" if rows == timing.num_stages else "d"
-    by_row: list[list[PipelineEvent]] = [[] for _ in range(rows)]
-    for event in timing.events:
-        by_row[device_of[event.stage]].append(event)
-    label_width = len(f"{prefix}{rows - 1}")
-    lines = []
-    for row, events in enumerate(by_row):
-        events.sort(key=lambda e: e.start_us)
-        cells = []
-        current = 0  # events before it ended at or before the current column's midpoint
-        for column in range(width):
-            midpoint = (column + 0.5) * timing.minibatch_us / width
-            while current < len(events) and events[current].end_us <= midpoint:
-                current += 1
-            running = current < len(events) and events[current].start_us <= midpoint
-            cells.append(events[current].kind if running else ".")
-        lines.append(f"{f'{prefix}{row}':>{label_width}} |{''.join(cells)}|")
-    return "\n".join(lines)

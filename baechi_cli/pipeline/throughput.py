@@ -23,7 +23,7 @@ neighbour joins it (this cannot cost memory: it removes a crossing and adds none
 upper bound, then a search over the lattice of ideals (or over sets, where the lattice is too big)
 improves it or proves it optimal; past ``max_sets`` it returns its best with ``proven=False``.
 ``dp.cpp`` prices every pair of ideals from scratch; here only the pairs within the bounds are
-priced, in numpy blocks. :func:`evaluate` prices any assignment by the same rules, contiguous or
+priced, in numpy blocks. :func:`evaluate_loads` prices any assignment by the same rules, contiguous or
 not, and equals ``dp.exe -expert`` on the same split (tests/test_throughput.py).
 
 Example:
@@ -31,7 +31,7 @@ Example:
     >>> split = solve(m)
     >>> split.max_load_us, split.stage_units, split.proven
     (5.5, [[0, 1], [2, 3]], True)
-    >>> evaluate(m, [0, 0, 1, 1]).loads_us
+    >>> evaluate_loads(m, [0, 0, 1, 1]).loads_us
     [5.5, 5.5]
 """
 
@@ -142,7 +142,7 @@ class TiedWeight:
 
 
 @dataclass(frozen=True)
-class Evaluation:
+class LoadEvaluation:
     """One split judged by the model: per device load (µs per sample) and accelerator bytes."""
 
     loads_us: list[float]
@@ -154,11 +154,11 @@ class Evaluation:
         return max(self.loads_us, default=0.0)
 
 
-def evaluate(model: LoadModel, device_of_op: Sequence[int]) -> Evaluation:
+def evaluate_loads(model: LoadModel, device_of_op: Sequence[int]) -> LoadEvaluation:
     """Each device's load and bytes under ``device_of_op`` (any assignment; O(V + E)).
 
     >>> m = LoadModel.chain([1.0, 2.0], send_us=[0.25, 0.0], accelerators=2)
-    >>> evaluate(m, [0, 1]).loads_us, evaluate(m, [0, 0]).loads_us
+    >>> evaluate_loads(m, [0, 1]).loads_us, evaluate_loads(m, [0, 0]).loads_us
     ([1.25, 2.25], [3.0, 0.0])
     """
     k = model.accelerators
@@ -181,7 +181,7 @@ def evaluate(model: LoadModel, device_of_op: Sequence[int]) -> Evaluation:
         for d in receivers:
             if d < k:
                 loads[d] += cost
-    return Evaluation(loads, used, all(b <= model.memory for b in used))
+    return LoadEvaluation(loads, used, all(b <= model.memory for b in used))
 
 
 @dataclass(frozen=True)
@@ -624,7 +624,7 @@ def _split(
         for w in members:
             device_of_unit[w] = d
     device_of_op = [device_of_unit[w] for w in u.of_op]
-    judged = evaluate(model, device_of_op)
+    judged = evaluate_loads(model, device_of_op)
     loads = [judged.loads_us[d] for d in stage_device]
     value = judged.max_load_us
     lower = value if proven else min(value, max(best.lower, _lower_bound(u, k, model.cpus)))

@@ -2,7 +2,7 @@
 
 Placeto's idea (move ops, ask a simulator whether the step got faster) as a deterministic hill
 climb that takes seconds, not hours of reinforcement learning. The search moves *units*, the
-colocation groups, in families (:class:`_Search`): name-scope clusters, pipeline splits, moves
+colocation groups, in families (:class:`_RefineSearch`): name-scope clusters, pipeline splits, moves
 off the critical path of the current schedule, single units. Passes go coarse to fine and take
 the first improvement, a seeded kick leaves a local optimum, and the best placement seen wins.
 Candidates are timed by :meth:`baechi_cli.evaluator.sim.StepTimer.step_time` (the evaluator's
@@ -108,7 +108,7 @@ TRACE_WHEN_TAKEN = 0.15
 # from, when its units' tensors (made and used) number more than this: below it a Python loop
 # is cheaper than the numpy steps' fixed cost.
 VECTOR_BOUNDARY = 1000
-# Where a cluster is (:meth:`_Search._where`) is found in numpy when it has more units than
+# Where a cluster is (:meth:`_RefineSearch._where`) is found in numpy when it has more units than
 # this, its transfers when its boundary has more tensors (where numpy's fixed cost pays).
 # Both ways add the same floats in the same order, so they give the
 # same estimates to the last bit.
@@ -175,7 +175,7 @@ def refine(
     graph or splits a group.
     """
     t0 = time.perf_counter()
-    search = _Search(graph, devices, start, seed, start_evaluation, timer)
+    search = _RefineSearch(graph, devices, start, seed, start_evaluation, timer)
     stalled = search.run(max_evaluations, kick=not stop_at_local_optimum)
     placement, evaluation = search.result()
     return Refined(
@@ -202,7 +202,7 @@ class _Cluster:
     kind: str  # unit | scope | scope+ | split
     label: str  # the scope, the range of the order, the unit's first op
     units: tuple[int, ...]
-    comp: list[float]  # per device kind (_Search.kind_of): the units' compute on it
+    comp: list[float]  # per device kind (_RefineSearch.kind_of): the units' compute on it
     # Tensors crossing the cluster's edge: (tensor, made inside?, outside units: the
     # consumers, after the producer when it is made outside). A big cluster's is only flat.
     boundary: list[tuple[int, bool, list[int]]] | None = None
@@ -214,7 +214,7 @@ class _Cluster:
 
 @dataclass
 class _Where:
-    """Where a cluster is: for ranking its moves (:meth:`_Search._where`)."""
+    """Where a cluster is: for ranking its moves (:meth:`_RefineSearch._where`)."""
 
     devices: set[int]
     share: dict[int, float]  # its compute on each of those devices
@@ -292,7 +292,7 @@ def _wildcard(part: str) -> str:
     return _DIGITS.sub("*", part)
 
 
-class _Search:
+class _RefineSearch:
     """The state of one refinement: units, their devices, the candidate moves and the budget.
 
     A move puts a set of units on a device. Families:
