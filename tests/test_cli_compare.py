@@ -78,7 +78,7 @@ def test_auto_is_a_row_with_the_plan_place_chooses_and_gates_under_its_own_name(
     auto, etf = doc["results"]
     assert (auto["algorithm"], etf["algorithm"]) == ("auto", "etf")
     # the same search as `baechi place`'s default, so the same plan; it beats the placer alone here
-    # (the GNMT workload gains from placing without forward-only and refining, README.md)
+    # (the GNMT workload gains from placing without forward-only and refining, README.md and docs/placers.md)
     assert auto["step_time_us"] == chosen["result"]["step_time_us"] < etf["step_time_us"]
     title = next(c["label"] for c in chosen["candidates"] if c["chosen"])
     assert title.endswith(", refined")

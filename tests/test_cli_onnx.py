@@ -173,7 +173,7 @@ def test_module_map_applies_to_the_torch_model(tmp_path):
 
 
 def test_readme_recipe_runs_the_planned_model(tmp_path):
-    """The README's recipe: each planned module moved, its inputs following it (here all on cpu)."""
+    """The recipe of docs/onnx.md: each planned module moved, its inputs following it (here all on cpu)."""
     torch = pytest.importorskip("torch")
     from onnxmodels import _generator
 

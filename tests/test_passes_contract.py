@@ -278,8 +278,6 @@ def test_sequence_of_a_pure_contraction_is_topological(g, ndev):
 # ------------------------------------------------------------ end to end
 
 
-
-
 @pytest.mark.parametrize("algo", placers.names())
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(

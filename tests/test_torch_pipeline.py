@@ -429,7 +429,7 @@ _MODELS = {"cnn": _cnn, "transformer": _transformer}
 
 @pytest.fixture(scope="module", params=sorted(_MODELS))
 def exported(request, tmp_path_factory):
-    """(torch, model, example input, graph): the model exported as the README says and read back."""
+    """(torch, model, example input, graph): the model exported as docs/pipeline.md says and read back."""
     torch = pytest.importorskip("torch")
     model, x = _MODELS[request.param](torch)
     path = str(tmp_path_factory.mktemp(request.param) / "model.onnx")
@@ -438,7 +438,7 @@ def exported(request, tmp_path_factory):
 
 
 def _export(torch, model, x, path: str) -> None:
-    """The legacy export the README describes (its deprecation warnings silenced)."""
+    """The legacy export docs/pipeline.md describes (its deprecation warnings silenced)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(

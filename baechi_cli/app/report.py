@@ -1,6 +1,6 @@
 """The JSON documents CI jobs parse: the report (``baechi.report/v1``) and ``baechi.compare/v1``.
 
-Keys are documented in the README ("Report schema"). They are only ever
+Keys are documented in docs/report.md. They are only ever
 added, never renamed. Same input and options give the same document apart
 from ``timings_s`` and ``candidates[].place_seconds``. This module assembles
 them from what the pipeline returns and writes them; it imports the
@@ -76,7 +76,7 @@ def comm_json(spec: DeviceSpec) -> dict[str, Any]:
 
 
 def result_json(prepared: Prepared, sim: SimResult) -> dict[str, Any]:
-    """The ``result`` fields (README, "Report schema") for one simulated placement."""
+    """The ``result`` fields (docs/report.md) for one simulated placement."""
     return {
         "step_time_us": sim.step_time_us,
         "lower_bound_us": prepared.lower_bound_us,
@@ -106,7 +106,7 @@ def candidate_json(c: Candidate, prepared: Prepared) -> dict[str, Any]:
 
 
 def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]:
-    """The ``baechi.report/v1`` document (see the README for every key)."""
+    """The ``baechi.report/v1`` document (docs/report.md has every key)."""
     prepared, sim = outcome.prepared, outcome.sim
     g, spec = prepared.graph, prepared.devices
     step = sim.step_time_us

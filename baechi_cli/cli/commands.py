@@ -139,7 +139,8 @@ def _common_options(fn: Callable) -> Callable:
             "device_spec",
             metavar="SPEC",
             help=f"Devices: 4x8GB, 2x16GB,2x8GB, a preset ({', '.join(PRESETS)}) or a YAML file. "
-            "Required, except for a workload JSON with --objective throughput or latency (its maxFPGAs and maxCPUs).",
+            "Required, except for `place` of a workload JSON with --objective throughput or latency "
+            "(its maxFPGAs and maxCPUs).",
         ),
         click.option(
             "--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions."

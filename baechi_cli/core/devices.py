@@ -4,7 +4,7 @@
 
 * counts and sizes: ``4x8GB``, ``2x16GB,2x8GB``, ``8GiB`` (one device);
 * a preset name (see :data:`PRESETS`, e.g. ``rtx2080x4``);
-* a YAML file (schema in docs/DESIGN.md and the README).
+* a YAML file (schema in docs/devices.md).
 
 Sizes follow SI/IEC: ``8GB`` = 8e9 bytes, ``8GiB`` = 8 * 2**30 bytes. A
 spec holds at most :data:`MAX_DEVICES` devices. Every problem is an

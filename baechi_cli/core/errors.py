@@ -5,7 +5,7 @@ prints ``str(error)`` and exits with ``error.exit_code``; nothing else about an
 error is shown, so the message must stand on its own. :func:`one_line` is how
 any message (an error's, a library's exception) is put on one line.
 
-Exit codes (documented in the README):
+Exit codes (documented in docs/exit-codes.md):
 
 ====  ===========================================================
 0     success

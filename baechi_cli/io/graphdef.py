@@ -646,7 +646,7 @@ def _infer_shapes(graph_def: GraphDef, first_op: str) -> dict[str, list[tuple[in
 def mark_backward(graph: OpGraph) -> OpGraph:
     """Set ``is_backward`` and ``forward_op`` from TensorFlow's gradient naming.
 
-    Rules, in order (documented with their coverage in ``passes/README.md``):
+    Rules, in order (documented in docs/formats.md):
 
     1. An op whose outermost name scope is ``gradients`` (``gradients_1``, ...)
        is backward, and so is every op that depends on one (optimizer updates,
