@@ -21,6 +21,7 @@ test-all: test test-slow
 lint:
 	$(BIN)/ruff check baechi_cli tests testdata bench proto
 	$(BIN)/ruff format --check baechi_cli tests testdata bench proto
+	$(BIN)/lint-imports  ## the import contract in pyproject.toml (tests/test_architecture.py runs it too)
 
 proto:  ## regenerate baechi_cli/proto_gen from proto/ (committed; see proto/README.md)
 	$(BIN)/python proto/build.py
@@ -33,7 +34,7 @@ bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/passes.py
-	$(BIN)/python bench/profile.py
+	$(BIN)/python bench/profile_costs.py
 	$(BIN)/python bench/onnx_place.py
 	$(BIN)/python bench/framework.py  # needs pip install -e '.[bench]'; without it, says so and exits 0
 	$(BIN)/python bench/h100.py  # likewise; the H100 measurements are the reference's, no GPU needed

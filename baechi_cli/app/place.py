@@ -12,11 +12,12 @@ document are assembled in :mod:`baechi_cli.app.report`, the notes in
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -101,15 +102,29 @@ def bounds(
     return lower_bounds(graph, devices), single, evaluate(graph, devices, single, timer=timer)
 
 
-@cyclic_gc_paused()
-def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callable[[str], None]) -> Prepared:
-    """load -> cost -> passes, plus the bounds every placement is compared with."""
-    if options.comm is not None:
-        devices = devices.with_comm_mode(options.comm)
-    timings: dict[str, float] = {}
+class _Stopwatch:
+    """Each stage's seconds, summed by stage name, and the progress callback called as one starts."""
 
-    step("load")
-    t0 = time.perf_counter()
+    def __init__(self, step: Callable[[str], None]) -> None:
+        self.step = step
+        self.timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str, announce: bool = True) -> Iterator[None]:
+        if announce:
+            self.step(name)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+
+
+def load(path: str, options: PlaceOptions) -> tuple[OpGraph, str, list[str]]:
+    """Read the model; a TensorFlow step whose sidecar states it gets its races colocated.
+
+    Returns the graph with its views marked, the format's name and the notes so far.
+    """
     graph, fmt, notes = load_model(path, options.batch_size, options.dims)
     if FORMATS[fmt].runs_in_tensorflow:
         from baechi_cli.verify.races import colocate_races, step_races
@@ -118,13 +133,23 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         if races:
             graph = colocate_races(graph, races)
             notes.append(race_note(races, sidecar))
-    graph = with_views(graph, fmt)
-    sha256 = sha256_of(path)
-    model_ops = graph.num_ops
-    timings["load"] = time.perf_counter() - t0
+    return with_views(graph, fmt), fmt, notes
 
-    step("profile")
-    t0 = time.perf_counter()
+
+def cost(
+    graph: OpGraph,
+    fmt: str,
+    devices: DeviceSpec,
+    options: PlaceOptions,
+    path: str,
+    sha256: str,
+    notes: list[str],
+) -> tuple[OpGraph, Any]:
+    """Every op's costs: from ``--profile``, else the analytic model (a workload carries its own).
+
+    Returns the costed graph and where its costs came from (the report's ``costs``); appends to
+    ``notes`` the op types no rule covers.
+    """
     cost_report: Any = None
     if options.profile is not None:
         from baechi_cli.costs.profile import apply_profile, load_profile
@@ -144,33 +169,41 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         from baechi_cli.costs.memory_rules import one_kernel_gelus
 
         graph = one_kernel_gelus(graph)
-    timings["profile"] = time.perf_counter() - t0
+    return graph, cost_report
 
-    step("passes")
-    t0 = time.perf_counter()
-    graph, passes = constraint_passes(graph, fmt, path)
-    timings["passes"] = time.perf_counter() - t0
 
+@cyclic_gc_paused()
+def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callable[[str], None]) -> Prepared:
+    """load -> cost -> passes, plus the bounds every placement is compared with.
+
+    ``step(stage)`` is called as each of load, profile and passes starts.
+    """
+    if options.comm is not None:
+        devices = devices.with_comm_mode(options.comm)
+    clock = _Stopwatch(step)
+    with clock.stage("load"):
+        graph, fmt, notes = load(path, options)
+        sha256 = sha256_of(path)
+        model_ops = graph.num_ops
+    with clock.stage("profile"):
+        graph, cost_report = cost(graph, fmt, devices, options, path, sha256, notes)
+    with clock.stage("passes"):
+        graph, passes = constraint_passes(graph, fmt, path)
     training = None
     if options.training:
-        t0 = time.perf_counter()
-        graph, training, record = training_pass(graph, devices, fmt, options.optimizer, path)
-        passes.append(record)
-        timings["profile"] += time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    check_times_finite(graph, devices, path)
-    timer = StepTimer(graph, devices)
-    bound, single_placement, single_evaluation = bounds(graph, devices, timer)
-    single = single_evaluation.timeline if single_evaluation.feasible else None
-    timings["simulate"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    peak = max(single.peak_bytes) if single is not None else None
-    pass_options, forward_only_reason = default_pass_options(graph, devices, options, peak)
-    variant = optimization_passes(graph, devices, pass_options, forward_only_reason)
-    passes += variant.records
-    timings["passes"] += time.perf_counter() - t0
+        with clock.stage("profile", announce=False):
+            graph, training, record = training_pass(graph, devices, fmt, options.optimizer, path)
+            passes.append(record)
+    with clock.stage("simulate", announce=False):
+        check_times_finite(graph, devices, path)
+        timer = StepTimer(graph, devices)
+        bound, single_placement, single_evaluation = bounds(graph, devices, timer)
+        single = single_evaluation.timeline if single_evaluation.feasible else None
+    with clock.stage("passes", announce=False):
+        peak = max(single.peak_bytes) if single is not None else None
+        pass_options, forward_only_reason = default_pass_options(graph, devices, options, peak)
+        variant = optimization_passes(graph, devices, pass_options, forward_only_reason)
+        passes += variant.records
     return Prepared(
         path=path,
         input_format=fmt,
@@ -178,7 +211,7 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         graph=graph,
         devices=devices,
         passes=passes,
-        timings=timings,
+        timings=clock.timings,
         cost_report=cost_report,
         bounds=bound,
         single_device=single,
