@@ -11,7 +11,7 @@ everything ``place`` and ``compare`` take besides the model and the devices.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from baechi_cli import placers
@@ -282,6 +282,52 @@ def default_pass_options(
 AMPLE_MEMORY = 2**62
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    """What a placer is given on one try of :func:`run_candidate`: the graph and each device's memory.
+
+    ``premise`` is forward-only placement's: every device holds the whole model, so the placer is
+    told memory is ample (:data:`AMPLE_MEMORY`); otherwise it is told ``budget``.
+    """
+
+    graph: OpGraph
+    expands_sequence: bool
+    premise: bool
+    budget: list[int]
+
+    @staticmethod
+    def first(variant: Variant, spec: PlacerSpec, capacity: list[int]) -> _Attempt:
+        """The variant's placement graph; without forward-only placement for a placer that needs every edge."""
+        premise = variant.without_forward_only is not None and spec.respects_memory
+        if premise and spec.needs_every_edge:
+            assert variant.without_forward_only is not None
+            return _Attempt(variant.without_forward_only(), True, False, capacity)
+        return _Attempt(variant.placement_graph, variant.expands_sequence, premise, capacity)
+
+    def told(self, devices: DeviceSpec) -> DeviceSpec:
+        """The devices as the placer is told them on this attempt."""
+        return devices.with_memory([AMPLE_MEMORY] * devices.count if self.premise else self.budget)
+
+    def after_over_memory(
+        self, variant: Variant, spec: PlacerSpec, peak_bytes: list[int], capacity: list[int]
+    ) -> _Attempt | None:
+        """The next attempt after the evaluator found this one's placement over memory; None: give up.
+
+        A placer that makes no memory promise (and no budget retries) gives up: over memory is the
+        model's infeasibility. Under forward-only's premise, the premise was wrong: place the graph
+        without forward-only placement. Otherwise cut the budget by the excess (``cut_budget``).
+        """
+        from baechi_cli.placers.memory import cut_budget
+
+        if not (spec.respects_memory or spec.budget_retries):
+            return None
+        if self.premise:
+            assert variant.without_forward_only is not None
+            return _Attempt(variant.without_forward_only(), True, False, self.budget)
+        cut = cut_budget(self.budget, peak_bytes, capacity)
+        return None if cut is None else replace(self, budget=cut)
+
+
 @cyclic_gc_paused()
 def run_candidate(
     prepared: Prepared,
@@ -314,45 +360,37 @@ def run_candidate(
     again on cut memory. For any other placer that does not respect memory
     (one device), over memory is the model's infeasibility.
     """
-    from baechi_cli.placers.memory import MEMORY_ATTEMPTS, cut_budget
+    from baechi_cli.placers.memory import MEMORY_ATTEMPTS
 
     graph, devices = prepared.graph, prepared.devices
     variant = variant or prepared.variant
-    pgraph, expands_sequence = variant.placement_graph, variant.expands_sequence
-    premise = variant.without_forward_only is not None and spec.respects_memory
-    if premise and spec.needs_every_edge:
-        assert variant.without_forward_only is not None
-        pgraph, expands_sequence, premise = variant.without_forward_only(), True, False
     capacity = [d.memory_bytes for d in devices.devices]
-    budget = capacity
+    attempt = _Attempt.first(variant, spec, capacity)
     t0 = time.perf_counter()
     for _ in range(MEMORY_ATTEMPTS):
-        given = devices.with_memory([AMPLE_MEMORY] * devices.count if premise else budget)
         try:
-            placement = spec.place(pgraph, given, placer_options or options.placer_options(spec))
+            placement = spec.place(
+                attempt.graph, attempt.told(devices), placer_options or options.placer_options(spec)
+            )
         except (InfeasibleError, SolverError) as err:
             seconds = time.perf_counter() - t0
             return Candidate(spec.name, seconds, error=err.with_path(prepared.path), variant=variant.options)
         except InputError as err:  # a graph the placer refuses (exact's size guard): the user's to fix
-            if pgraph is not variant.placement_graph:  # the passes line counted another graph
+            if attempt.graph is not variant.placement_graph:  # the passes line counted another graph
                 err.problem += (
                     f" without forward-only placement, which {spec.name} turns off to see every edge "
                     f"(the other placers see {variant.placement_graph.num_ops:,})"
                 )
             raise err.with_path(prepared.path) from None
-        if pgraph is not graph:
-            placement = expand(placement, pgraph, graph, expands_sequence)
+        if attempt.graph is not graph:
+            placement = expand(placement, attempt.graph, graph, attempt.expands_sequence)
         evaluation = prepared.judge(placement)
-        if evaluation.feasible or not (spec.respects_memory or spec.budget_retries):
+        if evaluation.feasible:
             break
-        if premise:
-            assert variant.without_forward_only is not None
-            pgraph, expands_sequence, premise = variant.without_forward_only(), True, False
-            continue
-        cut = cut_budget(budget, evaluation.timeline.peak_bytes, capacity)
-        if cut is None:
+        next_attempt = attempt.after_over_memory(variant, spec, evaluation.timeline.peak_bytes, capacity)
+        if next_attempt is None:
             break
-        budget = cut
+        attempt = next_attempt
     seconds = time.perf_counter() - t0
     if not evaluation.feasible:
         error = over_memory(evaluation.timeline, graph, devices, prepared.path)
