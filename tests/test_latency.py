@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from baechi_cli.cli.commands import main
 from baechi_cli.core.errors import InfeasibleError
 from baechi_cli.pipeline.latency import evaluate_latency, solve_latency
-from baechi_cli.pipeline.throughput import LoadModel
+from baechi_cli.pipeline.maxload import LoadModel
 
 TESTDATA = os.path.join(os.path.dirname(__file__), "..", "testdata", "workloads")
 BERT3 = os.path.join(TESTDATA, "latency_OperatorGraphs_bert_l-3_inference.json")
@@ -174,7 +174,7 @@ def test_published_workload_agrees_with_their_evaluator():
 def test_solver_on_the_published_file_with_its_own_devices():
     from baechi_cli.core.devices import parse_devices
     from baechi_cli.io.workload_json import read_workload_json, stated_devices
-    from baechi_cli.pipeline.throughput import load_model
+    from baechi_cli.pipeline.maxload import load_model
 
     spec, cpus = stated_devices(BERT3)
     assert (spec, cpus) == ("4x629145600,8x1000000000000000", 8)

@@ -26,9 +26,10 @@ from baechi_cli.app.place import PassOptions, PlaceOptions, prepare
 from baechi_cli.cli.commands import main
 from baechi_cli.core.devices import parse_devices
 from baechi_cli.core.errors import InputError
+from baechi_cli.pipeline.maxload import LoadModel, TiedWeight, load_model
 from baechi_cli.pipeline.placer import TUNE_EVALUATIONS, _PerOp, _program_cuts, _stage_costs
 from baechi_cli.pipeline.schedules import StageCosts, simulate_pipeline
-from baechi_cli.pipeline.throughput import LoadModel, ProgramOrder, Split, TiedWeight, load_model, solve
+from baechi_cli.pipeline.throughput import ProgramOrder, Split, solve
 
 VOCAB, WIDTH, LAYERS = 4096, 512, 8
 

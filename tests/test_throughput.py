@@ -25,17 +25,8 @@ from baechi_cli.cli.commands import main
 from baechi_cli.core.devices import parse_devices
 from baechi_cli.core.errors import InfeasibleError
 from baechi_cli.io.workload_json import read_workload_json, read_workload_meta
-from baechi_cli.pipeline.throughput import (
-    Growing,
-    LoadModel,
-    _enumerate_ideals,
-    _Lattice,
-    _range_loads,
-    build_units,
-    evaluate_loads,
-    solve,
-    units,
-)
+from baechi_cli.pipeline.maxload import Growing, LoadModel, build_units, evaluate_loads, units
+from baechi_cli.pipeline.throughput import _enumerate_ideals, _Lattice, _range_loads, solve
 
 WORKLOADS = "testdata/workloads"
 
@@ -226,7 +217,7 @@ def test_evaluation_counts_a_tensor_once_per_receiving_device():
 
 
 def workload_model(name: str):
-    from baechi_cli.pipeline.throughput import load_model
+    from baechi_cli.pipeline.maxload import load_model
 
     path = f"{WORKLOADS}/{name}"
     graph, meta = read_workload_json(path), read_workload_meta(path)
@@ -269,7 +260,7 @@ def test_backward_units_follow_their_colour_class():
 
 
 def test_mixed_accelerators_count_at_the_slowest_and_smallest():
-    from baechi_cli.pipeline.throughput import load_model
+    from baechi_cli.pipeline.maxload import load_model
 
     graph = read_workload_json(f"{WORKLOADS}/throughput_LayerGraphs_gnmt_training.json")
     model = load_model(graph, parse_devices("1x16GB,1x8GB"))

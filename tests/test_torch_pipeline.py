@@ -698,7 +698,7 @@ def test_torch_copies_a_tied_weight_to_each_stage_that_reads_it(tmp_path):
     embedding and the head, which baechi lists as a weight to copy (``replicate_tied``); cut between
     them, torch's pipeline() gives both stages the weight, equal, and the stages compute the model."""
     torch = pytest.importorskip("torch")
-    from baechi_cli.pipeline.throughput import load_model
+    from baechi_cli.pipeline.maxload import load_model
 
     model, x = _transformer(torch)
     model.head.weight = model.embed.weight

@@ -24,7 +24,7 @@ and a local-search polish. A unit on a CPU is timed as one block (exact for a un
 the evaluator, timing each op by itself, can only be earlier).
 
 Example:
-    >>> from baechi_cli.pipeline.throughput import LoadModel
+    >>> from baechi_cli.pipeline.maxload import LoadModel
     >>> m = LoadModel.chain([4.0, 1.0, 3.0, 2.0], send_us=[0.5, 0.5, 0.5, 0.0], accelerators=2)
     >>> s = solve_latency(m)
     >>> s.latency_us, s.stage_units, s.proven
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from baechi_cli.core.errors import InfeasibleError, InputError
-from baechi_cli.pipeline.throughput import Growing, LoadModel, Units, build_units, fixed_costs, other_orders
+from baechi_cli.pipeline.maxload import Growing, LoadModel, Units, build_units, fixed_costs, other_orders
 
 # Floating-point slack when comparing times summed in different orders.
 _EPS = 1e-9
@@ -196,7 +196,7 @@ class LatencySplit:
     """A latency split: its calls in start order, each on one device."""
 
     latency_us: float
-    stage_units: list[list[int]]  # per call, the units (ids of throughput.units) in it
+    stage_units: list[list[int]]  # per call, the units (ids of maxload.units) in it
     stage_device: list[int]
     stage_start_us: list[float]
     stage_finish_us: list[float]

@@ -17,7 +17,7 @@ exactly or with a stated bound), and returns the placement with the split in ``i
 
 A weight several ops read (a tied embedding and head) keeps its readers in one unit in Tarnawski
 et al.'s model; with microbatches the split is also solved with each reader free to sit in
-another stage (``replicate_tied`` of :func:`baechi_cli.pipeline.throughput.load_model`), as torch's
+another stage (``replicate_tied`` of :func:`baechi_cli.pipeline.maxload.load_model`), as torch's
 ``pipeline()`` copies such a parameter to every stage using it: the copies count in memory and
 the schedule all-reduces their gradient per minibatch (``info["tied_weights"]``). The fastest
 of both within memory is kept.
@@ -47,20 +47,13 @@ from baechi_cli.core.errors import BaechiError, InfeasibleError, InputError
 from baechi_cli.core.graph import CONTROL_PORT, OpGraph
 from baechi_cli.evaluator.placement import Placement
 from baechi_cli.pipeline import schedules
+from baechi_cli.pipeline.maxload import LoadModel, TiedWeight, evaluate_loads, load_model
 from baechi_cli.pipeline.schedules import (
     StageCosts,
     simulate_pipeline,
     stage_devices,
 )
-from baechi_cli.pipeline.throughput import (
-    LoadModel,
-    ProgramOrder,
-    Split,
-    TiedWeight,
-    evaluate_loads,
-    load_model,
-    solve,
-)
+from baechi_cli.pipeline.throughput import ProgramOrder, Split, solve
 from baechi_cli.pipeline.timeline import render_timeline
 from baechi_cli.placers import PipelineOptions
 
@@ -184,7 +177,7 @@ def _best_for_schedule(
     solved: dict[tuple[int, int, float], Split | BaechiError],
 ) -> tuple[Split, dict[str, Any]] | InfeasibleError:
     """The split of highest scheduled throughput within memory, over every stage count and model
-    (tied weights kept whole, then copied: :func:`baechi_cli.pipeline.throughput.load_model`).
+    (tied weights kept whole, then copied: :func:`baechi_cli.pipeline.maxload.load_model`).
     ``solved``: the max-load splits already found, by (model, accelerators, memory), kept for
     the next schedule (the solver is deterministic).
 
