@@ -56,8 +56,8 @@ config in code, fixed batch) and each optimizer (SGD, Adam) it
    bytes each, written as device YAML into ``--cache``/splits/, for r = 1.3
    (``--algo auto`` must place the step, every device's simulated peak within
    its memory) and r = 1.6 (m-TOPO, m-ETF and m-SCT must each place it); the
-   export is loaded and costed once per spec (``pipeline.prepare``), each
-   placer run through ``pipeline.run_candidate``. Recorded: placed or the
+   export is loaded and costed once per spec (``app.place.prepare``), each
+   placer run through ``search.candidates.run_candidate``. Recorded: placed or the
    error's first line, auto's pick, step time, each device's simulated peak
    against its memory, and the placer's own estimate
    (``placement.info["estimated_peak_bytes"]``, where it gives one) against
@@ -99,16 +99,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-# Run as a script, bench/ is sys.path[0], and bench/profile.py would shadow the
-# stdlib profile module that torch imports.
-if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
-    sys.path.pop(0)
-sys.path.insert(0, ROOT)
+from benchlib import BENCH, ROOT, log, rel, table, write_json, write_text
 
-from baechi_cli import placers  # noqa: E402
-from baechi_cli.devices import (  # noqa: E402
+from baechi_cli import placers
+from baechi_cli.app.place import place_model, prepare
+from baechi_cli.core.devices import (
     Device,
     DeviceSpec,
     devices_from_yaml,
@@ -116,19 +111,11 @@ from baechi_cli.devices import (  # noqa: E402
     load_devices_yaml,
     parse_devices,
 )
-from baechi_cli.errors import BaechiError  # noqa: E402
-from baechi_cli.graph import CONTROL_PORT, OpGraph  # noqa: E402
-from baechi_cli.pipeline import (  # noqa: E402
-    Candidate,
-    PlaceOptions,
-    Prepared,
-    choose,
-    place_model,
-    prepare,
-    run_candidate,
-)
-from baechi_cli.search import auto_search  # noqa: E402
-from baechi_cli.sim import SimResult  # noqa: E402
+from baechi_cli.core.errors import BaechiError
+from baechi_cli.core.graph import CONTROL_PORT, OpGraph
+from baechi_cli.evaluator.sim import SimResult
+from baechi_cli.search.auto import auto_search
+from baechi_cli.search.candidates import Candidate, PlaceOptions, Prepared, choose, run_candidate
 
 INSTALL_HINT = "pip install -e '.[bench]'  (torch==2.13.0 CPU build and transformers)"
 OPTIMIZERS = ("sgd", "adam")
@@ -142,10 +129,6 @@ TOP_TYPES = 6
 BUSY_CORES = 0.2  # other processes using more than this many cores on average: the times are suspect
 NOTE_PREFIX = "> **Not re-measured:**"
 MD_NAME, JSON_NAME = "framework.md", "framework.json"
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- models
@@ -713,7 +696,7 @@ def calibrated_devices(
 ) -> tuple[DeviceSpec, str]:
     """``baechi devices calibrate --torch cpu|cuda:0`` run now, on this machine: its spec and YAML
     (written to ``<folder>/<device><suffix>.yaml``)."""
-    path = os.path.relpath(os.path.join(folder, f"{device}{suffix}.yaml"), ROOT)  # the YAML's header names it
+    path = rel(os.path.join(folder, f"{device}{suffix}.yaml"))  # the YAML's header names it
     command = ["devices", "calibrate", "--torch", device, "-o", path, "--quiet"] + (
         ["--quick"] if quick else []
     )
@@ -834,7 +817,7 @@ def run_case(case: Case, args: argparse.Namespace, devices: DeviceSpec) -> list[
                 "input": "x".join(map(str, tuple(x.shape))) + (" tokens" if case.kind == "text" else ""),
                 "params": params,
                 "optimizer": optimizer,
-                "onnx": os.path.relpath(path, ROOT),
+                "onnx": rel(path),
                 "export_s": export_s,
                 "measured": measured,
                 "saved_by_node": saved,
@@ -937,7 +920,7 @@ def split_row(row: dict[str, Any], count: int, base: DeviceSpec, folder: str) ->
 
     ``auto`` passes when auto places the step and every device's simulated peak is within
     its memory; ``placers`` when every placer places it. The ONNX export is loaded and costed
-    once per spec (``pipeline.prepare``), as ``baechi place MODEL --training --optimizer O
+    once per spec (``app.place.prepare``), as ``baechi place MODEL --training --optimizer O
     --devices SPEC [--algo A]`` would.
     """
     options = PlaceOptions(training=True, optimizer=row["optimizer"])
@@ -965,7 +948,7 @@ def split_row(row: dict[str, Any], count: int, base: DeviceSpec, folder: str) ->
             passed = all(r["placed"] for r in by_algorithm.values())
         result[key] = {
             "ratio": ratio,
-            "spec": os.path.relpath(spec_path, ROOT),
+            "spec": rel(spec_path),
             "memory_bytes": devices.devices[0].memory_bytes,
             "verdict": "PASS" if passed else "MISS",
             **outcome,
@@ -1015,14 +998,6 @@ def pair(measured: str, predicted: str) -> str:
 
 def verdict(ratio: float, tolerance: float) -> str:
     return f"{'PASS' if abs(ratio - 1) <= tolerance else 'MISS'} ({ratio:.2f})"
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-        *("| " + " | ".join(r) + " |" for r in rows),
-    ]
 
 
 def top(by_type: dict[str, int], n: int = TOP_TYPES) -> str:
@@ -1204,7 +1179,7 @@ def render_splits(splits: dict[str, Any]) -> list[str]:
         f"optimizer and N of {', '.join(map(str, splits['device_counts']))}: N devices with the rates of "
         f"the device spec above, each with 1/N of {fit} or of {each} (rounded down), written as device "
         "YAML under bench/cache/splits/ and placed as `baechi place MODEL --training --optimizer O "
-        "--devices SPEC [--algo A]` would (the library: `pipeline.prepare` once per spec, each placer "
+        "--devices SPEC [--algo A]` would (the library: `app.place.prepare` once per spec, each placer "
         f"through `run_candidate`). **{fit} passes** when auto places the step and every device's "
         f"simulated peak is within its memory; **{each} passes** when {', '.join(titles)} each place it. "
         "*peak / memory*: the evaluator's simulated peak of a device over its memory; *estimate / peak*: "
@@ -1479,7 +1454,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out", help="folder for framework.md and .json (default bench/; --quick: a temp folder)"
     )
     parser.add_argument(
-        "--cache", default=os.path.join(HERE, "cache"), help="folder for the ONNX exports and split specs"
+        "--cache", default=os.path.join(BENCH, "cache"), help="folder for the ONNX exports and split specs"
     )
     parser.add_argument(
         "--only",
@@ -1495,16 +1470,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(CASE_BY_NAME)}")
     args.cases = [CASE_BY_NAME[n] for n in names]
     args.steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
-    args.out = args.out or (tempfile.mkdtemp(prefix="baechi-framework-") if args.quick else HERE)
+    args.out = args.out or (tempfile.mkdtemp(prefix="baechi-framework-") if args.quick else BENCH)
     return args
 
 
 def write_results(results: dict[str, Any], out: str) -> None:
     """framework.json (``results``) and framework.md (:func:`render` of it) into ``out``."""
-    with open(os.path.join(out, JSON_NAME), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(out, MD_NAME), "w", encoding="utf-8") as f:
-        f.write(render(results))
+    write_json(os.path.join(out, JSON_NAME), results)
+    write_text(os.path.join(out, MD_NAME), render(results))
     log(f"wrote {os.path.join(out, MD_NAME)} and {JSON_NAME}")
 
 

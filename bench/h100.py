@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
 import sys
@@ -56,21 +55,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-# Run as a script, bench/ is sys.path[0], and bench/profile.py would shadow the stdlib profile
-# module that torch imports: bench/ goes after the stdlib instead.
-if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
-    sys.path.pop(0)
-sys.path.insert(0, ROOT)
-sys.path.append(HERE)
+import framework
+from benchlib import BENCH, log, scrub, write_json, write_text
 
-import framework  # noqa: E402
-
-from baechi_cli.devices import PRESETS, DeviceSpec  # noqa: E402
-from baechi_cli.errors import BaechiError  # noqa: E402
-from baechi_cli.passes.training import LOSS_TEMPORARIES  # noqa: E402
-from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
+from baechi_cli.app.place import place_model
+from baechi_cli.core.devices import PRESETS, DeviceSpec
+from baechi_cli.core.errors import BaechiError
+from baechi_cli.passes.training import LOSS_TEMPORARIES
+from baechi_cli.search.candidates import PlaceOptions
 
 PRESET = "h100x8"
 GB = 1e9  # the reference's GB
@@ -187,7 +179,7 @@ def predict(path: str, training: bool, optimizer: str) -> dict[str, Any]:
             path, one_device(), PlaceOptions(algo="single", training=training, optimizer=optimizer)
         )
     except BaechiError as err:
-        return {"error": str(err)}
+        return {"error": scrub(str(err))}
     sim = outcome.sim
     return {
         "peak_bytes": max(sim.peak_bytes),
@@ -234,7 +226,7 @@ def run(cache: str) -> dict[str, Any]:
             if label == "Adam":
                 row["measured_resident_bytes"] = m.adam_resident_gb * GB
             rows.append(row)
-            print(f"{name} {label}: {p}", file=sys.stderr, flush=True)
+            log(f"{name} {label}: {p}")
     return {"date": time.strftime("%Y-%m-%d"), "preset": PRESET, "rows": rows}
 
 
@@ -324,21 +316,19 @@ def render(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache", default=os.path.join(HERE, "cache"), help="where the exports go")
-    parser.add_argument("--out", default=HERE, help="where h100.md and h100.json go")
+    parser.add_argument("--cache", default=os.path.join(BENCH, "cache"), help="where the exports go")
+    parser.add_argument("--out", default=BENCH, help="where h100.md and h100.json go")
     args = parser.parse_args(argv)
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
-        print(
+        log(
             f"bench/h100.py: {' and '.join(missing)} not installed, nothing predicted; {framework.INSTALL_HINT}"
         )
         return 0
     os.makedirs(args.cache, exist_ok=True)
     results = run(args.cache)
-    with open(os.path.join(args.out, "h100.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "h100.md"), "w", encoding="utf-8") as f:
-        f.write(render(results))
+    write_json(os.path.join(args.out, "h100.json"), results)
+    write_text(os.path.join(args.out, "h100.md"), render(results))
     return 0
 
 

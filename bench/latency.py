@@ -3,7 +3,7 @@
 For each latency workload (testdata/workloads, and with ``--extra DIR`` a
 checkout of msr-fiddle/dnn-partitioning's ``latency-inputs``), with the
 file's devices (maxFPGAs accelerators of maxSizePerFPGA, maxCPUs CPU cores),
-it runs :func:`baechi_cli.latency.solve_latency` at its default effort and
+it runs :func:`baechi_cli.pipeline.latency.solve_latency` at its default effort and
 records the latency of one sample, whether it is proven optimal, the lower
 bound, and the time (median of 3). Their figures (``GREEDY`` and ``EXPERT``
 below) were measured by building their public ``latency-greedy/greedy.cpp``
@@ -23,15 +23,14 @@ import argparse
 import glob
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchlib import WORKLOADS, row, table
 
-from baechi_cli.devices import parse_devices  # noqa: E402
-from baechi_cli.io.workload_json import read_workload_json, stated_devices  # noqa: E402
-from baechi_cli.latency import solve_latency  # noqa: E402
-from baechi_cli.throughput import load_model  # noqa: E402
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.io.workload_json import read_workload_json, stated_devices
+from baechi_cli.pipeline.latency import solve_latency
+from baechi_cli.pipeline.maxload import load_model
 
 # greedy.exe on the same file: (latency ms, wall s).
 GREEDY = {
@@ -78,17 +77,14 @@ def main() -> None:
     parser.add_argument("--extra", help="a dnn-partitioning checkout's latency-inputs folder")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    paths = sorted(glob.glob("testdata/workloads/latency_*.json"))
+    paths = sorted(glob.glob(os.path.join(WORKLOADS, "latency_*.json")))
     if args.extra:
         paths += sorted(glob.glob(os.path.join(args.extra, "*", "*.json")))
     seen = set()
     print("# --objective latency vs Tarnawski et al.'s latency baselines\n")
     print(__doc__.split("Usage:")[0].strip().replace("\n", " "), "\n")
-    print(
-        "| workload | baechi latency (ms) | proven | lower bound (ms) | gap | baechi s | "
-        "their greedy (ms) | greedy / baechi | expert (ms) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    header = ["workload", "baechi latency (ms)", "proven", "lower bound (ms)", "gap", "baechi s"]
+    print("\n".join(table([*header, "their greedy (ms)", "greedy / baechi", "expert (ms)"], [])))
     for path in paths:
         key = key_of(path)
         if key in seen:
@@ -100,12 +96,13 @@ def main() -> None:
         expert_text = ""
         if expert:
             expert_text = f"{expert[0]}" + (f" ({expert[1]} over memory)" if expert[1] else "")
-        print(
-            f"| {key} | {ours:.4f} | {'yes' if proven else 'no'} | {lower:.4f} | {ours / lower - 1:.1%} | "
-            f"{seconds:.2f} | {f'{greedy[0]:.4f}' if greedy else ''} | "
-            f"{f'{greedy[0] / ours:.3f}' if greedy else ''} | {expert_text} |",
-            flush=True,
-        )
+        cells = [key, f"{ours:.4f}", "yes" if proven else "no", f"{lower:.4f}", f"{ours / lower - 1:.1%}"]
+        cells += [
+            f"{seconds:.2f}",
+            f"{greedy[0]:.4f}" if greedy else "",
+            f"{greedy[0] / ours:.3f}" if greedy else "",
+        ]
+        print(row([*cells, expert_text]), flush=True)
     print(FOOTER)
 
 

@@ -21,16 +21,13 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
+import ortools
+from benchlib import BENCH, log, rel, table, write_text
+from synthetic import layered_dag
 
-from synthetic import layered_dag  # noqa: E402
-
-from baechi_cli.devices import parse_devices  # noqa: E402
-from baechi_cli.errors import SolverError  # noqa: E402
-from baechi_cli.placers import sct_lp  # noqa: E402
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import SolverError
+from baechi_cli.placers import sct_lp
 
 # Variants measured besides sct_lp.BACKENDS, to justify the parameters chosen there.
 EXTRA = {
@@ -92,7 +89,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--one", nargs=4, metavar=("BACKEND", "OPS", "WIDTH", "LIMIT"))
     ap.add_argument("--limit", type=float, default=120.0)
-    ap.add_argument("--out", default=os.path.join(HERE, "lp_backends.md"))
+    ap.add_argument("--out", default=os.path.join(BENCH, "lp_backends.md"))
     args = ap.parse_args()
     if args.one:
         backend, ops, width, limit = args.one
@@ -107,12 +104,12 @@ def main() -> None:
                 rows.append({"backend": backend, "ops": ops, "width": width, "error": "skipped"})
                 continue
             row = run_case(backend, ops, width, args.limit)
-            print(json.dumps(row), file=sys.stderr, flush=True)
+            log(json.dumps(row))
             rows.append(row)
             gave_up = "error" in row
     for ops, width in HIGHS_EXTRA_SIZES:
         row = run_case("highs", ops, width, args.limit)
-        print(json.dumps(row), file=sys.stderr, flush=True)
+        log(json.dumps(row))
         rows.append(row)
 
     def find(backend: str, ops: int, width: int) -> dict:
@@ -122,7 +119,7 @@ def main() -> None:
         "# Favorite-child LP backends (m-SCT)",
         "",
         f"Made by `python bench/lp_backends.py` on {platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, OR-Tools {_ortools_version()}. One run per case; "
+        f"Python {platform.python_version()}, OR-Tools {ortools.__version__}. One run per case; "
         f"LP time limit {args.limit:g} s. Synthetic layered DAGs (`bench/synthetic.py`, seed 0), "
         "4x8GB devices (Baechi's PCIe comm model). The machine is shared with other work, so "
         "differences under ~20% are noise.",
@@ -130,8 +127,7 @@ def main() -> None:
         'Cells: build + solve seconds. "timed out": hit the time limit; "skipped": timed out '
         "at a smaller size.",
         "",
-        "| backend | solver id, parameters | " + " | ".join(f"{o // 1000}k ops" for o, _ in SIZES) + " |",
-        "|---|---|" + "---|" * len(SIZES),
+        *table(["backend", "solver id, parameters", *(f"{o // 1000}k ops" for o, _ in SIZES)], []),
     ]
     for backend in BACKENDS:
         sid, params = sct_lp.BACKENDS.get(backend) or EXTRA[backend]
@@ -151,8 +147,18 @@ def main() -> None:
         "",
         "## LP sizes and objectives (all backends that finished must agree)",
         "",
-        "| ops | width | graph edges | LP edges | variables | constraints | objective (µs), per backend |",
-        "|---|---|---|---|---|---|---|",
+        *table(
+            [
+                "ops",
+                "width",
+                "graph edges",
+                "LP edges",
+                "variables",
+                "constraints",
+                "objective (µs), per backend",
+            ],
+            [],
+        ),
     ]
     for ops, width in SIZES + HIGHS_EXTRA_SIZES:
         done = [r for r in rows if (r["ops"], r["width"]) == (ops, width) and "error" not in r]
@@ -170,8 +176,7 @@ def main() -> None:
         "",
         "## HiGHS on larger or wider graphs",
         "",
-        "| ops | width | build (s) | solve (s) | favorite edges |",
-        "|---|---|---|---|---|",
+        *table(["ops", "width", "build (s)", "solve (s)", "favorite edges"], []),
     ]
     for ops, width in [(o, w) for o, w in SIZES] + HIGHS_EXTRA_SIZES:
         r = find("highs", ops, width)
@@ -179,15 +184,8 @@ def main() -> None:
             lines.append(f"| {ops} | {width} | {r.get('build_s', 0):.2f} | {cell(r).split(' + ')[-1]} | |")
         else:
             lines.append(f"| {ops} | {width} | {r['build_s']:.2f} | {r['solve_s']:.2f} | {r['favorites']} |")
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"wrote {args.out}", file=sys.stderr)
-
-
-def _ortools_version() -> str:
-    import ortools
-
-    return ortools.__version__
+    write_text(args.out, "\n".join(lines) + "\n")
+    log(f"wrote {rel(args.out)}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Benchmark of ONNX placement: the committed ONNX models, inference and training, and the
 training pass at scale.
 
-`make bench` runs this after bench/profile.py (the name keeps it from shadowing the onnx
-package on sys.path). It writes bench/onnx.md (tables,
+`make bench` runs this after bench/profile_costs.py (the name keeps it from shadowing the onnx
+package: bench/ is sys.path[0]). It writes bench/onnx.md (tables,
 committed) and bench/onnx.json (raw numbers). Three sections:
 
 1. **The ONNX test models** (tests/onnxmodels.py), each placed as
@@ -30,35 +30,25 @@ Targets are reported, not enforced: the script exits 0 either way.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.append(HERE)  # after the stdlib: bench/profile.py would shadow profile
+from benchlib import BENCH, TESTDATA, log, ms, scrub, table, tests_module, write_json, write_text
+from synthetic import layered_dag
 
-from onnxmodels import ONNX_MODELS  # noqa: E402
-from synthetic import layered_dag  # noqa: E402
-
-from baechi_cli.devices import parse_devices  # noqa: E402
-from baechi_cli.errors import InfeasibleError  # noqa: E402
-from baechi_cli.passes.training import synthesize_training  # noqa: E402
-from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
+from baechi_cli.app.place import place_model, prepare
+from baechi_cli.app.report import build_report
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import InfeasibleError
+from baechi_cli.passes.training import synthesize_training
+from baechi_cli.search.candidates import PlaceOptions
 
 REPEAT = 5
 SCALE_OPS = (1_000, 5_000, 20_000, 100_000)
 SCALE_TARGET_S = 5.0
 MODES = (("inference", None), ("training, sgd", "sgd"), ("training, adam", "adam"))
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def mode_name(optimizer: str | None) -> str:
@@ -77,11 +67,14 @@ def place_once(model: Any, devices: str, optimizer: str | None) -> dict[str, Any
         for _ in range(REPEAT):
             runs.append(place_model(str(model.path), parse_devices(devices), options))
     except InfeasibleError as err:
-        return {"model": model.name, "devices": devices, "mode": mode_name(optimizer), "error": str(err)}
+        return {
+            "model": model.name,
+            "devices": devices,
+            "mode": mode_name(optimizer),
+            "error": scrub(str(err)),
+        }
     outcome = runs[-1]
     prepared, sim = outcome.prepared, outcome.sim
-    from baechi_cli.io.report import build_report
-
     report = build_report(outcome, options)
     return {
         "model": model.name,
@@ -149,18 +142,16 @@ SAME_MODEL = (("keras_resnet50", "resnet50.pb"), ("keras_inception_v3", "incepti
 
 
 def synthesized_vs_real() -> list[dict[str, Any]]:
-    from baechi_cli.pipeline import prepare
-
     devices = parse_devices("1x1000GB")
     bare = {"algo": "single", "coplace": False, "fusion": False, "forward_only": False}
     rows = []
     for onnx_name, pb in SAME_MODEL:
-        onnx_path = os.path.join(ROOT, "testdata", f"{onnx_name}.onnx")
+        onnx_path = os.path.join(TESTDATA, f"{onnx_name}.onnx")
         synthesized = prepare(
             onnx_path, devices, PlaceOptions(**bare, training=True, optimizer="momentum"), lambda _: None
         )
         real = prepare(
-            os.path.join(ROOT, "testdata", pb), devices, PlaceOptions(**bare, batch_size=32), lambda _: None
+            os.path.join(TESTDATA, pb), devices, PlaceOptions(**bare, batch_size=32), lambda _: None
         )
         row: dict[str, Any] = {"model": onnx_name, "tensorflow": pb}
         for key, p, forward in (
@@ -184,18 +175,9 @@ def synthesized_vs_real() -> list[dict[str, Any]]:
     return rows
 
 
-def ms(us: float | None) -> str:
-    return "-" if us is None else f"{us / 1000:.3f}"
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows]
-
-
 def main() -> None:
     records = []
-    for model in ONNX_MODELS:
+    for model in tests_module("onnxmodels").ONNX_MODELS:
         specs = ["4x8GB", split_spec(model, "adam")]
         for devices in specs:
             for mode, optimizer in MODES:
@@ -330,10 +312,10 @@ def main() -> None:
         ["graph", "ops", "persistent MB", "forward ms", "step ms", "step / forward", "peak GB"], same_rows
     )
     lines.append("")
-    with open(os.path.join(HERE, "onnx.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
-    with open(os.path.join(HERE, "onnx.json"), "w", encoding="utf-8") as f:
-        json.dump({"models": records, "scale": scale, "synthesized_vs_real": same}, f, indent=1)
+    write_text(os.path.join(BENCH, "onnx.md"), "\n".join(lines))
+    write_json(
+        os.path.join(BENCH, "onnx.json"), {"models": records, "scale": scale, "synthesized_vs_real": same}
+    )
     log("wrote bench/onnx.md, bench/onnx.json")
 
 

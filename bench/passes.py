@@ -30,17 +30,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+from benchlib import BENCH, ROOT, TESTDATA, WORKLOADS, log, rel, scrub, tests_module, write_json, write_text
 
-from baechi_cli import placers  # noqa: E402
-from baechi_cli.devices import parse_devices  # noqa: E402
-from baechi_cli.io.workload_json import read_workload_meta  # noqa: E402
-from baechi_cli.pipeline import PlaceOptions, prepare, run_candidate  # noqa: E402
+from baechi_cli import placers
+from baechi_cli.app.place import prepare
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.io.graphdef import read_graphdef
+from baechi_cli.io.workload_json import read_workload_meta
+from baechi_cli.search.candidates import PlaceOptions, run_candidate
 
 ALGOS = ("topo", "etf", "sct")
 DEVICES = 4
@@ -52,20 +52,14 @@ REDUCTION_TARGETS = {"inception_v3": 0.95, "gnmt_static": 0.95, "gnmt_dynamic": 
 END_TO_END_TARGETS_S = {"inception_v3": 2.0, "gnmt_static": 5.0}
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def sources() -> list[tuple[str, str, str]]:
     """(name, path, one device's memory) for every graph of the benchmark."""
-    from realgraphs import REAL_GRAPHS, real_graph
-
-    out = [(name, str(real_graph(name)), TF_MEMORY) for name in REAL_GRAPHS]
-    out += [(name, os.path.join(ROOT, "testdata", f"{name}.pb"), TF_MEMORY) for name in ("mlp", "cnn")]
-    workloads = os.path.join(ROOT, "testdata", "workloads")
-    for file in sorted(os.listdir(workloads)):
+    realgraphs = tests_module("realgraphs")
+    out = [(name, str(realgraphs.real_graph(name)), TF_MEMORY) for name in realgraphs.REAL_GRAPHS]
+    out += [(name, os.path.join(TESTDATA, f"{name}.pb"), TF_MEMORY) for name in ("mlp", "cnn")]
+    for file in sorted(os.listdir(WORKLOADS)):
         if file.endswith(".json"):
-            path = os.path.join(workloads, file)
+            path = os.path.join(WORKLOADS, file)
             out.append((file[:-5], path, f"{read_workload_meta(path).max_size_per_fpga}B"))
     return out
 
@@ -93,7 +87,7 @@ def measure(path: str, memory: str, flags: dict[str, bool]) -> dict[str, Any]:
         out["algos"][algo] = {
             "place_seconds": c.place_seconds,
             "step_time_us": c.sim.step_time_us if c.sim else None,
-            "error": c.problem,
+            "error": c.problem and scrub(c.problem),
         }
     return out
 
@@ -103,7 +97,7 @@ def end_to_end(path: str, memory: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "placed.pb" if not path.endswith(".json") else "unused")
         report = os.path.join(tmp, "report.json")
-        argv = [sys.executable, "-m", "baechi_cli", "place", path, "-d", f"{DEVICES}x{memory}"]
+        argv = [sys.executable, "-m", "baechi_cli", "place", rel(path), "-d", f"{DEVICES}x{memory}"]
         argv += ["--algo", "sct", "--report", report, "-q"]
         if not path.endswith(".json"):
             argv += ["-o", out]
@@ -111,7 +105,7 @@ def end_to_end(path: str, memory: str) -> dict[str, Any]:
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
-            return {"error": proc.stderr.strip().splitlines()[-1], "wall_seconds": wall}
+            return {"error": scrub(proc.stderr.strip().splitlines()[-1]), "wall_seconds": wall}
         with open(report, encoding="utf-8") as f:
             doc = json.load(f)
         return {
@@ -123,10 +117,6 @@ def end_to_end(path: str, memory: str) -> dict[str, Any]:
 
 def coverage(path: str) -> dict[str, Any]:
     """How the forward/backward matching rules of io/graphdef.mark_backward cover a TensorFlow graph."""
-    from collections import Counter
-
-    from baechi_cli.io.graphdef import read_graphdef
-
     g = read_graphdef(path)
     backward = [v for v in range(g.num_ops) if g.is_backward[v]]
     by_scope = by_class = 0
@@ -294,7 +284,7 @@ def main() -> None:
     results = []
     for name, path, memory in sources():
         log(f"{name}: with passes")
-        entry: dict[str, Any] = {"graph": name, "path": os.path.relpath(path, ROOT), "memory": memory}
+        entry: dict[str, Any] = {"graph": name, "path": rel(path), "memory": memory}
         if path.endswith(".pb"):
             entry["coverage"] = coverage(path)
         entry["with"] = measure(path, memory, {})
@@ -303,10 +293,8 @@ def main() -> None:
         log(f"{name}: end to end")
         entry["end_to_end"] = end_to_end(path, memory)
         results.append(entry)
-    with open(os.path.join(HERE, "passes.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(HERE, "passes.md"), "w", encoding="utf-8") as f:
-        f.write(render(results))
+    write_json(os.path.join(BENCH, "passes.json"), results)
+    write_text(os.path.join(BENCH, "passes.md"), render(results))
 
 
 if __name__ == "__main__":

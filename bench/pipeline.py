@@ -3,7 +3,7 @@
 For each throughput workload (testdata/workloads, and with ``--extra DIR`` a
 checkout of msr-fiddle/dnn-partitioning's ``throughput-inputs``), with the
 file's devices (maxFPGAs accelerators of maxSizePerFPGA, maxCPUs CPU cores),
-it runs :func:`baechi_cli.throughput.solve` at its default effort and
+it runs :func:`baechi_cli.pipeline.throughput.solve` at its default effort and
 records the max-load, whether it is proven optimal (the search completed:
 no contiguous split has a lower max-load), and the time (median of 3). The
 DP's figures (``DP``, below) were measured by building their public
@@ -21,18 +21,19 @@ import argparse
 import glob
 import os
 import statistics
-import sys
 import time
+
+from benchlib import WORKLOADS, row, table
 
 # One BLAS thread: dp.exe runs on one core, so both get one (and the machine's other core is
 # often busy: threads contending for it made baechi's times noisy).
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from baechi_cli.devices import parse_devices  # noqa: E402
+from baechi_cli.core.devices import parse_devices  # noqa: E402
 from baechi_cli.io.workload_json import read_workload_json, stated_devices  # noqa: E402
-from baechi_cli.throughput import load_model, solve  # noqa: E402
+from baechi_cli.pipeline.maxload import load_model  # noqa: E402
+from baechi_cli.pipeline.throughput import solve  # noqa: E402
 
 # dp.exe on the same file: (max-load ms, least wall s of 3 runs); None: did not finish in 300 s.
 DP = {
@@ -91,16 +92,14 @@ def main() -> None:
     parser.add_argument("--extra", help="a dnn-partitioning checkout's throughput-inputs folder")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    paths = sorted(glob.glob("testdata/workloads/throughput_*.json"))
+    paths = sorted(glob.glob(os.path.join(WORKLOADS, "throughput_*.json")))
     if args.extra:
         paths += sorted(glob.glob(os.path.join(args.extra, "*", "*.json")))
     seen = set()
     print("# --objective throughput vs Tarnawski et al.'s DP\n")
     print(__doc__.split("Usage:")[0].strip().replace("\n", " "), "\n")
-    print(
-        "| workload | baechi max-load (ms) | proven | baechi s | DP max-load (ms) | DP s | ratio | expert (ms) |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+    header = ["workload", "baechi max-load (ms)", "proven", "baechi s", "DP max-load (ms)", "DP s", "ratio"]
+    print("\n".join(table([*header, "expert (ms)"], [])))
     for path in paths:
         key = key_of(path)
         if key in seen:
@@ -112,11 +111,8 @@ def main() -> None:
         dp_s = f"{dp[1]:.3g}" if dp else "> 300"
         ratio = f"{ours / dp[0]:.6f}" if dp else ""
         expert = EXPERT.get(key)
-        print(
-            f"| {key} | {ours:.6f} | {'yes' if proven else 'no'} | {seconds:.2f} | {dp_load} | {dp_s} | {ratio} | "
-            f"{expert if expert else ''} |",
-            flush=True,
-        )
+        cells = [key, f"{ours:.6f}", "yes" if proven else "no", f"{seconds:.2f}", dp_load, dp_s, ratio]
+        print(row([*cells, f"{expert if expert else ''}"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -40,28 +40,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-# Run as a script, bench/ is sys.path[0], and bench/profile.py would shadow the standard
-# library's profile (which torch imports): bench/ goes last, for framework.py.
-if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
-    sys.path.pop(0)
-sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.append(HERE)
+import framework
+from benchlib import BENCH, scrub
 
-from baechi_cli.devices import parse_devices  # noqa: E402
-from baechi_cli.errors import BaechiError  # noqa: E402
-from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
+from baechi_cli.app.place import place_model
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import BaechiError
+from baechi_cli.search.candidates import PlaceOptions
 
 
 def export(name: str, cache: str) -> str:
     """The model's ONNX export in ``cache`` (made with bench/framework.py's build and export)."""
     path = os.path.join(cache, f"{name}.onnx")
     if not os.path.exists(path):
-        import framework
-
         model, x = framework.build(framework.CASE_BY_NAME[name], quick=False)
         os.makedirs(cache, exist_ok=True)
         framework.export_onnx(model, x, path)
@@ -75,7 +68,6 @@ def torch_verdict(name: str, points: dict[str, str] | None, schedule: str, micro
     such value; 1F1B and GPipe only one that needs a gradient."""
     import copy
 
-    import framework
     import torch
     from torch.distributed.pipelining import SplitPoint, pipeline
 
@@ -129,7 +121,7 @@ def row(name: str, path: str, devices: str, microbatches: int, schedule: str) ->
     try:
         outcome = place_model(path, spec, options)
     except BaechiError as err:
-        return f"| {name} | {schedule} | {str(err).splitlines()[0][:120]} |  |  |  |  |  |  |  |"
+        return f"| {name} | {schedule} | {scrub(str(err)).splitlines()[0][:120]} |  |  |  |  |  |  |  |"
     seconds = time.perf_counter() - t0
     pipeline = outcome.placement.info["pipeline"]
     plan = pipeline["schedule"]
@@ -147,13 +139,11 @@ def row(name: str, path: str, devices: str, microbatches: int, schedule: str) ->
 
 
 def main() -> None:
-    import framework
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", default="v100x4", help="a --devices spec (default v100x4: NVLink)")
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--models", help=f"comma-separated, of: {', '.join(framework.CASE_BY_NAME)}")
-    parser.add_argument("--cache", default=os.path.join(HERE, "cache"))
+    parser.add_argument("--cache", default=os.path.join(BENCH, "cache"))
     args = parser.parse_args()
     names = args.models.split(",") if args.models else list(framework.CASE_BY_NAME)
     print(f"# Pipeline parallelism on real models ({args.devices}, {args.microbatches} microbatches)\n")

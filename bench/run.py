@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -41,15 +40,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+from benchlib import BENCH, ROOT, TESTDATA, WORKLOADS, Run, log, rel, scrub, table, write_json, write_text
 
-from baechi_cli import placers  # noqa: E402
-from baechi_cli.io.workload_json import read_workload_meta  # noqa: E402
+from baechi_cli import placers
+from baechi_cli.io.workload_json import read_workload_meta
 
-RUN_ONE = os.path.join(HERE, "run_one.py")
-WORKLOAD_DIR = os.path.join(ROOT, "testdata", "workloads")
+RUN_ONE = os.path.join(BENCH, "run_one.py")
 
 REPEAT = 3
 SCT_ONE_RUN_OPS = 20_000  # from this size on, m-SCT runs once
@@ -111,17 +107,13 @@ ALGO_ROWS = (*PLACER_NAMES, "auto")
 TITLES = {**{name: placers.title(name) for name in PLACER_NAMES}, "auto": "auto"}
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 @dataclass(frozen=True)
 class Case:
     """One measurement: a graph on a device set, one communication mode, one placer."""
 
     group: str  # "workload", "real" or "synthetic"
     graph: str  # the name the tables show
-    source: str  # what run_one.py reads: a path or synthetic:N
+    source: str  # what run_one.py reads: a path relative to the repository or synthetic:N
     count: int
     memory: str  # one device's memory, as --devices takes it
     comm: str
@@ -141,10 +133,10 @@ class Case:
 def graph_sources() -> Iterator[tuple[str, str, str, str, int | None]]:
     """(group, name, source, memory per device, ops for synthetic graphs) in table order."""
     for name in ORIGINAL_STEP_MS:
-        path = os.path.join(WORKLOAD_DIR, f"{name}.json")
-        yield "workload", name, path, str(read_workload_meta(path).max_size_per_fpga), None
+        path = os.path.join(WORKLOADS, f"{name}.json")
+        yield "workload", name, rel(path), str(read_workload_meta(path).max_size_per_fpga), None
     for name in REAL_GRAPHS:
-        yield "real", name, os.path.join(ROOT, "testdata", name), REAL_MEMORY, None
+        yield "real", name, rel(os.path.join(TESTDATA, name)), REAL_MEMORY, None
     for n in SYNTHETIC_SIZES:
         yield "synthetic", f"layered_dag({n:,})", f"synthetic:{n}", SYNTHETIC_MEMORY, n
 
@@ -189,7 +181,10 @@ def run_case(case: Case) -> dict[str, Any]:
     if proc.returncode != 0 or not lines:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
         return {**record, "error_kind": "crash", "error": f"exit status {proc.returncode}: {tail}"}
-    return {**record, **json.loads(lines[-1])}
+    result = json.loads(lines[-1])
+    if result.get("error"):
+        result["error"] = scrub(result["error"])
+    return {**record, **result}
 
 
 def derive_auto(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -310,15 +305,6 @@ def note(r: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *("| " + " | ".join(row) + " |" for row in rows),
-        "",
-    ]
-
-
 # ---------------------------------------------------------------- sections
 
 
@@ -330,7 +316,7 @@ def startup() -> tuple[list[str], dict[str, Any]]:
         subprocess.run([baechi, "--help"], check=True, capture_output=True)
         times.append(time.perf_counter() - t0)
     imports = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import baechi_cli.cli"],
+        [sys.executable, "-X", "importtime", "-c", "import baechi_cli.cli.commands"],
         capture_output=True,
         text=True,
         check=True,
@@ -349,6 +335,7 @@ def startup() -> tuple[list[str], dict[str, Any]]:
                 ]
             ],
         ),
+        "",
     ]
     return lines, result
 
@@ -405,7 +392,7 @@ def placement_tables(records: list[dict[str, Any]]) -> list[str]:
                     note(r),
                 ]
             )
-        lines += [f"### {title}", "", *table(header, rows)]
+        lines += [f"### {title}", "", *table(header, rows), ""]
     return lines
 
 
@@ -439,6 +426,7 @@ def gap_table(records: list[dict[str, Any]]) -> list[str]:
         "compute-only critical path and total compute / devices). Every device count is in the tables above.",
         "",
         *table(["graph", "comm", *(TITLES[a] for a in ALGO_ROWS)], rows),
+        "",
     ]
 
 
@@ -464,6 +452,7 @@ def original_table(records: list[dict[str, Any]]) -> list[str]:
         "ours / the original's step time in ms (REFERENCE.md, from its own scheduler).",
         "",
         *table(["workload", "m-TOPO", "m-ETF", "m-SCT", "auto / original's best"], rows),
+        "",
     ]
 
 
@@ -496,6 +485,7 @@ def scaling_table(records: list[dict[str, Any]]) -> list[str]:
         "with parallel communication, up to 20,000 ops).",
         "",
         *table(["ops", "comm", "m-TOPO", "m-ETF", "m-SCT (LP included)"], rows),
+        "",
     ]
 
 
@@ -678,11 +668,11 @@ def robustness_targets(records: list[dict[str, Any]], cli: dict[str, Any]) -> li
 
 def cli_infeasible() -> dict[str, Any]:
     """`baechi place` on the infeasible setting: its exit status and message."""
-    path = os.path.join(WORKLOAD_DIR, f"{INFEASIBLE_WORKLOAD}.json")
+    path = os.path.join(WORKLOADS, f"{INFEASIBLE_WORKLOAD}.json")
     devices = f"{INFEASIBLE_DEVICES}x{read_workload_meta(path).max_size_per_fpga}"
     baechi = os.path.join(os.path.dirname(sys.executable), "baechi")
     proc = subprocess.run(
-        [baechi, "place", os.path.relpath(path, ROOT), "--devices", devices, "-q"],
+        [baechi, "place", rel(path), "--devices", devices, "-q"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -703,6 +693,7 @@ def targets_table(targets: list[Target]) -> list[str]:
             ["target", "setting", "measured", "original", "result"],
             [[t.target, t.setting, t.measured, t.original, t.result] for t in targets],
         ),
+        "",
     ]
 
 
@@ -732,8 +723,7 @@ def run_all(cases: list[Case], progress: Callable[[str], None]) -> list[dict[str
 
 
 def main() -> None:
-    t_start = time.perf_counter()
-    load_before = os.getloadavg()
+    run = Run()
     log("start-up ...")
     startup_lines, startup_result = startup()
     records = run_all(all_cases(), log)
@@ -750,22 +740,12 @@ def main() -> None:
     )
     cli = cli_infeasible()
     targets = [*time_targets(rows), rss_target(rows), *quality_targets(rows), *robustness_targets(rows, cli)]
-    total = time.perf_counter() - t_start
-    load_after = os.getloadavg()
-    machine = {
-        "machine": platform.machine(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "load_average_1min_before": load_before[0],
-        "load_average_1min_after": load_after[0],
-        "total_seconds": total,
-    }
+    machine = run.stop().facts()
     lines = [
         "# Benchmarks",
         "",
         f"Made by `make bench` on {machine['machine']}, {machine['cores']} cores, Python {machine['python']}, "
-        f"in {total / 60:.1f} minutes (1-minute load average {load_before[0]:.1f} before, "
-        f"{load_after[0]:.1f} after: other work on the machine inflates the times). "
+        f"in {run.seconds / 60:.1f} minutes ({run.load_text()}: other work on the machine inflates the times). "
         "Raw numbers: [results.json](results.json).",
         "",
         *targets_table(targets),
@@ -775,23 +755,19 @@ def main() -> None:
         *gap_table(rows),
         *placement_tables(rows),
     ]
-    with open(os.path.join(HERE, "results.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
-    with open(os.path.join(HERE, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                "machine": machine,
-                "startup": startup_result,
-                "cli_infeasible": cli,
-                "targets": [{**asdict(t), "result": t.result} for t in targets],
-                "results": rows,
-            },
-            f,
-            indent=1,
-        )
-        f.write("\n")
+    write_text(os.path.join(BENCH, "results.md"), "\n".join(lines))
+    write_json(
+        os.path.join(BENCH, "results.json"),
+        {
+            "machine": machine,
+            "startup": startup_result,
+            "cli_infeasible": cli,
+            "targets": [{**asdict(t), "result": t.result} for t in targets],
+            "results": rows,
+        },
+    )
     print("\n".join(targets_table(targets)))
-    log(f"done in {total:.0f} s: bench/results.md, bench/results.json")
+    log(f"done in {run.seconds:.0f} s: bench/results.md, bench/results.json")
 
 
 if __name__ == "__main__":

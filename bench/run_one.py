@@ -18,37 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
-import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+from benchlib import peak_rss_bytes
+from synthetic import layered_dag
 
-from synthetic import layered_dag  # noqa: E402
-
-from baechi_cli import placers  # noqa: E402
-from baechi_cli.devices import DeviceSpec, parse_devices  # noqa: E402
-from baechi_cli.pipeline import (  # noqa: E402
-    PassOptions,
-    PlaceOptions,
-    Prepared,
-    Variant,
-    bounds,
-    prepare,
-    run_candidate,
-)
+from baechi_cli import placers
+from baechi_cli.app.place import bounds, prepare
+from baechi_cli.core.devices import DeviceSpec, parse_devices
+from baechi_cli.evaluator.sim import StepTimer
+from baechi_cli.passes.manager import PassOptions, Variant
+from baechi_cli.search.candidates import PlaceOptions, Prepared, placement_key, run_candidate
 
 SYNTHETIC = "synthetic:"
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def prepare_synthetic(num_ops: int, devices: DeviceSpec) -> Prepared:
@@ -56,7 +40,8 @@ def prepare_synthetic(num_ops: int, devices: DeviceSpec) -> Prepared:
     t0 = time.perf_counter()
     graph = layered_dag(num_ops)
     t1 = time.perf_counter()
-    bound, _, single = bounds(graph, devices)
+    timer = StepTimer(graph, devices)
+    bound, single_placement, single = bounds(graph, devices, timer)
     timings = {"load": t1 - t0, "simulate": time.perf_counter() - t1}
     return Prepared(
         path=f"{SYNTHETIC}{num_ops}",
@@ -70,6 +55,8 @@ def prepare_synthetic(num_ops: int, devices: DeviceSpec) -> Prepared:
         bounds=bound,
         single_device=single.timeline if single.feasible else None,
         variant=Variant(PassOptions(forward_only=False, coplace=None, fusion=False), graph, []),
+        judged={placement_key(single_placement): single},
+        timer=timer,
     )
 
 

@@ -33,7 +33,8 @@ leaving the table above it as it is; a full run measures both.
 Options: ``--sizes 100000,300000`` and ``--algos topo,etf`` pick cases,
 ``--quick`` is a smoke run on 10k and 30k ops written to a temporary folder,
 ``--baechi-root DIR`` places with the ``baechi_cli`` package of another
-checkout (to compare before and after a change under the same load),
+checkout (``PYTHONPATH=DIR`` for the child, which runs ``python -m baechi_cli``; to compare
+before and after a change under the same load),
 ``--output FILE`` writes the tables elsewhere. Times on a shared machine
 vary from run to run; the tables state the load average.
 """
@@ -51,11 +52,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-
-from synthetic import write_workload_json  # noqa: E402
+from benchlib import BENCH, load_averages, log, table
+from synthetic import write_workload_json
 
 SIZES = (100_000, 300_000, 1_000_000)
 QUICK_SIZES = (10_000, 30_000)
@@ -82,10 +80,6 @@ class Case:
     algo: str
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def cases(sizes: list[int], algos: list[str]) -> list[Case]:
     out = []
     for n in sizes:
@@ -101,8 +95,9 @@ def cases(sizes: list[int], algos: list[str]) -> list[Case]:
     return out
 
 
-def run_case(case: Case, path: str, workdir: str, baechi_root: str) -> dict[str, Any]:
-    """Place ``path`` in a child process; wall seconds, the child's peak RSS and the report's numbers."""
+def run_case(case: Case, path: str, workdir: str, baechi_root: str | None) -> dict[str, Any]:
+    """Place ``path`` in a child process (``python -m baechi_cli``, the installed package's, or with
+    ``baechi_root`` that checkout's); wall seconds, the child's peak RSS and the report's numbers."""
     report = os.path.join(workdir, "report.json")
     peak_file = os.path.join(workdir, "vmhwm")
     for path_ in (report, peak_file):
@@ -111,21 +106,22 @@ def run_case(case: Case, path: str, workdir: str, baechi_root: str) -> dict[str,
     # The child's own peak: VmHWM as it exits. ru_maxrss starts from the parent's peak at exec,
     # which exceeds a small child's (tests/test_scale_rss.py).
     code = (
-        "import atexit, sys\n"
+        "import atexit, runpy\n"
         "def peak():\n"
         "    for line in open('/proc/self/status'):\n"
         "        if line.startswith('VmHWM:'):\n"
         f"            open({peak_file!r}, 'w').write(line.split()[1])\n"
         "atexit.register(peak)\n"
-        f"sys.path.insert(0, {baechi_root!r}); from baechi_cli.cli import main; main()"
+        "runpy.run_module('baechi_cli', run_name='__main__', alter_sys=True)"  # python -m baechi_cli
     )
     argv = [sys.executable, "-c", code, "place", path, "--devices", case.devices, "--algo", case.algo]
     argv += ["--report", report, "--quiet"]
+    env = None if baechi_root is None else {**os.environ, "PYTHONPATH": baechi_root}
     errors = os.path.join(workdir, "stderr.txt")
     t0 = time.perf_counter()
     with open(errors, "w") as err:
         # wait4, not wait: it gives this child's own rusage (RUSAGE_CHILDREN is the largest child's).
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, cwd=workdir)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, cwd=workdir, env=env)
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
@@ -179,7 +175,7 @@ def write_chain_json(path: str, num_ops: int = 200) -> int:
     return len(edges)
 
 
-def many_devices(workdir: str, baechi_root: str) -> list[str]:
+def many_devices(workdir: str, baechi_root: str | None) -> list[str]:
     """Run the many-device cases; the section's lines for bench/scale.md."""
     graphs = []
     chain = os.path.join(workdir, "chain_200.json")
@@ -198,7 +194,7 @@ def many_devices(workdir: str, baechi_root: str) -> list[str]:
         "devices used",
         "note",
     ]
-    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for name, path, edges, ops, algos in graphs:
         for count in MANY_DEVICES:
             for algo in algos:
@@ -211,18 +207,19 @@ def many_devices(workdir: str, baechi_root: str) -> list[str]:
                 note = r.get("error", "")
                 if algo == "auto" and "chosen" in r:
                     note = f"chose {r['chosen']}"
-                row = [
-                    name,
-                    f"{ops:,}",
-                    f"{edges:,}",
-                    f"{count:,}",
-                    algo,
-                    f"{r['wall_s']:.2f}" if "wall_s" in r else "-",
-                    f"{rss / 1e6:.0f}" if rss else "-",
-                    f"{r['devices_used']:,}" if "devices_used" in r else "-",
-                    note.replace("|", "/"),
-                ]
-                rows.append("| " + " | ".join(row) + " |")
+                rows.append(
+                    [
+                        name,
+                        f"{ops:,}",
+                        f"{edges:,}",
+                        f"{count:,}",
+                        algo,
+                        f"{r['wall_s']:.2f}" if "wall_s" in r else "-",
+                        f"{rss / 1e6:.0f}" if rss else "-",
+                        f"{r['devices_used']:,}" if "devices_used" in r else "-",
+                        note.replace("|", "/"),
+                    ]
+                )
     return [
         MANY_HEADING,
         "",
@@ -238,7 +235,7 @@ def many_devices(workdir: str, baechi_root: str) -> list[str]:
         "",
         f"Machine: {machine()}.",
         "",
-        *rows,
+        *table(header, rows),
         "",
     ]
 
@@ -257,7 +254,7 @@ def machine() -> str:
         platform.processor() or "unknown CPU",
     )
     mem_kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    load = load_averages()
     return (
         f"{model}, {os.cpu_count()} cores, {mem_kb * 1024 / 2**30:.0f} GiB RAM; {platform.system()} "
         f"{platform.release()}; Python {platform.python_version()}; load average at start {load} "
@@ -269,7 +266,7 @@ def fmt_step(us: float | None) -> str:
     return "-" if us is None else f"{us / 1e6:,.1f} s"
 
 
-def table(records: list[tuple[Case, int, dict[str, Any]]]) -> list[str]:
+def scale_table(records: list[tuple[Case, int, dict[str, Any]]]) -> list[str]:
     header = [
         "ops",
         "edges",
@@ -284,29 +281,30 @@ def table(records: list[tuple[Case, int, dict[str, Any]]]) -> list[str]:
         "rest (s)",
         "note",
     ]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for case, edges, r in records:
         rss = r.get("peak_rss_bytes")
         timings = r.get("timings_s", {})
         note = r.get("error", "")
         if case.algo == "auto" and "chosen" in r:
             note = f"chose {r['chosen']} of {r['candidates']} candidates"
-        row = [
-            f"{case.ops:,}",
-            f"{edges:,}",
-            f"{case.devices} ({case.setting})",
-            case.algo,
-            f"{r['wall_s']:.1f}" if "wall_s" in r else "-",
-            f"{r['cpu_s']:.1f}" if "cpu_s" in r else "-",
-            f"{rss / 1e9:.2f}" if rss else "-",
-            "-" if not rss else ("yes" if rss <= RSS_TARGET_BYTES else "no"),
-            fmt_step(r.get("step_time_us")),
-            *(f"{timings[s]:.1f}" if s in timings else "-" for s in STAGES),
-            f"{r['wall_s'] - sum(timings[s] for s in STAGES):.1f}" if timings else "-",
-            note.replace("|", "/"),
-        ]
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
+        rows.append(
+            [
+                f"{case.ops:,}",
+                f"{edges:,}",
+                f"{case.devices} ({case.setting})",
+                case.algo,
+                f"{r['wall_s']:.1f}" if "wall_s" in r else "-",
+                f"{r['cpu_s']:.1f}" if "cpu_s" in r else "-",
+                f"{rss / 1e9:.2f}" if rss else "-",
+                "-" if not rss else ("yes" if rss <= RSS_TARGET_BYTES else "no"),
+                fmt_step(r.get("step_time_us")),
+                *(f"{timings[s]:.1f}" if s in timings else "-" for s in STAGES),
+                f"{r['wall_s'] - sum(timings[s] for s in STAGES):.1f}" if timings else "-",
+                note.replace("|", "/"),
+            ]
+        )
+    return table(header, rows)
 
 
 def write_markdown(
@@ -334,7 +332,7 @@ def write_markdown(
         "",
         f"Machine: {machine()}.",
         "",
-        *table(records),
+        *scale_table(records),
         "",
         *many,
     ]
@@ -349,7 +347,9 @@ def main() -> None:
     parser.add_argument("--sizes", help="comma-separated op counts (default: 100000,300000,1000000)")
     parser.add_argument("--algos", default=",".join(ALGOS), help="comma-separated: topo, etf, auto")
     parser.add_argument("--quick", action="store_true", help="10k and 30k ops; output in a temporary folder")
-    parser.add_argument("--baechi-root", default=ROOT, help="the checkout whose baechi_cli places")
+    parser.add_argument(
+        "--baechi-root", help="another checkout whose baechi_cli places (default: the installed package)"
+    )
     parser.add_argument("--output", help="where to write the tables (default bench/scale.md)")
     parser.add_argument(
         "--many-devices", action="store_true", help="only the many-devices section, replaced in the output"
@@ -361,9 +361,9 @@ def main() -> None:
     algos = args.algos.split(",")
     with tempfile.TemporaryDirectory(prefix="baechi-scale-") as workdir:
         output = args.output or (
-            os.path.join(workdir, "scale.md") if args.quick else os.path.join(HERE, "scale.md")
+            os.path.join(workdir, "scale.md") if args.quick else os.path.join(BENCH, "scale.md")
         )
-        root = os.path.abspath(args.baechi_root)
+        root = os.path.abspath(args.baechi_root) if args.baechi_root else None
         if args.many_devices:
             merge_many(output, many_devices(workdir, root))
             log(f"wrote {output}")

@@ -41,37 +41,35 @@ enforced; the script exits 0):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+from benchlib import BENCH, TESTDATA, WORKLOADS, Run, log, ms, scrub, tests_module, write_json, write_text
+from framework import CASE_BY_NAME
+from run import ORIGINAL_STEP_MS, original_best
+from synthetic import layered_dag, write_workload_json
 
-from run import ORIGINAL_STEP_MS, WORKLOAD_DIR, original_best  # noqa: E402
-
-from baechi_cli.devices import parse_devices  # noqa: E402
-from baechi_cli.errors import BaechiError  # noqa: E402
-from baechi_cli.io.workload_json import read_workload_meta  # noqa: E402
-from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
+from baechi_cli.app.place import place_model, prepare
+from baechi_cli.core.devices import parse_devices
+from baechi_cli.core.errors import BaechiError
+from baechi_cli.evaluator.evaluate import evaluate
+from baechi_cli.io.workload_json import read_workload_meta
+from baechi_cli.placers import ExactOptions, get
+from baechi_cli.placers.exact import DEFAULT_MAX_NODES, gap, solve
+from baechi_cli.search.candidates import PlaceOptions
 
 TF_GRAPHS = ("mlp.pb", "cnn.pb", "inception_v3.pb", "resnet50.pb", "transformer.pb")
 TF_DEVICES = ("rtx2080x4", "4x8GB")
 ONNX_MODELS = ("keras_cnn.onnx", "keras_resnet50.onnx", "torch_resnet.onnx", "torch_transformer.onnx")
 ONNX_DEVICES = "4x8GB"
 ONNX_DIMS = {"torch_transformer.onnx": {"seq": 128}}  # as tests/onnxmodels.py places it, with --batch-size 8
-# framework.py's CASES (not imported: framework.py edits sys.path when it loads).
-HARNESS_MODELS = ("resnet50", "convnext_tiny", "mobilenet_v2", "vit_b16", "bert_base", "albert_base", "gpt2")
-HARNESS_CACHE = os.path.join(HERE, "cache")
+HARNESS_MODELS = tuple(CASE_BY_NAME)  # framework.py's models, in its order
+HARNESS_CACHE = os.path.join(BENCH, "cache")
 BEFORE_SEARCH_GEOMEAN = 1.710  # step / lower bound before auto searched (module docstring)
 GAP_TARGET = round(1 + (BEFORE_SEARCH_GEOMEAN - 1) * 2 / 3, 3)
 EXACT_NODES = 40
@@ -88,17 +86,16 @@ def cases(workdir: str) -> list[tuple[str, str, str, PlaceOptions]]:
     """(name, path, devices, options) for every case, in table order; synthetic models go in ``workdir``."""
     out = []
     for name in ORIGINAL_STEP_MS:
-        path = os.path.join(WORKLOAD_DIR, f"{name}.json")
+        path = os.path.join(WORKLOADS, f"{name}.json")
         out.append((name, path, f"4x{read_workload_meta(path).max_size_per_fpga}", PlaceOptions()))
-    from realgraphs import real_graph
-
     # Static GNMT is generated into testdata/cache on first use (TensorFlow; about a minute).
-    graphs = [os.path.join(ROOT, "testdata", g) for g in TF_GRAPHS] + [str(real_graph("gnmt_static"))]
+    gnmt = tests_module("realgraphs").real_graph("gnmt_static")
+    graphs = [os.path.join(TESTDATA, g) for g in TF_GRAPHS] + [str(gnmt)]
     for path in graphs:
         for devices in TF_DEVICES:
             out.append((os.path.basename(path), path, devices, PlaceOptions()))
     for model in ONNX_MODELS:
-        path = os.path.join(ROOT, "testdata", model)
+        path = os.path.join(TESTDATA, model)
         dims = ONNX_DIMS.get(model)
         options = PlaceOptions(training=True, batch_size=dims and 8, dims=dims)
         out.append((f"{model} --training", path, ONNX_DEVICES, options))
@@ -106,8 +103,6 @@ def cases(workdir: str) -> list[tuple[str, str, str, PlaceOptions]]:
         path = os.path.join(HARNESS_CACHE, f"{model}.onnx")
         if os.path.exists(path):
             out.append((f"{model} (harness) --training", path, ONNX_DEVICES, PlaceOptions(training=True)))
-    from synthetic import write_workload_json
-
     for n in SYNTHETIC_OPS:
         path = os.path.join(workdir, f"layered_dag_{n}.json")
         write_workload_json(path, n)
@@ -125,7 +120,7 @@ def run_case(name: str, path: str, devices: str, options: PlaceOptions) -> dict[
     try:
         runs = [place_model(path, parse_devices(devices), options) for _ in range(TIME_RUNS)]
     except BaechiError as err:
-        return record | {"error": f"{type(err).__name__}: {err}"}
+        return record | {"error": scrub(f"{type(err).__name__}: {err}")}
     outcome = runs[0]
     for again in runs[1:]:  # the plan is a function of the input: only the seconds may differ
         assert again.placement.device_of == outcome.placement.device_of, name
@@ -159,17 +154,13 @@ def run_case(name: str, path: str, devices: str, options: PlaceOptions) -> dict[
     }
 
 
-def ms(us: float | None) -> str:
-    return "-" if us is None else f"{us / 1000:.3f}"
-
-
 def loses(r: dict[str, Any]) -> bool:
     """auto's step above min(original's best, one device) (beyond float noise)."""
     refs = [x for x in (r.get("single_us"), (r.get("original") or {}).get("step_us")) if x is not None]
     return bool(refs) and r["step_us"] > min(refs) * (1 + 1e-9)
 
 
-def render(records: list[dict[str, Any]], seconds: float) -> str:
+def render(records: list[dict[str, Any]], run: Run) -> str:
     ok = [r for r in records if "error" not in r]
     real = [r for r in ok if not r.get("synthetic") and not r.get("after_baseline")]
     later = [r["step_us"] / r["bounds"]["best_us"] for r in ok if r.get("after_baseline")]
@@ -182,7 +173,8 @@ def render(records: list[dict[str, Any]], seconds: float) -> str:
         "# auto: search, refinement and bounds",
         "",
         f"Made by `python bench/search.py` (part of `make bench`) on {platform.machine()}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}, in {seconds / 60:.1f} minutes. "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, in {run.seconds / 60:.1f} minutes "
+        f"({run.load_text()}: the machine is shared, and other work inflates the seconds). "
         "Raw numbers: [search.json](search.json).",
         "",
         "## Targets",
@@ -255,11 +247,6 @@ def exact_records() -> list[dict[str, Any]]:
     """exact as ``--algo exact`` runs it (10 s of CP-SAT's deterministic time, hinted by m-ETF) on
     synthetic 40-op DAGs (bench/synthetic.py, width 8) on 2-4 devices, beside CP-SAT alone (``solve``
     without a hint), and on the committed workloads' placement graphs when they are small enough."""
-    from synthetic import layered_dag
-
-    from baechi_cli.pipeline import prepare
-    from baechi_cli.placers.exact import DEFAULT_MAX_NODES, solve
-
     out = []
     for seed in range(3):
         graph = layered_dag(EXACT_NODES, width=8, seed=seed)
@@ -273,7 +260,7 @@ def exact_records() -> list[dict[str, Any]]:
                 | {"alone": {"status": alone.status, "seconds": alone.seconds}}
             )
     for name in ORIGINAL_STEP_MS:
-        path = os.path.join(WORKLOAD_DIR, f"{name}.json")
+        path = os.path.join(WORKLOADS, f"{name}.json")
         devices = parse_devices(f"4x{read_workload_meta(path).max_size_per_fpga}")
         options = PlaceOptions(forward_only=False)
         graph = prepare(path, devices, options, lambda stage: None).placement_graph
@@ -289,10 +276,6 @@ def exact_records() -> list[dict[str, Any]]:
 
 def exact_mode(graph: Any, devices: Any) -> dict[str, Any]:
     """exact's placer (``--algo exact``: m-ETF's hint, then CP-SAT) on ``graph``, judged by the evaluator."""
-    from baechi_cli.evaluate import evaluate
-    from baechi_cli.placers import ExactOptions, get
-    from baechi_cli.placers.exact import gap
-
     t0 = time.perf_counter()
     placement = get("exact").place(graph, devices, ExactOptions(time_limit=10.0))
     seconds = time.perf_counter() - t0
@@ -355,23 +338,17 @@ def exact_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> None:
-    t0 = time.perf_counter()
+    run = Run()
     records = []
     with tempfile.TemporaryDirectory(prefix="baechi-search-") as workdir:
         for name, path, devices, options in cases(workdir):
             t = time.perf_counter()
             records.append(run_case(name, path, devices, options))
-            print(
-                f"[{time.perf_counter() - t0:6.0f} s] {name} {devices}: {time.perf_counter() - t:.1f} s",
-                file=sys.stderr,
-            )
+            log(f"[{run.elapsed():6.0f} s] {name} {devices}: {time.perf_counter() - t:.1f} s")
     exact = exact_records()
-    seconds = time.perf_counter() - t0
-    with open(os.path.join(HERE, "search.json"), "w") as f:
-        json.dump({"auto": records, "exact": exact}, f, indent=1)
-        f.write("\n")
-    with open(os.path.join(HERE, "search.md"), "w") as f:
-        f.write(render(records, seconds) + "\n".join(exact_lines(exact)) + "\n")
+    run.stop()
+    write_json(os.path.join(BENCH, "search.json"), {"auto": records, "exact": exact})
+    write_text(os.path.join(BENCH, "search.md"), render(records, run) + "\n".join(exact_lines(exact)) + "\n")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import json
 import random
 from collections.abc import Iterator
 
-from baechi_cli.graph import GraphBuilder, OpGraph
+from baechi_cli.core.graph import GraphBuilder, OpGraph
 
 _OUTPUT_BYTES = (4096, 65536, 1 << 20, 4 << 20)
 _PERSISTENT_BYTES = (0, 0, 0, 1 << 20)

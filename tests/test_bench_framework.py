@@ -6,16 +6,34 @@ The measurement tests need torch (and the smoke run transformers): ``pip install
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import pathlib
 import sys
+from types import ModuleType
 
 import pytest
 
-from baechi_cli.devices import devices_from_yaml, dump_devices_yaml, load_devices_yaml, parse_devices
+from baechi_cli.core.devices import devices_from_yaml, dump_devices_yaml, load_devices_yaml, parse_devices
 
-sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
-import framework  # noqa: E402
+BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
+
+
+def bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py``, loaded from its file under its own name, as ``python bench/NAME.py`` (where
+    bench/ is ``sys.path[0]``) imports it; a module it imports (benchlib) must be loaded first."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+bench_module("benchlib")
+framework = bench_module("framework")
 
 F32 = 4
 SCALARS = 64  # the loss and a few 0-d tensors autograd and the optimizer allocate on the way
@@ -180,7 +198,7 @@ def test_only_splits_needs_a_measured_framework_json(tmp_path, capsys):
 
 
 def test_h100_bench_places_on_one_preset_device_and_judges_both_ways():
-    import h100
+    h100 = bench_module("h100")
 
     device = h100.one_device()
     assert (

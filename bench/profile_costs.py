@@ -40,7 +40,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -48,16 +47,26 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+import numpy as np
+from benchlib import (
+    BENCH,
+    ROOT,
+    TESTDATA,
+    Run,
+    log,
+    peak_rss_bytes,
+    rel,
+    scrub,
+    table,
+    tests_module,
+    write_json,
+    write_text,
+)
 
-import numpy as np  # noqa: E402
-
-from baechi_cli.devices import load_devices_yaml, parse_devices  # noqa: E402
-from baechi_cli.pipeline import PlaceOptions, place_model  # noqa: E402
-from baechi_cli.profiling import profile_model  # noqa: E402
+from baechi_cli.app.place import place_model
+from baechi_cli.app.profile import profile_model
+from baechi_cli.core.devices import load_devices_yaml, parse_devices
+from baechi_cli.search.candidates import PlaceOptions
 
 ANALYTIC_DEVICES = "1x8GB"  # `baechi profile`'s default
 ANALYTIC_REPEAT = 3
@@ -92,23 +101,14 @@ CPU_MEMORY = "16GB"
 COPY_BYTES = 256 * 2**20
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 # ---------------------------------------------------------------- inputs
 
 
 def graph_path(name: str) -> str:
-    from realgraphs import REAL_GRAPHS, real_graph
-
-    if name in REAL_GRAPHS:
-        return str(real_graph(name))
-    return os.path.join(ROOT, "testdata", f"{name}.pb")
+    realgraphs = tests_module("realgraphs")
+    if name in realgraphs.REAL_GRAPHS:
+        return str(realgraphs.real_graph(name))
+    return os.path.join(TESTDATA, f"{name}.pb")
 
 
 def batch_size(path: str) -> int | None:
@@ -227,7 +227,7 @@ def analytic(name: str, folder: str, repeat: int) -> dict[str, Any]:
     walls = [r["wall_seconds"] for r in runs]
     return {
         "graph": name,
-        "path": os.path.relpath(path, ROOT),
+        "path": rel(path),
         "batch_size": bs,
         "ops": n,
         "runs": runs,
@@ -259,7 +259,7 @@ def cli_profile(path: str, bs: int | None, folder: str) -> dict[str, Any]:
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        return {"wall_seconds": wall, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+        return {"wall_seconds": wall, "error": scrub((proc.stderr.strip().splitlines() or ["?"])[-1])}
     return {"wall_seconds": wall}
 
 
@@ -313,7 +313,7 @@ def measured(name: str, warmup: int, steps: int, spec: str, folder: str) -> dict
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
-        return {**record, "error": f"exit status {proc.returncode}: {tail}"}
+        return {**record, "error": scrub(f"exit status {proc.returncode}: {tail}")}
     record.update(json.loads(lines[-1]))
     record["profile"] = out
 
@@ -369,9 +369,9 @@ def compare(measured_profile: Any, analytic_profile: Any) -> dict[str, Any]:
 def placement(name: str, profiles: dict[str, str], measured_path: str) -> dict[str, Any]:
     """Place with every profile; judge every placement under the measured costs."""
     from baechi_cli.costs.profile import apply_profile, load_profile
-    from baechi_cli.io.models import load_model
-    from baechi_cli.pipeline import constraint_passes
-    from baechi_cli.sim import simulate
+    from baechi_cli.evaluator.sim import simulate
+    from baechi_cli.io.formats import load_model
+    from baechi_cli.passes.manager import constraint_passes
 
     path = graph_path(name)
     bs = batch_size(path)
@@ -452,15 +452,6 @@ def comm(runs: int, max_exp: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- formatting
 
 
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *("| " + " | ".join(row) + " |" for row in rows),
-        "",
-    ]
-
-
 def fmt_bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
@@ -528,6 +519,7 @@ def analytic_section(rows: list[dict[str, Any]]) -> list[str]:
             ],
             body,
         ),
+        "",
     ]
 
 
@@ -603,6 +595,7 @@ def measured_section(rows: list[dict[str, Any]], spec: dict[str, Any]) -> list[s
             ],
             body,
         ),
+        "",
     ]
 
 
@@ -655,6 +648,7 @@ def placement_section(rows: list[dict[str, Any]]) -> list[str]:
             ],
             body,
         ),
+        "",
     ]
 
 
@@ -696,15 +690,14 @@ def comm_section(result: dict[str, Any] | None) -> list[str]:
         "set-up included; the first run also imports TensorFlow).",
         "",
         *table(["run", "latency us", "bandwidth GB/s", "R^2", "1-byte us", "fit s", "wall s"], body),
+        "",
     ]
 
 
 def targets(analytic_rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    from realgraphs import REAL_GRAPHS
-
     out = []
     for r in analytic_rows:
-        if r["graph"] in REAL_GRAPHS:
+        if r["graph"] in tests_module("realgraphs").REAL_GRAPHS:
             got = r["wall_seconds_median"]
             out.append(
                 {
@@ -725,6 +718,7 @@ def targets(analytic_rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[s
             ["target", "setting", "measured", "result"],
             [[t["target"], t["setting"], t["measured"], t["result"]] for t in out],
         ),
+        "",
     ]
     return lines, out
 
@@ -772,14 +766,12 @@ def main() -> None:
         measure_one(args.measure_one, args.spec, args.warmup, args.steps, args.profile_out)
         return
 
-    from realgraphs import REAL_GRAPHS
-
-    t_start = time.perf_counter()
-    load_before = os.getloadavg()
-    out_dir = args.out or (tempfile.mkdtemp(prefix="baechi-profile-quick-") if args.quick else HERE)
+    run = Run()
+    out_dir = args.out or (tempfile.mkdtemp(prefix="baechi-profile-quick-") if args.quick else BENCH)
     os.makedirs(out_dir, exist_ok=True)
     skip = set(args.skip)
-    graphs = [g for g in (("cnn", "mlp") if args.quick else (*REAL_GRAPHS, "cnn", "mlp")) if g not in skip]
+    real = tests_module("realgraphs").REAL_GRAPHS
+    graphs = [g for g in (("cnn", "mlp") if args.quick else (*real, "cnn", "mlp")) if g not in skip]
     measured_plan = [
         (g, 1, 2) if args.quick else (g, w, s) for g, w, s in MEASURED if g in graphs and not args.no_measure
     ]
@@ -791,14 +783,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         analytic_rows = []
         for g in graphs:
-            log(f"[{time.perf_counter() - t_start:5.0f} s] analytic {g}")
+            log(f"[{run.elapsed():5.0f} s] analytic {g}")
             analytic_rows.append(analytic(g, work, 1 if args.quick else ANALYTIC_REPEAT))
 
         spec_path, spec = cpu_spec(work, cpu)
         log(f"cpu spec: {spec['flops'] / 1e9:.0f} GFLOP/s, {spec['memory_bandwidth'] / 1e9:.1f} GB/s")
         measured_rows = []
         for g, warmup, steps in measured_plan:
-            elapsed = time.perf_counter() - t_start
+            elapsed = run.elapsed()
             if elapsed > args.budget_s:
                 measured_rows.append(
                     {"graph": g, "skipped": f"not run: past the {args.budget_s:.0f} s budget"}
@@ -817,7 +809,7 @@ def main() -> None:
             if m is None or "profile" not in m:
                 place_rows.append({"graph": g, "skipped": "no measured profile"})
                 continue
-            log(f"[{time.perf_counter() - t_start:5.0f} s] placement {g}")
+            log(f"[{run.elapsed():5.0f} s] placement {g}")
             gpu = os.path.join(work, f"{g}.analytic-4x8GB.json")
             path = graph_path(g)
             profile_model(path, parse_devices(PLACE_DEVICES), batch_size=batch_size(path), output=gpu)
@@ -830,26 +822,20 @@ def main() -> None:
 
         comm_result = None
         if not args.no_comm:
-            log(f"[{time.perf_counter() - t_start:5.0f} s] communication")
+            log(f"[{run.elapsed():5.0f} s] communication")
             comm_result = comm(1 if args.quick else COMM_RUNS, 20 if args.quick else 28)
 
-    total = time.perf_counter() - t_start
-    load_after = os.getloadavg()
+    run.stop()
     try:
         tf_version = importlib.metadata.version("tensorflow")
     except importlib.metadata.PackageNotFoundError:
         tf_version = None
     machine = {
-        "machine": platform.machine(),
+        **run.facts(),
         "cpu": cpu.get("model"),
-        "cores": os.cpu_count(),
         "avx512f": cpu.get("avx512f"),
         "memory_bytes": cpu.get("memory_bytes"),
-        "python": platform.python_version(),
         "tensorflow": tf_version,
-        "load_average_1min_before": load_before[0],
-        "load_average_1min_after": load_after[0],
-        "total_seconds": total,
         "quick": args.quick,
         "skipped": sorted(skip),
     }
@@ -857,11 +843,11 @@ def main() -> None:
     lines = [
         "# `baechi profile`: analytic and measured cost profiles",
         "",
-        f"Made by `make bench` (bench/profile.py{' --quick' if args.quick else ''}) on {machine['machine']}, "
+        f"Made by `make bench` (bench/profile_costs.py{' --quick' if args.quick else ''}) on {machine['machine']}, "
         f"{machine['cpu']}, {machine['cores']} cores{' with AVX-512' if machine['avx512f'] else ''}, "
         f"{fmt_bytes(machine['memory_bytes'] or 0)} of memory, Python {machine['python']}, TensorFlow "
-        f"{tf_version} (CPU), in {total / 60:.1f} minutes (1-minute load average {load_before[0]:.1f} "
-        f"before, {load_after[0]:.1f} after: the machine is shared, and other work inflates the times). "
+        f"{tf_version} (CPU), in {run.seconds / 60:.1f} minutes ({run.load_text()}: the machine is shared, "
+        "and other work inflates the times). "
         "Raw numbers: [profile.json](profile.json).",
         "",
         *HOW_TO_READ,
@@ -877,25 +863,21 @@ def main() -> None:
     for r in measured_rows:
         for key in ("profile", "analytic_profile"):
             r.pop(key, None)
-    with open(os.path.join(out_dir, "profile.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines).rstrip() + "\n")
-    with open(os.path.join(out_dir, "profile.json"), "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                "machine": machine,
-                "cpu_spec": spec,
-                "targets": target_rows,
-                "analytic": analytic_rows,
-                "measured": measured_rows,
-                "placement": place_rows,
-                "comm": comm_result,
-            },
-            f,
-            indent=1,
-        )
-        f.write("\n")
+    write_text(os.path.join(out_dir, "profile.md"), "\n".join(lines).rstrip() + "\n")
+    write_json(
+        os.path.join(out_dir, "profile.json"),
+        {
+            "machine": machine,
+            "cpu_spec": spec,
+            "targets": target_rows,
+            "analytic": analytic_rows,
+            "measured": measured_rows,
+            "placement": place_rows,
+            "comm": comm_result,
+        },
+    )
     print("\n".join(target_lines))
-    log(f"done in {total:.0f} s: {os.path.join(out_dir, 'profile.md')}, profile.json")
+    log(f"done in {run.seconds:.0f} s: {os.path.join(out_dir, 'profile.md')}, profile.json")
 
 
 if __name__ == "__main__":
