@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections import Counter
 
 import pytest
+from benchmodules import bench_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -452,10 +452,7 @@ def test_properties_on_random_dags(case):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])
 def test_100k_ops_trace_is_complete(mode):
-    sys.path.append(
-        os.path.join(os.path.dirname(__file__), "..", "bench")
-    )  # after the stdlib: bench/profile.py
-    from synthetic import layered_dag
+    layered_dag = bench_module("synthetic").layered_dag
 
     g = layered_dag(100_000, seed=7)
     sp = parse_devices("4x1TB").with_comm_mode(mode)

@@ -3,10 +3,8 @@
 These check correctness at scale, not speed (speed is `make bench`'s job).
 """
 
-import os
-import sys
-
 import pytest
+from benchmodules import bench_module
 
 from baechi_cli import placers
 from baechi_cli.core.devices import parse_devices
@@ -14,8 +12,7 @@ from baechi_cli.core.graph import CONTROL_PORT
 from baechi_cli.evaluator.evaluate import evaluate
 from baechi_cli.evaluator.sim import lower_bound, simulate
 
-sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
-from synthetic import layered_dag  # noqa: E402
+layered_dag = bench_module("synthetic").layered_dag
 
 pytestmark = pytest.mark.slow
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
 import pytest
+from benchmodules import bench_module
 
-sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
-from synthetic import write_workload_json  # noqa: E402
+write_workload_json = bench_module("synthetic").write_workload_json
 
 pytestmark = pytest.mark.slow
 

@@ -1,11 +1,10 @@
 """m-SCT's favorite-child LP: hand-solved small LPs, rounding, failures, determinism."""
 
 import math
-import os
 import random
-import sys
 
 import pytest
+from benchmodules import bench_module
 
 from baechi_cli.core.devices import DEFAULT_BANDWIDTH_BYTES_PER_US, DEFAULT_LATENCY_US, parse_devices
 from baechi_cli.core.errors import EXIT_SOLVER, InputError, SolverError
@@ -13,8 +12,7 @@ from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder
 from baechi_cli.placers import sct_lp
 from baechi_cli.placers.sct_lp import LPResult, favorite_children, lp_edges, solve_favorite_lp
 
-sys.path.append(os.path.join(os.path.dirname(__file__), "..", "bench"))  # after the stdlib: bench/profile.py
-from synthetic import layered_dag  # noqa: E402
+layered_dag = bench_module("synthetic").layered_dag
 
 SPEC = parse_devices("4x8GB")
 

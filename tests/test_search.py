@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
+from benchmodules import bench_module
 from click.testing import CliRunner
 
 from baechi_cli.app.place import PassOptions, PlaceOptions, place_model, prepare
@@ -131,8 +131,7 @@ def test_m_sct_s_lp_gets_the_work_the_budget_buys(tmp_path):
     # layered_dag(1000)'s LP needs about 3,000 simplex iterations; a 0.01 s budget buys
     # about 320 (sct_lp.iteration_limit), so m-SCT is listed as stopped, every time, and
     # auto still answers; a 10 s budget buys enough.
-    sys.path.append(os.path.join(ROOT, "bench"))
-    from synthetic import write_workload_json
+    write_workload_json = bench_module("synthetic").write_workload_json
 
     path = str(tmp_path / "dag.json")
     write_workload_json(path, 1000)
