@@ -26,38 +26,22 @@ from benchlib import peak_rss_bytes
 from synthetic import layered_dag
 
 from baechi_cli import placers
-from baechi_cli.app.place import bounds, prepare
+from baechi_cli.app.place import prepare, prepare_graph
 from baechi_cli.core.devices import DeviceSpec, parse_devices
-from baechi_cli.evaluator.sim import StepTimer
-from baechi_cli.passes.manager import PassOptions, Variant
-from baechi_cli.search.candidates import PlaceOptions, Prepared, placement_key, run_candidate
+from baechi_cli.search.candidates import PlaceOptions, Prepared, run_candidate
 
 SYNTHETIC = "synthetic:"
 
 
 def prepare_synthetic(num_ops: int, devices: DeviceSpec) -> Prepared:
-    """What ``prepare`` gives for a file, for an in-memory layered DAG: the graph and its bounds."""
+    """What ``prepare`` gives for a file, for an in-memory layered DAG: the graph and its bounds (no passes)."""
     t0 = time.perf_counter()
     graph = layered_dag(num_ops)
-    t1 = time.perf_counter()
-    timer = StepTimer(graph, devices)
-    bound, single_placement, single = bounds(graph, devices, timer)
-    timings = {"load": t1 - t0, "simulate": time.perf_counter() - t1}
-    return Prepared(
-        path=f"{SYNTHETIC}{num_ops}",
-        input_format="synthetic",
-        sha256="",
-        graph=graph,
-        devices=devices,
-        passes=[],
-        timings=timings,
-        cost_report=None,
-        bounds=bound,
-        single_device=single.timeline if single.feasible else None,
-        variant=Variant(PassOptions(forward_only=False, coplace=None, fusion=False), graph, []),
-        judged={placement_key(single_placement): single},
-        timer=timer,
-    )
+    load_seconds = time.perf_counter() - t0
+    options = PlaceOptions(coplace=False, fusion=False, forward_only=False)
+    prepared = prepare_graph(graph, devices, options, name=f"{SYNTHETIC}{num_ops}")
+    prepared.timings["load"] = load_seconds
+    return prepared
 
 
 def measure(source: str, spec: str, comm: str, algo: str, repeat: int) -> dict[str, Any]:

@@ -189,6 +189,49 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
         graph, cost_report = cost(graph, fmt, devices, options, path, sha256, notes)
     with clock.stage("passes"):
         graph, passes = constraint_passes(graph, fmt, path)
+    return _problem(graph, fmt, devices, options, clock, path, sha256, model_ops, passes, notes, cost_report)
+
+
+def prepare_graph(
+    graph: OpGraph, devices: DeviceSpec, options: PlaceOptions, name: str = "<graph>"
+) -> Prepared:
+    """A costed graph built in memory as a placement problem, as :func:`prepare` makes one of a file.
+
+    ``graph`` carries its own costs (as a workload file's); the optimization passes run as
+    ``options`` say, and ``name`` stands for the path in messages and reports.
+
+    >>> from baechi_cli.core.devices import parse_devices
+    >>> from baechi_cli.core.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> x, y = b.add_op("x", "MatMul", [100], compute_us=5.0), b.add_op("y", "Relu", compute_us=1.0)
+    >>> _ = b.add_edge(x, y, 0)
+    >>> problem = prepare_graph(b.build(), parse_devices("2x1GB"), PlaceOptions(algo="topo"))
+    >>> problem.single_device.step_time_us, problem.graph.num_ops
+    (6.0, 2)
+    """
+    if options.comm is not None:
+        devices = devices.with_comm_mode(options.comm)
+    clock = _Stopwatch(lambda stage: None)
+    with clock.stage("passes"):
+        graph.topo_order()  # a cycle fails here, once
+    fmt = "workload"  # costs given with the graph, no constraint passes: a workload's treatment
+    return _problem(graph, fmt, devices, options, clock, name, "", graph.num_ops, [], [], None)
+
+
+def _problem(
+    graph: OpGraph,
+    fmt: str,
+    devices: DeviceSpec,
+    options: PlaceOptions,
+    clock: _Stopwatch,
+    path: str,
+    sha256: str,
+    model_ops: int,
+    passes: list[PassRecord],
+    notes: list[str],
+    cost_report: Any,
+) -> Prepared:
+    """The rest of :func:`prepare` once the graph is costed: training, bounds, optimization passes."""
     training = None
     if options.training:
         with clock.stage("profile", announce=False):
