@@ -99,8 +99,10 @@ def placement_notes(
                 f" (the best, {placers.title(best.algorithm)}, takes {_ms(best.sim.step_time_us)}: "
                 "communication costs more than the parallelism gains)"
             )
-        idle = _names([d.name for i, d in enumerate(devices.devices) if not sim.order[i]])
-        return [f"auto kept one device: {why}; {idle} stay idle."]
+        idle = [d.name for i, d in enumerate(devices.devices) if not sim.order[i]]
+        if not idle:  # one device given
+            return [f"auto kept one device: {why}."]
+        return [f"auto kept one device: {why}; {_names(idle)} stay idle."]
     if algo == "pipeline":
         # Its objective is a pipeline's max-load or one sample's latency, not this step's time:
         # one device's step says nothing about it, and the stages say why a device is idle.

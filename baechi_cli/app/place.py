@@ -35,10 +35,10 @@ from baechi_cli.evaluator.placement import Placement
 from baechi_cli.evaluator.sim import StepTimer
 from baechi_cli.io.formats import (
     FORMATS,
-    OP_SETS,
     check_output_format,
     check_writable,
     load_model,
+    op_set_of,
     sha256_of,
     write_placed_model,
 )
@@ -275,7 +275,7 @@ def training_pass(
     from baechi_cli.costs.registry import rule_for
     from baechi_cli.passes.training import LOSS_OP, STEP_OP, UPDATE_OP, synthesize_training
 
-    op_set = OP_SETS[fmt]
+    op_set = op_set_of(fmt)
     kinds = [rule_for(t, op_set).kind for t in graph.op_types]
     try:
         out, record = run_pass("training", lambda g: synthesize_training(g, devices, kinds, optimizer), graph)

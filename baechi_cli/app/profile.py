@@ -22,7 +22,7 @@ from baechi_cli.core.errors import InputError
 from baechi_cli.core.graph import OpGraph
 from baechi_cli.evaluator.evaluate import evaluate
 from baechi_cli.evaluator.placement import Placement
-from baechi_cli.io.formats import FORMATS, OP_SETS, check_writable, load_model, sha256_of
+from baechi_cli.io.formats import FORMATS, check_writable, load_model, op_set_of, sha256_of
 from baechi_cli.passes.manager import constraint_passes
 
 PROFILE_STAGES = ("load", "profile", "measure", "simulate", "write")
@@ -105,8 +105,8 @@ def profile_model(
         source_of, rule_of, flops = [MEASURED] * n, [GIVEN] * n, [0.0] * n
         device = f"the device the workload was profiled on (costs given in {os.path.basename(path)})"
     else:
-        graph, report = estimate_costs(graph, devices, op_set=OP_SETS[fmt])
-        source_of, rule_of, flops = [ANALYTIC] * n, rule_kinds(graph, report, OP_SETS[fmt]), report.flops
+        graph, report = estimate_costs(graph, devices, op_set=op_set_of(fmt))
+        source_of, rule_of, flops = [ANALYTIC] * n, rule_kinds(graph, report, op_set_of(fmt)), report.flops
         device = analytic_device(devices)
     timings["profile"] = time.perf_counter() - t0
 

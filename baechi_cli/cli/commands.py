@@ -24,6 +24,7 @@ from baechi_cli.cli.render.common import StageProgress, make_console, tensorflow
 from baechi_cli.core import objectives
 from baechi_cli.core.devices import PRESETS
 from baechi_cli.core.errors import EXIT_REGRESSION, BaechiError, InputError, one_line
+from baechi_cli.io.formats import detect_format
 from baechi_cli.pipeline import schedules
 
 if TYPE_CHECKING:
@@ -256,9 +257,7 @@ def _common_options(fn: Callable) -> Callable:
     type=click.Choice(objectives.names()),
     default=objectives.names()[0],
     show_default=True,
-    help="makespan: one training step's time. throughput: pipeline stages for a stream of samples "
-    "(Tarnawski et al.'s max-load, solved exactly; with --microbatches, the schedule's throughput). "
-    "latency: one sample's time through one call per device (their inference-latency objective).",
+    help=" ".join(f"{o.name}: {o.minimises}." for o in objectives.REGISTRY.values()),
 )
 @click.option(
     "--microbatches",
@@ -275,7 +274,8 @@ def _common_options(fn: Callable) -> Callable:
     + ", ".join(schedules.compared_by_default())
     + "). "
     + "; ".join(
-        f"{s.name}: torch's {s.torch_class}"
+        s.name
+        + (f": torch's {s.torch_class}" if s.torch_class else "")
         + (f", {s.stages_per_device} stages per device" if s.stages_per_device > 1 else "")
         for s in schedules.REGISTRY.values()
     )
@@ -308,7 +308,7 @@ def place(
     if not chosen.microbatches and microbatches is not None:
         takes = " or ".join(o.name for o in objectives.REGISTRY.values() if o.microbatches)
         raise click.UsageError(f"--microbatches needs --objective {takes}")
-    if device_spec is None and not (chosen.devices_from_workload and model.endswith(".json")):
+    if device_spec is None and not (chosen.devices_from_workload and detect_format(model) == "workload"):
         raise click.UsageError("Missing option '--devices' / '-d'.")
     try:
         from baechi_cli.app.place import place_model
@@ -512,8 +512,6 @@ def verify(
     A second argument SIDECAR is the older spelling of --run --sidecar SIDECAR.
     """
     try:
-        from baechi_cli.io.formats import detect_format
-
         onnx = detect_format(placed) == "onnx"
         if original is not None and (detect_format(original) == "onnx") != onnx:
             kind = "an ONNX model (.onnx)" if onnx else "a GraphDef (.pb, .pbtxt)"

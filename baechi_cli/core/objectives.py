@@ -25,7 +25,7 @@ class Objective:
     """One objective: its name, what it minimises, and what it needs."""
 
     name: str
-    minimises: str  # for help texts and reports
+    minimises: str  # what it minimises, for --objective's help
     placer: str | None = None  # the one placer that optimises it; None: any placer, scored by the evaluator
     microbatches: bool = False  # whether --microbatches (a pipeline's microbatches) applies
     # Whether a workload JSON's own device counts (maxGPUs, maxCPUs) may stand in for --devices.
@@ -44,11 +44,12 @@ def register(objective: Objective) -> Objective:
     return objective
 
 
-register(Objective("makespan", "one step's time"))
+register(Objective("makespan", "one training step's time"))
 register(
     Objective(
         "throughput",
-        "a pipeline's time per minibatch",
+        "pipeline stages for a stream of samples (Tarnawski et al.'s max-load, solved exactly; "
+        "with --microbatches, the schedule's throughput)",
         placer="pipeline",
         microbatches=True,
         devices_from_workload=True,
@@ -56,7 +57,10 @@ register(
 )
 register(
     Objective(
-        "latency", "one sample's time through the stages", placer="pipeline", devices_from_workload=True
+        "latency",
+        "one sample's time through one call per device (their inference-latency objective)",
+        placer="pipeline",
+        devices_from_workload=True,
     )
 )
 

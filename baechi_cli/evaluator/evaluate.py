@@ -41,9 +41,6 @@ from baechi_cli.core.graph import OpGraph
 from baechi_cli.evaluator.placement import Placement
 from baechi_cli.evaluator.sim import SimResult, StepTimer, check_placement, simulate
 
-# The objectives the evaluator scores itself (the others are a placer's own model's).
-OBJECTIVES = tuple(o.name for o in objectives.REGISTRY.values() if o.placer is None)
-
 
 @dataclass
 class Evaluation:
@@ -84,8 +81,9 @@ def evaluate(
     """
     if timer is not None:
         timer.check_serves(graph, devices)
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
+    scored = [o.name for o in objectives.REGISTRY.values() if o.placer is None]
+    if objective not in scored:  # the others are scored by their placer's own model
+        raise ValueError(f"the evaluator scores {', '.join(scored)}, not {objective!r}")
     order = None
     if placement.sequence is not None:
         if len(placement.sequence) != graph.num_ops:

@@ -135,8 +135,10 @@ FORMATS: dict[str, InputFormat] = {
     ),
 }
 
-#: The cost-rule table each format's op types are looked up in (a workload's names are TensorFlow's).
-OP_SETS = {name: f.op_set or "tensorflow" for name, f in FORMATS.items()}
+
+def op_set_of(fmt: str) -> str:
+    """The cost-rule table ``fmt``'s op types are looked up in (a format with its own costs: TensorFlow's)."""
+    return FORMATS[fmt].op_set or "tensorflow"
 
 
 def detect_format(path: str) -> str:

@@ -211,7 +211,9 @@ class Schedule:
     placer, the simulator, ``--schedule``'s choices and the report read it from there.
     ``stages_per_device`` is how many stages the placer cuts per device (1: one stage per device;
     more: that many per device); ``compared_by_default`` says whether ``--schedule`` left out
-    tries it; ``torch_class`` names the ``torch.distributed.pipelining`` schedule that runs it.
+    tries it; ``torch_class`` names the ``torch.distributed.pipelining`` schedule that runs it;
+    ``needs_training`` refuses an inference step (:func:`device_orders`). A schedule with one stage
+    per device may instead subclass :class:`OneStagePerDevice` and give each stage's ``op_order``.
     """
 
     name: str = ""
@@ -238,7 +240,7 @@ class Schedule:
             )
 
 
-class _OneStagePerDevice(Schedule):
+class OneStagePerDevice(Schedule):
     """A schedule with one stage per device, defined by each stage's own op order."""
 
     def op_order(
@@ -257,7 +259,7 @@ class _OneStagePerDevice(Schedule):
         ]
 
 
-class GPipe(_OneStagePerDevice):
+class GPipe(OneStagePerDevice):
     """Every forward, then every backward (torch's ``ScheduleGPipe``).
 
     Fill-drain with backwards in microbatch order, as torch issues them (the order of the
@@ -276,7 +278,7 @@ class GPipe(_OneStagePerDevice):
         return [forwards + backwards for _ in range(num_stages)]
 
 
-class OneFOneB(_OneStagePerDevice):
+class OneFOneB(OneStagePerDevice):
     """Warm-up forwards, then one forward and one backward in turn (torch's ``Schedule1F1B``).
 
     Non-interleaved 1F1B (PipeDream-flush), exactly Megatron-LM's
@@ -401,8 +403,6 @@ class ZeroBubbleV(Schedule):
         self, num_stages: int, num_devices: int, num_microbatches: int, training: bool
     ) -> list[list[tuple[OpKind, int, int]]]:
         self.check_devices(num_stages, num_devices)
-        if not training:
-            raise InputError("the zbv schedule splits backwards: it needs a training step")
         return [self._order(d, num_devices, num_microbatches) for d in range(num_devices)]
 
     @staticmethod
@@ -466,7 +466,6 @@ INTERLEAVED = Interleaved.name
 ZBV = ZeroBubbleV.name
 #: The schedules with one stage per device.
 SCHEDULES = tuple(name for name, s in REGISTRY.items() if s.stages_per_device == 1)
-ALL_SCHEDULES = tuple(REGISTRY)
 
 
 def get(name: str) -> Schedule:
@@ -501,10 +500,13 @@ def op_order(
     ([('F', 0), ('F', 1), ('B', 0), ('B', 1)], [('F', 0), ('F', 1)])
     """
     found = get(schedule)
-    if not isinstance(found, _OneStagePerDevice):
+    if found.stages_per_device != 1:
         raise InputError(f"the {schedule} schedule runs several stages per device: see device_orders")
     _check_microbatches(num_microbatches)
-    return found.op_order(num_stages, num_microbatches, training)
+    if isinstance(found, OneStagePerDevice):
+        return found.op_order(num_stages, num_microbatches, training)
+    orders = device_orders(schedule, num_stages, num_stages, num_microbatches, training=training)
+    return [[(kind, m) for kind, _, m in order] for order in orders]
 
 
 def stage_devices(schedule: str, num_stages: int, num_devices: int) -> list[int]:
@@ -527,7 +529,10 @@ def device_orders(
     ['F1.0', 'F1.1', 'F3.0', 'B3.0', 'F3.1', 'B3.1', 'B1.0', 'B1.1']
     """
     _check_microbatches(num_microbatches)
-    return get(schedule).device_orders(num_stages, num_devices, num_microbatches, training)
+    found = get(schedule)
+    if found.needs_training and not training:
+        raise InputError(f"the {found.name} schedule splits backwards: it needs a training step")
+    return found.device_orders(num_stages, num_devices, num_microbatches, training)
 
 
 def simulate_pipeline(
