@@ -245,7 +245,7 @@ def _problem(
     with clock.stage("passes", announce=False):
         peak = max(single.peak_bytes) if single is not None else None
         pass_options, forward_only_reason = default_pass_options(graph, devices, options, peak)
-        variant = optimization_passes(graph, devices, pass_options, forward_only_reason)
+        variant = optimization_passes(graph, devices, pass_options, {"forward_only": forward_only_reason})
         passes += variant.records
     return Prepared(
         path=path,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -252,13 +252,13 @@ class Variant:
 
 
 def optimization_passes(
-    graph: OpGraph, devices: DeviceSpec, options: PassOptions, forward_only_reason: str
+    graph: OpGraph, devices: DeviceSpec, options: PassOptions, reasons: Mapping[str, str]
 ) -> Variant:
-    """Forward-only placement, co-placement and fusion as ``options`` say (see :class:`Variant`).
+    """The optimization passes, in :func:`ordered` order, as ``options`` say (see :class:`Variant`).
 
-    ``forward_only_reason`` is what the forward-only pass's record says about
-    why it ran or not. The placement graph's nodes carry ``members`` when a
-    pass contracted ops.
+    ``reasons[name]`` is what a pass's record says about why it ran or not (forward-only
+    placement's premise); a pass without one that is off is recorded with its ``off``. The
+    placement graph's nodes carry ``members`` when a pass contracted ops.
     """
     records: list[PassRecord] = []
     current = graph
@@ -266,14 +266,15 @@ def optimization_passes(
     for spec in ordered("optimization"):
         value = getattr(options, spec.name)
         if value is None or value is False:
-            records.append(skipped_pass(spec.name, current, spec.off or forward_only_reason))
+            reason = reasons[spec.name] if spec.name in reasons else (spec.off or "off")
+            records.append(skipped_pass(spec.name, current, reason))
             continue
         arguments = spec.arguments(graph, devices, value) if spec.arguments is not None else {}
         fn = spec.load()
         current, record = run_pass(spec.name, functools.partial(fn, **arguments), current)
         record.details.update(arguments)
-        if spec.name == "forward_only":
-            record.details["reason"] = forward_only_reason
+        if spec.name in reasons:
+            record.details["reason"] = reasons[spec.name]
         records.append(record)
         expands_sequence = expands_sequence and spec.contracts_only
     variant = Variant(options, current, records, expands_sequence=expands_sequence)
@@ -282,7 +283,7 @@ def optimization_passes(
 
         @functools.cache
         def without_forward_only() -> OpGraph:
-            return optimization_passes(graph, devices, fine, "").placement_graph
+            return optimization_passes(graph, devices, fine, {"forward_only": ""}).placement_graph
 
         variant.without_forward_only = without_forward_only
     return variant

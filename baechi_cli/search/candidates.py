@@ -167,7 +167,9 @@ class Prepared:
             reason = self.forward_only_reason
             if options.forward_only != self.variant.options.forward_only:
                 reason = "tried by auto"
-            found = self.variants[options] = optimization_passes(self.graph, self.devices, options, reason)
+            found = self.variants[options] = optimization_passes(
+                self.graph, self.devices, options, {"forward_only": reason}
+            )
         return found
 
     def judge(self, placement: Placement, known: Evaluation | None = None) -> Evaluation:
