@@ -288,14 +288,15 @@ def test_a_module_across_steps_moves_as_one():
 
 def _with_thresholds(boundary: int, where: int, fn):
     """``fn()`` with refine's numpy thresholds set so (restored after)."""
-    from baechi_cli.search import refine as refine_module
+    from baechi_cli.search.refine import clusters as clusters_module
+    from baechi_cli.search.refine import moves as moves_module
 
-    saved = refine_module.VECTOR_BOUNDARY, refine_module.VECTOR_MIN
-    refine_module.VECTOR_BOUNDARY, refine_module.VECTOR_MIN = boundary, where
+    saved = clusters_module.VECTOR_BOUNDARY, moves_module.VECTOR_MIN
+    clusters_module.VECTOR_BOUNDARY, moves_module.VECTOR_MIN = boundary, where
     try:
         return fn()
     finally:
-        refine_module.VECTOR_BOUNDARY, refine_module.VECTOR_MIN = saved
+        clusters_module.VECTOR_BOUNDARY, moves_module.VECTOR_MIN = saved
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -303,29 +304,30 @@ def _with_thresholds(boundary: int, where: int, fn):
 def test_numpy_paths_give_the_python_loops_results_exactly(case, data):
     # Big clusters take numpy paths (boundary, where, transfers); forced onto every cluster,
     # they must give the loops' lists and floats to the last bit, or the ranking could change.
-    from baechi_cli.search.refine import _RefineSearch
+    from baechi_cli.search.refine.clusters import Clusters
+    from baechi_cli.search.refine.moves import MoveFinder
+    from baechi_cli.search.refine.units import Units
 
-    graph, devices, device_of, _ = case
-    for ops in graph.group_members().values():  # keep colocation groups whole
-        for v in ops:
-            device_of[v] = device_of[ops[0]]
-    search = _RefineSearch(graph, devices, Placement(device_of), 0, None)
-    search._close_scopes(len(LEVELS) - 1)  # every scope closed, as the finest pass has them
-    search.dev = [data.draw(st.integers(0, devices.count - 1)) for _ in search.dev]
+    graph, devices, _, _ = case
+    units = Units(graph, devices)
+    clusters = Clusters(graph, units, StepTimer(graph, devices).rank)
+    clusters.close_scopes(LEVELS[-1] * units.total_compute)  # every scope closed, as the finest pass has them
+    finder = MoveFinder(graph, units, clusters)
+    dev = [data.draw(st.integers(0, devices.count - 1)) for _ in units.unit_ops]
     never = 10**9
-    for cl in search.clusters:
+    for cl in clusters.clusters:
         if len(cl.units) < 2:
             continue
-        loop = search._boundary(cl.units)
-        index, outside, length, made = search._boundary_flat(cl.units)
-        assert length.tolist() == [search.t_len[t] for t, _, _ in loop]
+        loop = clusters.boundary(cl.units)
+        index, outside, length, made = clusters.boundary_flat(cl.units)
+        assert length.tolist() == [units.t_len[t] for t, _, _ in loop]
         assert made.tolist() == [m for _, m, _ in loop]
         assert sorted(zip(index.tolist(), outside.tolist())) == sorted(
             (i, c) for i, (_, _, others) in enumerate(loop) for c in others
         )
         cl.boundary = loop
-        expected = _with_thresholds(never, never, lambda cl=cl: search._where(cl))
-        got = _with_thresholds(never, 0, lambda cl=cl: search._where(cl))
+        expected = _with_thresholds(never, never, lambda cl=cl: finder.where(cl, dev))
+        got = _with_thresholds(never, 0, lambda cl=cl: finder.where(cl, dev))
         assert (got.devices, got.share, got.main, got.total) == (
             expected.devices,
             expected.share,
@@ -336,8 +338,8 @@ def test_numpy_paths_give_the_python_loops_results_exactly(case, data):
             expected.transfers(d) for d in range(devices.count)
         ]
         # And from the flat boundary built in numpy, as a big cluster has only that.
-        cl.boundary, cl.flat = None, search._boundary_flat(cl.units)
-        flat = search._where(cl)
+        cl.boundary, cl.flat = None, clusters.boundary_flat(cl.units)
+        flat = finder.where(cl, dev)
         assert flat.total == expected.total
         assert [flat.transfers(d) for d in range(devices.count)] == [
             expected.transfers(d) for d in range(devices.count)
