@@ -28,6 +28,7 @@ from synthetic import layered_dag
 from baechi_cli import placers
 from baechi_cli.app.place import prepare, prepare_graph
 from baechi_cli.core.devices import DeviceSpec, parse_devices
+from baechi_cli.core.errors import BaechiError
 from baechi_cli.search.candidates import PlaceOptions, Prepared, run_candidate
 
 SYNTHETIC = "synthetic:"
@@ -95,6 +96,12 @@ def main() -> None:
     args = parser.parse_args()
     try:
         out = measure(args.source, args.devices, args.comm, args.algo, args.repeat)
+    except BaechiError as err:  # the placer refuses the graph (exact's size guard): a one-line error
+        out = {
+            "error": f"{type(err).__name__}: {err}",
+            "error_kind": type(err).__name__,
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
     except Exception as err:  # a crash is a result to report, not a reason to stop the benchmark
         out = {
             "error": f"{type(err).__name__}: {err}",

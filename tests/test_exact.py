@@ -537,3 +537,25 @@ def test_communication_bound_graphs_against_brute_force(seed):
     r = solve(g, devices, time_limit=10.0)
     best = check_result(g, devices, r)
     assert r.status == "optimal" and close(r.evaluated_us, best)
+
+
+def test_a_model_that_fits_no_placement_is_infeasible_before_cp_sat(tmp_path):
+    """BERT's inference workload on two 629 MB devices: its weights alone exceed them, so exact says
+    so as every placer does (exit 3, one line), and CP-SAT never sees the model (OR-Tools 9.x failed
+    on it with an absl IndexError, which reached the user as an internal error)."""
+    import os
+
+    from click.testing import CliRunner
+
+    from baechi_cli.cli.commands import main
+
+    workload = os.path.join(
+        os.path.dirname(__file__),
+        "..",
+        "testdata",
+        "workloads",
+        "latency_OperatorGraphs_bert_l-3_inference.json",
+    )
+    result = CliRunner().invoke(main, ["place", workload, "-d", "2x629145600", "--algo", "exact"])
+    assert result.exit_code == 3, result.output
+    assert "the model does not fit" in result.output and len(result.output.strip().splitlines()) == 1

@@ -140,9 +140,13 @@ def place(graph: OpGraph, devices: DeviceSpec, options: ExactOptions) -> Placeme
     """
     from baechi_cli.evaluator.evaluate import evaluate
     from baechi_cli.placers import get
+    from baechi_cli.placers.memory import hard_minimum
 
     if graph.num_ops > options.max_nodes:
         raise too_big(graph.num_ops, options.max_nodes)
+    impossible = hard_minimum(graph, devices)
+    if impossible is not None:  # no placement at all fits: nothing for CP-SAT to search
+        raise impossible
     hint: Placement | None
     try:
         hint = get("etf").place(graph, devices)
@@ -715,7 +719,10 @@ class _Problem:
                     prm.max_time_in_seconds = limit
             watch = _Watch(self, solver, x, start, bound)
             solver.best_bound_callback = watch.on_bound
-            status = solver.Solve(m, watch.callback)
+            try:
+                status = solver.Solve(m, watch.callback)
+            except Exception as err:  # CP-SAT's own failure (an absl error raised through pybind)
+                raise SolverError(f"exact: CP-SAT failed: {type(err).__name__}: {err}") from err
             if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 device_of = [
                     next(d for d in range(ndev) if solver.BooleanValue(x[gof[v]][d])) for v in range(n)
