@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from baechi_cli.core.errors import InputError
+from baechi_cli.core.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,12 @@ class Objective:
 
 
 #: Every objective by name; the first is the default.
-REGISTRY: dict[str, Objective] = {}
+REGISTRY: Registry[Objective] = Registry("objective")
 
 
 def register(objective: Objective) -> Objective:
     """Add ``objective`` to :data:`REGISTRY` (ValueError for a name taken)."""
-    if not objective.name or objective.name in REGISTRY:
-        raise ValueError(f"objective name {objective.name!r} is empty or taken")
-    REGISTRY[objective.name] = objective
-    return objective
+    return REGISTRY.add(objective.name, objective)
 
 
 register(Objective("makespan", "one training step's time"))
@@ -67,10 +64,7 @@ register(
 
 def get(name: str) -> Objective:
     """The objective called ``name``; InputError naming the known ones otherwise."""
-    found = REGISTRY.get(name)
-    if found is None:
-        raise InputError(f"unknown objective {name!r}: expected one of {', '.join(REGISTRY)}")
-    return found
+    return REGISTRY.find(name)
 
 
 def names() -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from baechi_cli.core.devices import DeviceSpec
 from baechi_cli.core.errors import BaechiError, InputError
 from baechi_cli.core.graph import OpGraph, own_bytes
+from baechi_cli.core.registry import Registry
 from baechi_cli.io.formats import FORMATS
 
 # Co-placement grows a group up to this fraction of the model's memory per
@@ -75,20 +76,17 @@ class PassSpec:
 
 
 #: Every pass by name, in registration order (the tie-break of :func:`ordered`).
-REGISTRY: dict[str, PassSpec] = {}
+REGISTRY: Registry[PassSpec] = Registry("pass")
 
 
 def register(spec: PassSpec) -> PassSpec:
     """Add ``spec`` to :data:`REGISTRY`; ValueError for a taken name or an unknown ``after``."""
-    if not spec.name or spec.name in REGISTRY:
-        raise ValueError(f"pass name {spec.name!r} is empty or taken")
     if spec.stage not in ("constraint", "optimization"):
         raise ValueError(f"pass {spec.name}: unknown stage {spec.stage!r}")
     unknown = [name for name in spec.after if name not in REGISTRY]
     if unknown:
         raise ValueError(f"pass {spec.name} runs after unknown passes: {', '.join(unknown)}")
-    REGISTRY[spec.name] = spec
-    return spec
+    return REGISTRY.add(spec.name, spec)
 
 
 def ordered(stage: str) -> list[PassSpec]:

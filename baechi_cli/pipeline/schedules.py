@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from baechi_cli.core.errors import InputError
+from baechi_cli.core.registry import Registry
 
 OpKind = Literal["F", "B", "I", "W", "O", "S"]
 
@@ -447,15 +448,12 @@ class ZeroBubbleV(Schedule):
 
 
 #: Every schedule by name, in the order ``--schedule``'s help lists them and the default compares them.
-REGISTRY: dict[str, Schedule] = {}
+REGISTRY: Registry[Schedule] = Registry("schedule", reserved=("auto",))  # auto: --schedule left out
 
 
 def register(schedule: Schedule) -> Schedule:
     """Add ``schedule`` to :data:`REGISTRY` (ValueError for a name taken)."""
-    if not schedule.name or schedule.name in REGISTRY or schedule.name == "auto":
-        raise ValueError(f"schedule name {schedule.name!r} is empty or taken")
-    REGISTRY[schedule.name] = schedule
-    return schedule
+    return REGISTRY.add(schedule.name, schedule)
 
 
 for _schedule in (GPipe(), OneFOneB(), Interleaved(), ZeroBubbleV()):
@@ -470,10 +468,7 @@ SCHEDULES = tuple(name for name, s in REGISTRY.items() if s.stages_per_device ==
 
 def get(name: str) -> Schedule:
     """The schedule called ``name``; InputError naming the known ones otherwise."""
-    found = REGISTRY.get(name)
-    if found is None:
-        raise InputError(f"unknown schedule {name!r}: expected one of {', '.join(REGISTRY)}")
-    return found
+    return REGISTRY.find(name)
 
 
 def names() -> tuple[str, ...]:
