@@ -81,8 +81,9 @@ def evaluate(
     """
     if timer is not None:
         timer.check_serves(graph, devices)
-    scored = [o.name for o in objectives.REGISTRY.values() if o.placer is None]
-    if objective not in scored:  # the others are scored by their placer's own model
+    known = objectives.REGISTRY.get(objective)
+    if known is None or known.placer is not None:  # the others are scored by their placer's own model
+        scored = [o.name for o in objectives.REGISTRY.values() if o.placer is None]
         raise ValueError(f"the evaluator scores {', '.join(scored)}, not {objective!r}")
     order = None
     if placement.sequence is not None:
