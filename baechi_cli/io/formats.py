@@ -82,7 +82,9 @@ class InputFormat:
     name: str
     title: str
     extension: str  # what a placed model's file name ends with
-    suffixes: tuple[str, ...]  # the file names it reads by (lower case); graphdef also takes any other
+    suffixes: tuple[
+        str, ...
+    ]  # names always of this format (lower case); the others are sniffed (detect_format)
     read: Callable[[str, int | None, dict[str, int] | None], Read]
     op_set: str | None
     write: Callable[[str, OpGraph, int, Sequence[int], Sequence[str], str], list[str]] | None = None
@@ -103,7 +105,7 @@ FORMATS: dict[str, InputFormat] = {
         "graphdef",
         "TensorFlow GraphDef",
         ".pb",
-        (".pb", ".pbtxt"),
+        (".pbtxt",),  # a .pb may be an ONNX model: its first byte says (detect_format)
         _read_graphdef,
         op_set="tensorflow",
         write=_write_graphdef,
@@ -142,8 +144,8 @@ def op_set_of(fmt: str) -> str:
 
 
 def detect_format(path: str) -> str:
-    """The name of ``path``'s format: the one whose ``suffixes`` end the name, else ``graphdef``,
-    unless the file's first byte says it is an ONNX model (``model.pb`` saved by onnx).
+    """The name of ``path``'s format: the one whose ``suffixes`` end the name; else an ONNX model
+    when the file's first byte says so (``model.pb`` saved by onnx), else ``graphdef``.
 
     >>> detect_format("model.onnx"), detect_format("workload.json"), detect_format("graph.pbtxt")
     ('onnx', 'workload', 'graphdef')
@@ -151,9 +153,7 @@ def detect_format(path: str) -> str:
     name = os.path.basename(path).lower()
     for fmt in FORMATS.values():
         if fmt.suffixes and name.endswith(fmt.suffixes):
-            if fmt.name != "graphdef" or name.endswith(".pbtxt"):
-                return fmt.name
-            break
+            return fmt.name
     try:
         with open(path, "rb") as f:
             if f.read(1) == _ONNX_FIRST_BYTE:
