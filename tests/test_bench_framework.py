@@ -6,31 +6,13 @@ The measurement tests need torch (and the smoke run transformers): ``pip install
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import pathlib
-import sys
-from types import ModuleType
 
 import pytest
+from benchmodules import bench_module
 
 from baechi_cli.core.devices import devices_from_yaml, dump_devices_yaml, load_devices_yaml, parse_devices
-
-BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
-
-
-def bench_module(name: str) -> ModuleType:
-    """``bench/<name>.py``, loaded from its file under its own name, as ``python bench/NAME.py`` (where
-    bench/ is ``sys.path[0]``) imports it; a module it imports (benchlib) must be loaded first."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
 
 bench_module("benchlib")
 framework = bench_module("framework")
