@@ -92,9 +92,8 @@ class InputFormat:
     no_output: str = ""  # why -o is refused
     symbolic_dims: bool = False  # --dim binds its symbolic dims
     constraint_passes: tuple[str, ...] = ()  # passes its framework imposes (run before any other)
-    runs_in_tensorflow: bool = (
-        False  # a sidecar may state its step (race check), and profile --measure runs it
-    )
+    # A sidecar may state its step (race check), and profile --measure runs it.
+    runs_in_tensorflow: bool = False
     split_gelus: bool = False  # exporters write GELU as several ops the runtime runs as one kernel
     module_paths: bool = False  # node names carry PyTorch module paths (the report's module map)
 
