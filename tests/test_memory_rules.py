@@ -9,9 +9,9 @@ from baechi_cli.core.devices import parse_devices
 from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.costs.memory_rules import (
     RESIDENT,
-    gelu_saved,
+    composite_saved,
     mark_views,
-    one_kernel_gelus,
+    one_kernel_activations,
     saved_for_backward,
 )
 from baechi_cli.evaluator.sim import simulate
@@ -171,7 +171,7 @@ def test_an_exported_exact_gelu_keeps_its_input_once():
     g = exported_gelu().build()
     names = g.index()
     erf, mul = names["erf"], names["mul"]
-    assert set(gelu_saved(g)) == {erf, mul}
+    assert set(composite_saved(g)) == {erf, mul}
     kinds = ["zero", "flops", "zero", "zero", "zero", "flops", "flops", "flops", "flops", "flops"]
     t = synthesize_training(g, SPEC, kinds, "sgd")
     names = t.index()
@@ -277,7 +277,7 @@ def test_an_exported_exact_gelu_allocates_only_its_result():
     """F.gelu writes one tensor: the exporter's Div, Erf, Add and Mul outputs take no memory."""
     g = exported_gelu().build()
     names = g.index()
-    one_kernel = one_kernel_gelus(g)
+    one_kernel = one_kernel_activations(g)
     chain = {names[op] for op in ("div", "erf", "add", "mul")}
     assert [one_kernel.output_bytes[v] == [0] for v in range(g.num_ops)] == [
         v in chain for v in range(g.num_ops)
@@ -318,4 +318,4 @@ def test_a_gelu_whose_intermediate_is_read_elsewhere_keeps_it():
     other = b.add_op("other", "Relu", [1000], compute_us=1.0, output_dtypes=F32)
     b.add_edge(names["mul"], other)
     g = b.build()
-    assert one_kernel_gelus(g) is g
+    assert one_kernel_activations(g) is g

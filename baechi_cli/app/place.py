@@ -26,7 +26,7 @@ from baechi_cli.app.notes import pipeline_notes, placement_notes, race_note, unc
 from baechi_cli.app.outcome import PlaceOutcome
 from baechi_cli.core import objectives
 from baechi_cli.core.devices import DeviceSpec
-from baechi_cli.core.errors import InputError
+from baechi_cli.core.errors import InfeasibleError, InputError
 from baechi_cli.core.gcpause import cyclic_gc_paused
 from baechi_cli.core.graph import OpGraph
 from baechi_cli.evaluator.bounds import LowerBounds, lower_bounds
@@ -125,7 +125,9 @@ def load(path: str, options: PlaceOptions) -> tuple[OpGraph, str, list[str]]:
 
     Returns the graph with its views marked, the format's name and the notes so far.
     """
-    graph, fmt, notes = load_model(path, options.batch_size, options.dims)
+    graph, fmt, notes = load_model(path, options.batch_size, options.dims, options.infer_shapes)
+    if FORMATS[fmt].refuses_unknown_sizes:
+        check_sizes_known(graph, path, options.unknown_sizes, notes)
     if FORMATS[fmt].runs_in_tensorflow:
         from baechi_cli.verify.races import colocate_races, step_races
 
@@ -134,6 +136,33 @@ def load(path: str, options: PlaceOptions) -> tuple[OpGraph, str, list[str]]:
             graph = colocate_races(graph, races)
             notes.append(race_note(races, sidecar))
     return with_views(graph, fmt), fmt, notes
+
+
+def check_sizes_known(graph: OpGraph, path: str, allow: bool, notes: list[str]) -> None:
+    """Refuse a graph with outputs of unknown size (InfeasibleError naming the first such op), unless
+    ``allow``: then say in ``notes`` that it was placed anyway.
+
+    An unknown dim counts as 1, so such a graph's memory is under-counted by an unknown amount, and
+    whether a placement fits cannot be judged. O(V).
+    """
+    unknown = [(v, ports) for v, attrs in enumerate(graph.attrs) if (ports := attrs.get("_size_unknown"))]
+    if not unknown:
+        return
+    count = sum(len(ports) for _, ports in unknown)
+    if allow:
+        notes.append(
+            f"placed with {count} output(s) of unknown size (--allow-unknown-sizes); memory is under-counted"
+        )
+        return
+    v, ports = unknown[0]
+    raise InfeasibleError(
+        f"output {ports[0]} ({graph.op_types[v]}) is the first of {count} output(s) whose size no shape "
+        "inference determined, so whether a placement fits cannot be judged; pass --infer-shapes run "
+        "(onnxruntime) to measure them, bind symbolic dims with --dim or --batch-size, or pass "
+        "--allow-unknown-sizes to count each unknown dim as 1",
+        path=path,
+        op=graph.names[v],
+    )
 
 
 def cost(
@@ -165,10 +194,12 @@ def cost(
         graph, cost_report = estimate_costs(graph, devices, op_set=FORMATS[fmt].op_set)
         if cost_report.uncovered:
             notes.append(uncovered_note(cost_report.coverage["uncovered"]))
-    if FORMATS[fmt].split_gelus:  # costed op by op above; in memory an exported GELU is one kernel
-        from baechi_cli.costs.memory_rules import one_kernel_gelus
+    if FORMATS[
+        fmt
+    ].split_activations:  # costed op by op above; in memory an exported GELU or SiLU is one kernel
+        from baechi_cli.costs.memory_rules import one_kernel_activations
 
-        graph = one_kernel_gelus(graph)
+        graph = one_kernel_activations(graph)
     return graph, cost_report
 
 

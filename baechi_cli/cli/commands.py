@@ -93,6 +93,8 @@ _DIM_OPTION = click.option(
 _PLACE_OPTION_FIELDS = (
     "batch_size",
     "dims",
+    "infer_shapes",
+    "unknown_sizes",
     "training",
     "optimizer",
     "comm",
@@ -147,6 +149,21 @@ def _common_options(fn: Callable) -> Callable:
             "--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions."
         ),
         _DIM_OPTION,
+        click.option(
+            "--infer-shapes",
+            type=click.Choice(["onnx", "run"]),
+            default="onnx",
+            show_default=True,
+            help="ONNX: how tensor sizes are found. onnx: ONNX's shape inference, then baechi's "
+            "propagation (no model is run); run: also one onnxruntime run on zero inputs for the rest.",
+        ),
+        click.option(
+            "--allow-unknown-sizes",
+            "unknown_sizes",
+            is_flag=True,
+            help="Place even when some tensor sizes stay unknown, counting each unknown dim as 1 "
+            "(by default such a model is refused: whether it fits cannot be judged).",
+        ),
         click.option(
             "--training",
             is_flag=True,

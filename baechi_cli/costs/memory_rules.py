@@ -30,7 +30,7 @@ Both are facts about frameworks, kept apart from the FLOP and byte counts
 
 Example:
     >>> saved_for_backward("Relu", "flops")
-    Saved(inputs=(), output=True, extra_bytes_per_output_byte=0.0, cross=False)
+    Saved(inputs=(), output=True, extra_bytes_per_output_byte=0.0, cross=False, row_stats=0)
     >>> saved_for_backward("Add", "flops").inputs
     ()
     >>> saved_for_backward("NoSuchOp", "flops").inputs  # unknown: every data input, to be safe
@@ -96,6 +96,9 @@ class Saved(NamedTuple):
     # Products: an operand is kept only to compute another operand's gradient
     # (x * 0.5 keeps nothing of x; x @ W keeps x because W needs a gradient).
     cross: bool = False
+    # float32 statistics kept per normalized row (the output's dims from attribute ``axis``,
+    # default -1, on): LayerNorm's mean and inverse std.
+    row_stats: int = 0
 
 
 _NOTHING = Saved()
@@ -161,12 +164,13 @@ SAVED_FOR_BACKWARD: dict[str, Saved] = {
     "ReduceMin": Saved(inputs=(0,), output=True),
     # Input plus int64 indices, one per output element (twice a float32 output's bytes).
     "MaxPool": Saved(inputs=(0,), extra_bytes_per_output_byte=2.0),
-    # Input plus per-channel / per-row mean and inverse std: small against the input.
+    # Input plus per-channel mean and inverse std (small against the input); LayerNorm's and
+    # RMSNorm's per-row statistics are counted.
     "BatchNormalization": _FIRST_INPUT,
-    "LayerNormalization": _FIRST_INPUT,
+    "LayerNormalization": Saved(inputs=(0,), row_stats=2),
     "GroupNormalization": _FIRST_INPUT,
     "InstanceNormalization": _FIRST_INPUT,
-    "RMSNormalization": _FIRST_INPUT,
+    "RMSNormalization": Saved(inputs=(0,), row_stats=1),
     # A one-byte mask per element (bool), a quarter of a float32 output.
     "Dropout": Saved(extra_bytes_per_output_byte=0.25),
 }
@@ -199,66 +203,96 @@ class ExactGelu(NamedTuple):
     x_position: int  # the position of x among the Mul's inputs
 
 
+class Silu(NamedTuple):
+    """The ops of one exported SiLU (Swish), ``x * sigmoid(x)``."""
+
+    sigmoid: int
+    mul: int  # multiplies the sigmoid by x
+    x_position: int  # the position of x among the Mul's inputs
+
+
+def _data_in(graph: OpGraph, v: int) -> list[int]:
+    return [e for e in graph.in_edges[v] if graph.edge_port[e] != CONTROL_PORT]
+
+
+def _only_reader(graph: OpGraph, v: int) -> int:
+    readers = {graph.edge_dst[e] for e in graph.out_edges[v] if graph.edge_port[e] != CONTROL_PORT}
+    return readers.pop() if len(readers) == 1 else -1
+
+
+def _position_of(graph: OpGraph, mul: int, x: tuple[int, int]) -> int | None:
+    """The input position at which ``mul`` reads tensor ``x`` (None: it does not)."""
+    edges = _data_in(graph, mul)
+    if graph.op_types[mul] != "Mul" or len(edges) != 2:
+        return None
+    positions = graph.attrs[mul].get("_data_inputs") or [0, 1]
+    keep = [p for p, f in zip(positions, edges) if (graph.edge_src[f], graph.edge_port[f]) == x]
+    return keep[0] if keep else None
+
+
 def exact_gelus(graph: OpGraph) -> list[ExactGelu]:
     """Every exact GELU the TorchScript exporter wrote as Div, Erf, Add, Mul (then a Mul by 0.5). O(V + E)."""
     out: list[ExactGelu] = []
     types, src, dst, port = graph.op_types, graph.edge_src, graph.edge_dst, graph.edge_port
-
-    def data_in(v: int) -> list[int]:
-        return [e for e in graph.in_edges[v] if port[e] != CONTROL_PORT]
-
     for erf, op_type in enumerate(types):
         if op_type != "Erf":
             continue
-        into_erf = data_in(erf)
+        into_erf = _data_in(graph, erf)
         if len(into_erf) != 1 or types[src[into_erf[0]]] != "Div":
             continue
         div = src[into_erf[0]]
-        div_in = data_in(div)
+        div_in = _data_in(graph, div)
         if not div_in:
             continue
         x = (src[div_in[0]], port[div_in[0]])
         adds = [dst[e] for e in graph.out_edges[erf] if types[dst[e]] == "Add"]
         for add in adds:
             for e in graph.out_edges[add]:
-                mul = dst[e]
-                edges = data_in(mul)
-                if types[mul] != "Mul" or len(edges) != 2:
-                    continue
-                positions = graph.attrs[mul].get("_data_inputs") or [0, 1]
-                keep = [p for p, f in zip(positions, edges) if (src[f], port[f]) == x]
-                if keep:
-                    out.append(ExactGelu(div, erf, add, mul, keep[0]))
+                position = _position_of(graph, dst[e], x)
+                if position is not None:
+                    out.append(ExactGelu(div, erf, add, dst[e], position))
     return out
 
 
-def one_kernel_gelus(graph: OpGraph) -> OpGraph:
-    """``graph`` with the intermediate tensors of every exported exact GELU taking no memory.
-
-    ``torch.nn.functional.gelu`` is one kernel: it reads ``x`` and writes its
-    result, and its backward one more. The exporter's Div, Erf, Add and Mul
-    each write a tensor of x's size that eager PyTorch never allocates, so
-    where each is read only by the next op of the chain and the Mul only by a
-    Mul by a constant (the 0.5, whose output is GELU's), their outputs, and
-    so the gradients the training pass would give them, are 0 bytes. Their
-    times are unchanged (five elementwise passes, where PyTorch makes one),
-    and a placement that splits the chain is charged no transfer inside it.
-    With them, x, the Mul's output and the result all live at the last Mul,
-    which overstates the peak PyTorch measures. O(V + E).
-    """
+def silus(graph: OpGraph) -> list[Silu]:
+    """Every SiLU an exporter wrote as Sigmoid then Mul by the Sigmoid's own input. O(V + E)."""
+    out: list[Silu] = []
     types, src, dst, port = graph.op_types, graph.edge_src, graph.edge_dst, graph.edge_port
+    for sigmoid, op_type in enumerate(types):
+        if op_type != "Sigmoid":
+            continue
+        into = _data_in(graph, sigmoid)
+        if len(into) != 1:
+            continue
+        x = (src[into[0]], port[into[0]])
+        for e in graph.out_edges[sigmoid]:
+            position = _position_of(graph, dst[e], x)
+            if position is not None and port[e] == 0:
+                out.append(Silu(sigmoid, dst[e], position))
+    return out
 
-    def only_reader(v: int) -> int:
-        readers = {dst[e] for e in graph.out_edges[v] if port[e] != CONTROL_PORT}
-        return readers.pop() if len(readers) == 1 else -1
 
-    output_bytes = None
+def one_kernel_activations(graph: OpGraph) -> OpGraph:
+    """``graph`` with the intermediate tensors of every exported exact GELU and SiLU taking no memory.
+
+    ``torch.nn.functional.gelu`` and ``silu`` are one kernel each: they read
+    ``x`` and write their result, and their backward one more. The exporter's
+    ops (GELU: Div, Erf, Add, Mul, then a Mul by 0.5; SiLU: Sigmoid, Mul) each
+    write a tensor of x's size that eager PyTorch never allocates, so where
+    each is read only by the next op of the chain (GELU: and the Mul only by
+    the Mul by a constant, whose output is GELU's), their outputs, and so the
+    gradients the training pass would give them, are 0 bytes. Their times are
+    unchanged, and a placement that splits the chain is charged no transfer
+    inside it. O(V + E).
+    """
+    types, src, port = graph.op_types, graph.edge_src, graph.edge_port
+    inner: list[int] = []
     for gelu in exact_gelus(graph):
-        last = only_reader(gelu.mul)
+        last = _only_reader(graph, gelu.mul)
         if (
-            only_reader(gelu.div) != gelu.erf
-            or only_reader(gelu.erf) != gelu.add
-            or only_reader(gelu.add) != gelu.mul
+            _only_reader(graph, gelu.div) != gelu.erf
+            or _only_reader(graph, gelu.erf) != gelu.add
+            or _only_reader(graph, gelu.add) != gelu.mul
             or last < 0
             or types[last] != "Mul"
             or any(
@@ -267,26 +301,53 @@ def one_kernel_gelus(graph: OpGraph) -> OpGraph:
             )
         ):
             continue
-        if output_bytes is None:
-            output_bytes = list(graph.output_bytes)
-        for v in (gelu.div, gelu.erf, gelu.add, gelu.mul):
-            output_bytes[v] = [0] * len(output_bytes[v])
-    return graph if output_bytes is None else graph.replace(output_bytes=output_bytes)
+        inner += [gelu.div, gelu.erf, gelu.add, gelu.mul]
+    inner += [silu.sigmoid for silu in silus(graph) if _only_reader(graph, silu.sigmoid) == silu.mul]
+    if not inner:
+        return graph
+    output_bytes = list(graph.output_bytes)
+    for v in inner:
+        output_bytes[v] = [0] * len(output_bytes[v])
+    return graph.replace(output_bytes=output_bytes)
 
 
-def gelu_saved(graph: OpGraph) -> dict[int, Saved]:
-    """What autograd saves for the ops of an exported exact GELU: its input, once.
+def composite_saved(graph: OpGraph) -> dict[int, Saved]:
+    """What autograd saves for the ops of an exported exact GELU, SiLU or rsqrt.
 
-    ``torch.nn.functional.gelu`` is one op that saves its input; the
-    TorchScript exporter writes it as ``x * 0.5 * (1 + erf(x / sqrt(2)))``
-    (Div, Erf, Add, Mul, Mul), whose ops would each keep their own operands.
-    Returns, for the Erf and the Mul that multiplies by ``x``: keep nothing,
-    and keep ``x`` only. O(V + E).
+    ``F.gelu`` and ``F.silu`` are one op each that saves its input (``GeluBackward0``,
+    ``SiluBackward0``); the TorchScript exporter writes GELU as ``x * 0.5 * (1 + erf(x /
+    sqrt(2)))`` and SiLU as ``x * sigmoid(x)``, whose ops would each keep their own
+    operands. Returns, for GELU's Erf and SiLU's Sigmoid: keep nothing; for the Mul that
+    multiplies by ``x``: keep ``x`` only. ``torch.rsqrt`` saves its result
+    (``RsqrtBackward0``); exported as ``Div(1, Sqrt(x))``, its Sqrt keeps nothing and its
+    Div its output. O(V + E).
     """
     out: dict[int, Saved] = {}
     for gelu in exact_gelus(graph):
         out[gelu.erf] = _NOTHING
         out[gelu.mul] = Saved(inputs=(gelu.x_position,))
+    for silu in silus(graph):
+        out[silu.sigmoid] = _NOTHING
+        out[silu.mul] = Saved(inputs=(silu.x_position,))
+    for sqrt, div in rsqrts(graph):
+        out[sqrt] = _NOTHING
+        out[div] = _OUTPUT
+    return out
+
+
+def rsqrts(graph: OpGraph) -> list[tuple[int, int]]:
+    """Every ``torch.rsqrt`` the TorchScript exporter wrote as ``Div(1, Sqrt(x))``: (Sqrt, Div)
+    pairs whose Div is the Sqrt's only reader and divides a Constant by it. O(V + E)."""
+    out: list[tuple[int, int]] = []
+    for sqrt, op_type in enumerate(graph.op_types):
+        div = _only_reader(graph, sqrt) if op_type == "Sqrt" else -1
+        if div < 0 or graph.op_types[div] != "Div":
+            continue
+        edges = _data_in(graph, div)
+        positions = graph.attrs[div].get("_data_inputs") or list(range(len(edges)))
+        by_position = {p: graph.edge_src[e] for p, e in zip(positions, edges)}
+        if by_position.get(1) == sqrt and graph.op_types[by_position.get(0, sqrt)] == "Constant":
+            out.append((sqrt, div))
     return out
 
 

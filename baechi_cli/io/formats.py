@@ -27,25 +27,40 @@ _ONNX_FIRST_BYTE = b"\x08"
 MAX_BATCH_SIZE = 2**31 - 1
 
 
+#: ``--infer-shapes`` choices: ``onnx`` (ONNX's inference, then baechi's propagation: no model
+#: is run) or ``run`` (also one onnxruntime run on zero inputs for what those leave unknown).
+INFER_SHAPES = ("onnx", "run")
+
+
 class Read(NamedTuple):
     graph: OpGraph
     notes: list[str]  # what the reader wants the user to know (ONNX: external data not loaded, ...)
 
 
-def _read_graphdef(path: str, batch_size: int | None, dims: dict[str, int] | None) -> Read:
+class ReadOptions(NamedTuple):
+    """What a reader may be told besides the path (each reader uses what applies to its format)."""
+
+    batch_size: int | None = None  # the value of unknown batch dims
+    dims: dict[str, int] | None = None  # symbolic dims bound by name (--dim)
+    infer_shapes: str = "onnx"  # one of INFER_SHAPES
+
+
+def _read_graphdef(path: str, options: ReadOptions) -> Read:
     from baechi_cli.io.graphdef import read_graphdef
 
-    return Read(read_graphdef(path, batch_size=batch_size), [])
+    return Read(read_graphdef(path, batch_size=options.batch_size), [])
 
 
-def _read_onnx(path: str, batch_size: int | None, dims: dict[str, int] | None) -> Read:
+def _read_onnx(path: str, options: ReadOptions) -> Read:
     from baechi_cli.io.onnx import read_onnx_with_notes
 
-    read = read_onnx_with_notes(path, batch_size=batch_size, dims=dims)
+    read = read_onnx_with_notes(
+        path, batch_size=options.batch_size, dims=options.dims, infer_shapes=options.infer_shapes
+    )
     return Read(read.graph, list(read.notes))
 
 
-def _read_workload(path: str, batch_size: int | None, dims: dict[str, int] | None) -> Read:
+def _read_workload(path: str, options: ReadOptions) -> Read:
     from baechi_cli.io.workload_json import read_workload_json
 
     return Read(read_workload_json(path), [])
@@ -73,7 +88,7 @@ def _write_onnx(
 class InputFormat:
     """Everything the tool knows about one input format; the commands read it, not the format's name.
 
-    ``read(path, batch_size, dims)`` returns the graph and the reader's notes; ``write(path,
+    ``read(path, ReadOptions)`` returns the graph and the reader's notes; ``write(path,
     graph, model_ops, device_of, device_names, output)`` writes the input back placed, each of
     its ops on ``device_names[device_of[op]]`` (None: ``-o`` is refused with ``no_output``). ``op_set`` names the cost-rule table its op types are looked
     up in (None: the file carries its own measured costs).
@@ -85,7 +100,7 @@ class InputFormat:
     suffixes: tuple[
         str, ...
     ]  # names always of this format (lower case); the others are sniffed (detect_format)
-    read: Callable[[str, int | None, dict[str, int] | None], Read]
+    read: Callable[[str, ReadOptions], Read]
     op_set: str | None
     write: Callable[[str, OpGraph, int, Sequence[int], Sequence[str], str], list[str]] | None = None
     output_error: str = ""  # why -o names the wrong kind of file
@@ -94,8 +109,14 @@ class InputFormat:
     constraint_passes: tuple[str, ...] = ()  # passes its framework imposes (run before any other)
     # A sidecar may state its step (race check), and profile --measure runs it.
     runs_in_tensorflow: bool = False
-    split_gelus: bool = False  # exporters write GELU as several ops the runtime runs as one kernel
+    split_activations: bool = (
+        False  # exporters write GELU and SiLU as several ops the runtime runs as one kernel
+    )
     module_paths: bool = False  # node names carry PyTorch module paths (the report's module map)
+    # The reader sizes every tensor it can (ONNX: inference, propagation, --infer-shapes run), so
+    # a size it leaves unknown refuses the model unless --allow-unknown-sizes. TensorFlow's own
+    # inference leaves workspaces unsized (FusedBatchNormV3's reserve_space_3): a note only.
+    refuses_unknown_sizes: bool = False
 
 
 #: Every input format by name, in detection order of preference (see :func:`detect_format`).
@@ -122,8 +143,9 @@ FORMATS: dict[str, InputFormat] = {
         write=_write_onnx,
         output_error="-o must name an .onnx file for an ONNX input (the placed model)",
         symbolic_dims=True,
-        split_gelus=True,
+        split_activations=True,
         module_paths=True,
+        refuses_unknown_sizes=True,
     ),
     "workload": InputFormat(
         "workload",
@@ -173,12 +195,15 @@ class LoadedModel(NamedTuple):
     notes: list[str]  # what the reader wants the user to know (ONNX: external data not loaded, ...)
 
 
-def load_model(path: str, batch_size: int | None, dims: dict[str, int] | None = None) -> LoadedModel:
+def load_model(
+    path: str, batch_size: int | None, dims: dict[str, int] | None = None, infer_shapes: str = "onnx"
+) -> LoadedModel:
     """Read ``path`` into an OpGraph, with its format name and the reader's notes.
 
     ``dims`` binds ONNX symbolic dims by name; another format given ``dims``
     is an InputError (TensorFlow graphs have only the batch dim to fill), and
-    so is a ``batch_size`` above :data:`MAX_BATCH_SIZE`.
+    so is a ``batch_size`` above :data:`MAX_BATCH_SIZE`. ``infer_shapes`` is one of
+    :data:`INFER_SHAPES`.
     """
     if not os.path.exists(path):
         raise InputError("no such file", path=path)
@@ -190,7 +215,7 @@ def load_model(path: str, batch_size: int | None, dims: dict[str, int] | None = 
             f"--dim binds ONNX symbolic dims; this input is {fmt.name} (use --batch-size)", path=path
         )
     try:
-        read = fmt.read(path, batch_size, dims)
+        read = fmt.read(path, ReadOptions(batch_size, dims, infer_shapes))
     except InputError as err:
         raise err.with_path(path) from None
     return LoadedModel(read.graph, fmt.name, read.notes)

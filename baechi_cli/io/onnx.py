@@ -18,7 +18,7 @@ shape inference would each copy them for nothing.
 The graph: one ``Input`` op per fed graph input, then one op per node in node order, with
 unique names; If/Loop/Scan are single ops whose reads of outer-scope values are implicit
 data edges; an initializer read by several ops puts them in one colocation group and
-counts once, on the first reader. Dims inference could not determine count as 1 and are
+counts once, on the first reader. Dims no step could determine count as 1 and are
 listed in ``attrs["_size_unknown"]``. The whole mapping: docs/formats.md, "ONNX models".
 
 Deterministic. Complexity: O(V + E + S + I) for V nodes, E node inputs, S subgraph nodes
@@ -47,7 +47,7 @@ from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from baechi_cli.core.errors import OP_NAME_LIMIT, InputError, one_line, truncate
+from baechi_cli.core.errors import OP_NAME_LIMIT, InputError, MissingDependencyError, one_line, truncate
 from baechi_cli.core.graph import GraphBuilder, OpGraph
 from baechi_cli.io import protowire
 from baechi_cli.io.files import mapped_input, write_atomic
@@ -147,9 +147,17 @@ def read_onnx(path: str, *, batch_size: int | None = None, dims: Mapping[str, in
 
 
 def read_onnx_with_notes(
-    path: str, *, batch_size: int | None = None, dims: Mapping[str, int] | None = None
+    path: str,
+    *,
+    batch_size: int | None = None,
+    dims: Mapping[str, int] | None = None,
+    infer_shapes: str = "onnx",
 ) -> OnnxRead:
-    """Like :func:`read_onnx`, with the notes a report should show and the opset."""
+    """Like :func:`read_onnx`, with the notes a report should show and the opset.
+
+    ``infer_shapes="run"`` sizes what inference and baechi's propagation leave unknown by
+    running the model once in onnxruntime on zero inputs (:func:`~baechi_cli.io.onnx_shapes.shapes_from_run`).
+    """
     if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
         raise InputError(f"the batch size must be a positive integer, not {batch_size}")
     binding: dict[str, int] = {}
@@ -160,7 +168,7 @@ def read_onnx_with_notes(
     try:
         with mapped_input(path, "ONNX") as source:
             data, weights = _without_weights(source)
-        return _read(path, data, weights, batch_size, binding)
+        return _read(path, data, weights, batch_size, binding, infer_shapes == "run")
     except InputError as err:
         raise err.with_path(path) from None
 
@@ -484,7 +492,7 @@ class _Layout:
 
 
 def _read(
-    path: str, data: bytes, weights: set[str], batch_size: int | None, binding: dict[str, int]
+    path: str, data: bytes, weights: set[str], batch_size: int | None, binding: dict[str, int], run: bool
 ) -> OnnxRead:
     """Steps 1-5 of the module docstring on ``data``, whose ``weights`` (initializer names) were dropped."""
     model = parse_model(data)
@@ -493,7 +501,9 @@ def _read(
     external = _external_data(model, os.path.dirname(os.path.abspath(path)), notes)
     check_model(model, external | weights)
     declared = _bind(model.graph, batch_size, binding)
-    graph, guessed, inner = _build(_infer(model), declared, binding)
+    inferred = _infer(model)
+    types = _complete(path, model, inferred, run, notes)
+    graph, guessed, inner = _build(inferred, types, declared, binding)
     if guessed:
         within = f" ({inner} of them in If/Loop/Scan subgraphs)" if inner else ""
         notes.append(
@@ -501,6 +511,68 @@ def _read(
             "or from external data not loaded); counted as 1 per unknown dim, 0 bytes for unknown rank"
         )
     return OnnxRead(graph, notes, opset)
+
+
+def _complete(
+    path: str, model: ModelProto, inferred: GraphProto, run: bool, notes: list[str]
+) -> dict[str, TypeProto]:
+    """The value types of ``inferred``, completed (:mod:`~baechi_cli.io.onnx_shapes`) where ONNX's
+    inference left shapes unknown; with ``run``, the rest from one onnxruntime run."""
+    from onnx import helper
+
+    from baechi_cli.io.onnx_shapes import complete_shapes, unknown_values
+
+    types = _types(inferred)
+    left = unknown_values(inferred, types)
+    if not left:
+        return types
+    types = complete_shapes(inferred, list(model.opset_import))
+    still = unknown_values(inferred, types)
+    if len(still) < len(left):
+        notes.append(
+            f"{len(left) - len(still)} output size(s) ONNX's shape inference left unknown were "
+            "computed by baechi's shape propagation"
+        )
+    if run and still:
+        measured = _run_shapes(path, model, still)
+        for name, shape in measured.items():
+            elem = types[name].tensor_type.elem_type if name in types else 0
+            if elem:
+                types[name] = helper.make_tensor_type_proto(elem, list(shape))
+        notes.append(f"{len(measured)} output size(s) measured by one onnxruntime run on zero inputs")
+    return types
+
+
+def _run_shapes(path: str, model: ModelProto, names: list[str]) -> dict[str, tuple[int, ...]]:
+    """``names``' shapes from :func:`~baechi_cli.io.onnx_shapes.shapes_from_run` on the file at
+    ``path`` (weights loaded), fed zeros of the bound graph inputs' shapes."""
+    import onnx
+    from onnx import helper
+
+    from baechi_cli.io.onnx_shapes import shapes_from_run
+
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError(
+            "--infer-shapes run needs onnxruntime: pip install 'baechi[onnx]'"
+        ) from None
+    inits = _initializer_names(model.graph)
+    feeds = {
+        info.name: (
+            tuple(d.dim_value for d in _dims(info.type)),
+            helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type),
+        )
+        for info in model.graph.input
+        if info.name not in inits
+    }
+    try:
+        full = onnx.load(path, load_external_data=True).SerializeToString()
+        return shapes_from_run(full, names, feeds)
+    except Exception as err:  # onnxruntime's own errors (a failed kernel, a model it cannot load)
+        raise InputError(
+            f"--infer-shapes run: onnxruntime could not run the model on zero inputs: {one_line(err, MESSAGE_LIMIT)}"
+        ) from None
 
 
 def parse_model(data: bytes) -> ModelProto:
@@ -767,10 +839,11 @@ def _types(graph: GraphProto) -> dict[str, TypeProto]:
 # ----------------------------------------------------------------- building
 
 
-def _build(graph: GraphProto, declared: set[str], binding: dict[str, int]) -> tuple[OpGraph, int, int]:
-    """The OpGraph of the inferred ``graph``, the number of output ports whose size is a guess,
-    and how many of those are subgraph nodes'."""
-    types = _types(graph)
+def _build(
+    graph: GraphProto, types: Mapping[str, TypeProto], declared: set[str], binding: dict[str, int]
+) -> tuple[OpGraph, int, int]:
+    """The OpGraph of the inferred ``graph`` whose values have ``types``, the number of output
+    ports whose size is a guess, and how many of those are subgraph nodes'."""
     inits = _initializers(graph)
     feeds = [(i, info) for i, info in enumerate(graph.input) if info.name not in inits]
     nodes = list(graph.node)

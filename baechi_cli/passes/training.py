@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,7 +48,7 @@ from baechi_cli.core.devices import DeviceSpec
 from baechi_cli.core.errors import InputError
 from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
 from baechi_cli.costs.analytic import op_time_us
-from baechi_cli.costs.memory_rules import RESIDENT, Saved, gelu_saved, saved_for_backward
+from baechi_cli.costs.memory_rules import RESIDENT, Saved, composite_saved, saved_for_backward
 from baechi_cli.costs.registry import OpCount
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -274,7 +275,7 @@ def synthesize_training(
     grad_port: dict[int, dict[tuple[int, int], int]] = {}
     grad_op: dict[int, int] = {}
     feeds_backward: set[int] = set()  # backward ops that send a gradient to another one
-    composite = gelu_saved(graph)  # exported composites that autograd runs as one op
+    composite = composite_saved(graph)  # exported composites that autograd runs as one op
     # A shared weight's gradient buffer, by its owner's name: (the last reader's backward op, port).
     buffers: dict[str, list[tuple[int, int]]] = {}
     for v in reversed(order):
@@ -426,7 +427,7 @@ def _keep_saved(
     owns_parameters = graph.persistent_bytes[v] > 0
     kept: set[tuple[int, int]] = set()
     for position, tensor in zip(positions, inputs):
-        if position not in saved.inputs or tensor in kept:
+        if position not in saved.inputs or tensor in kept or _python_scalar(graph, tensor):
             continue
         if saved.cross and not owns_parameters and not any(w for p, w in wants.items() if p != position):
             continue
@@ -438,6 +439,20 @@ def _keep_saved(
     if saved.extra_bytes_per_output_byte and outputs:
         port = builder.add_output(v, round(outputs[0] * saved.extra_bytes_per_output_byte))
         builder.add_edge(v, b, port)
+    shape = graph.output_shapes[v][0] if graph.output_shapes[v] else None
+    if saved.row_stats and shape:
+        axis = graph.attrs[v].get("axis", -1)
+        rows = math.prod(shape[: axis % len(shape)]) if shape else 1
+        port = builder.add_output(v, rows * saved.row_stats * 4)
+        builder.add_edge(v, b, port)
+
+
+def _python_scalar(graph: OpGraph, tensor: tuple[int, int]) -> bool:
+    """A one-element Constant: in eager PyTorch a Python number (``x / 8``), which autograd keeps
+    as a scalar, not a tensor."""
+    u, port = tensor
+    shape = graph.output_shapes[u][port] if port < len(graph.output_shapes[u]) else None
+    return graph.op_types[u] == "Constant" and shape is not None and math.prod(shape) == 1
 
 
 def _multiplier(kind: str, gradients: int) -> float:

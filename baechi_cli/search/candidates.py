@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baechi_cli import placers
 from baechi_cli.core.devices import DeviceSpec
@@ -31,6 +31,9 @@ from baechi_cli.passes.manager import (
     optimization_passes,
 )
 from baechi_cli.placers import PlacerSpec
+
+if TYPE_CHECKING:
+    from baechi_cli.placers.memory import NoFit
 
 
 @dataclass
@@ -53,6 +56,8 @@ class PlaceOptions:
     seed: int = 0  # refinement's tie-breaking and annealing
     profile: str | None = None  # a baechi.profile/v1 file whose costs replace the analytic model's
     dims: dict[str, int] | None = None  # ONNX symbolic dims bound by --dim NAME=VALUE
+    infer_shapes: str = "onnx"  # io.formats.INFER_SHAPES: onnx | run (one onnxruntime run)
+    unknown_sizes: bool = False  # place even when tensor sizes stay unknown (--allow-unknown-sizes)
     training: bool = False  # synthesize the backward pass and optimizer of a forward-only model
     optimizer: str = "sgd"  # with training: sgd | momentum | adam
     objective: str = "makespan"  # makespan: one step's time; throughput: a pipeline's; latency: one sample's
@@ -90,6 +95,8 @@ class PlaceOptions:
             "seed": self.seed,
             "profile": self.profile,
             "dims": dict(sorted(self.dims.items())) if self.dims else None,
+            "infer_shapes": self.infer_shapes,
+            "allow_unknown_sizes": self.unknown_sizes,
             "training": self.training,
             "optimizer": self.optimizer if self.training else None,
             "objective": self.objective,
@@ -147,6 +154,8 @@ class Prepared:
     variants: dict[PassOptions, Variant] = field(default_factory=dict, repr=False)
     # The evaluator's engine for ``graph`` on ``devices``, built once for every judgement.
     timer: StepTimer | None = field(default=None, repr=False)
+    # Why the model fits no placement, made by the first placer that finds none (no_fit_error).
+    no_fit: NoFit | None = field(default=None, repr=False)
 
     @property
     def lower_bound_us(self) -> float:
@@ -184,6 +193,24 @@ class Prepared:
                 self.graph, self.devices, placement, timer=self.timer
             )
         return found
+
+    def no_fit_error(self, failed: InfeasibleError) -> InfeasibleError:
+        """The model's error when a placer that respects memory found no placement (``failed``).
+
+        :class:`~baechi_cli.placers.memory.NoFit`: the group, op or pair that
+        fits no device, what it needs and what would fit it; else ``failed``
+        with the op that needs the most and the model's one-device peak
+        against the devices' total memory. Worked out once per problem.
+        """
+        from baechi_cli.placers.memory import NoFit
+        from baechi_cli.placers.single import largest_device
+
+        if self.no_fit is None:
+            single = Placement([largest_device(self.devices)] * self.graph.num_ops)
+            self.no_fit = NoFit.of(
+                self.graph, self.devices, lambda: max(self.judge(single).timeline.peak_bytes)
+            )
+        return self.no_fit.error(failed)
 
 
 def placement_key(placement: Placement) -> tuple:
@@ -360,7 +387,9 @@ def run_candidate(
 
     A placer with ``spec.budget_retries`` (the pipeline splitter) also runs
     again on cut memory. For any other placer that does not respect memory
-    (one device), over memory is the model's infeasibility.
+    (one device), over memory is the model's infeasibility. When a placer that
+    respects memory finds no placement, its error becomes the model's
+    (:meth:`Prepared.no_fit_error`), so every such placer names what does not fit.
     """
     from baechi_cli.placers.memory import MEMORY_ATTEMPTS
 
@@ -376,7 +405,10 @@ def run_candidate(
             )
         except (InfeasibleError, SolverError) as err:
             seconds = time.perf_counter() - t0
-            return Candidate(spec.name, seconds, error=err.with_path(prepared.path), variant=variant.options)
+            error = err.with_path(prepared.path)
+            if isinstance(error, InfeasibleError) and spec.respects_memory:
+                error = prepared.no_fit_error(error)
+            return Candidate(spec.name, seconds, error=error, variant=variant.options)
         except InputError as err:  # a graph the placer refuses (exact's size guard): the user's to fix
             if attempt.graph is not variant.placement_graph:  # the passes line counted another graph
                 err.problem += (
@@ -396,6 +428,8 @@ def run_candidate(
     seconds = time.perf_counter() - t0
     if not evaluation.feasible:
         error = over_memory(evaluation.timeline, graph, devices, prepared.path)
+        if spec.respects_memory:
+            error = prepared.no_fit_error(error)
         return Candidate(spec.name, seconds, error=error, variant=variant.options)
     # Judged now: the placer's own list schedule (every planned transfer and time,
     # hundreds of MB at 1M ops) is dropped, since auto keeps every candidate.
