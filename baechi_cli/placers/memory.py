@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from baechi_cli.core.devices import DeviceSpec
@@ -315,7 +316,7 @@ def infeasible(
     if ledger is not None and stuck:
         group = groups[graph.group[stuck[0]]]
         heaviest = max(group, key=lambda v: (own[v], -v))
-        free = ", ".join(_fmt(c - u).split(" (")[0] for c, u in zip(ledger.capacity, ledger.used))
+        free = ", ".join(_short(c - u) for c, u in zip(ledger.capacity, ledger.used))
         placed = sum(1 for d in ledger.device_of if d >= 0)
         return InfeasibleError(
             f"{algorithm} could not fit the model: with {placed} of {graph.num_ops} ops placed, no device "
@@ -336,9 +337,11 @@ def hard_minimum(graph: OpGraph, devices: DeviceSpec) -> InfeasibleError | None:
     """The error when no placement at all can fit, else None.
 
     The largest colocation group's weights must fit the largest device and all
-    weights the devices together; a producer/consumer pair needs, on one
-    device, either both groups' weights or the consumer's plus a copy of the
-    tensor. O(V + E).
+    weights the devices together; every op needs, on its device while it runs,
+    what :func:`op_need` counts; a producer/consumer pair needs, on one device,
+    either both groups' weights or the consumer's plus a copy of the tensor.
+    The message names the group, op or pair and ends with what would fit it.
+    O(V + E).
     """
     groups = graph.group_members()
     largest_device = max(d.memory_bytes for d in devices.devices)
@@ -347,61 +350,203 @@ def hard_minimum(graph: OpGraph, devices: DeviceSpec) -> InfeasibleError | None:
         return InfeasibleError(
             f"the model does not fit: it needs at least {_fmt(one)} on one device "
             f"(colocation group of '{graph.names[worst]}') / {_fmt(all_)} in total "
-            f"for weights alone; {_gives(devices)}"
+            f"for weights alone; {_gives(devices)}; {_to_fit(devices, one, all_)}"
         )
-    op_need = _largest_op_need(graph)
-    if op_need is not None and op_need[0] > largest_device:
-        need, v, weights, own, largest_input = op_need
+    need = op_need(graph)
+    if need is not None and need.total > largest_device:
+        vocabulary = vocabulary_dim(graph, need.op)
         return InfeasibleError(
-            f"the model does not fit: '{graph.names[v]}' needs at least {_fmt(need)} on one device "
-            f"while it runs: its colocation group's weights {_fmt(weights).split(' (')[0]}, its outputs "
-            f"and temporaries {_fmt(own).split(' (')[0]}, its largest input "
-            f"{_fmt(largest_input).split(' (')[0]}; {_gives(devices)}"
+            f"the model does not fit: {need.describe(graph)}; {_gives(devices)}; "
+            f"{_to_fit(devices, need.total, vocabulary=vocabulary)}"
         )
     pair = _worst_pair(graph)
     if pair is not None and pair[0] > largest_device:
         together, apart, e = pair[1], pair[2], pair[3]
         u, v = graph.edge_src[e], graph.edge_dst[e]
         return InfeasibleError(
-            f"the model does not fit: '{graph.names[v]}' reads a {_fmt(graph.edge_bytes[e]).split(' (')[0]} "
+            f"the model does not fit: '{graph.names[v]}' reads a {_short(graph.edge_bytes[e])} "
             f"tensor from '{graph.names[u]}'; on one device their colocation groups hold "
             f"{_fmt(together)}, apart the received copy makes {_fmt(apart)} on the reader's device; "
-            f"{_gives(devices)}"
+            f"{_gives(devices)}; {_to_fit(devices, pair[0])}"
         )
     return None
 
 
-def _largest_op_need(graph: OpGraph) -> tuple[int, int, int, int, int] | None:
-    """The op needing the most memory on its device while it runs, whatever the placement.
+@dataclass(frozen=True)
+class NoFit:
+    """Why no placement of a model fits its devices, beyond what one placer saw (:meth:`of`)."""
+
+    minimum: str | None  # hard_minimum's message: a group, op or pair that fits no device
+    clause: str  # else: the op that needs the most, and the one-device peak against the total
+
+    @staticmethod
+    def of(graph: OpGraph, devices: DeviceSpec, one_device_peak: Callable[[], int]) -> NoFit:
+        """The reason for ``graph`` on ``devices``: the model's own, not a placer's contracted graph
+        or cut budgets. ``one_device_peak`` gives the model's simulated peak on one device (called
+        only when no group, op or pair is too big by itself). O(V + E)."""
+        minimum = hard_minimum(graph, devices)
+        if minimum is not None:
+            return NoFit(minimum.problem, "")
+        need = op_need(graph)
+        most = "" if need is None else f" ('{graph.names[need.op]}' needs the most, {_short(need.total)})"
+        peak, total = one_device_peak(), devices.total_memory
+        than = "more than" if peak > total else "against"
+        together = "the device" if devices.count == 1 else f"the {devices.count} devices together"
+        return NoFit(
+            None,
+            f"no op alone needs more than the largest device{most}, and the whole model peaks at "
+            f"{_fmt(peak)} on one device, {than} {_fmt(total)} on {together}: to fit, use more or "
+            "larger devices",
+        )
+
+    def error(self, failed: InfeasibleError) -> InfeasibleError:
+        """The error for the model when a placer that respects memory failed with ``failed``.
+
+        :func:`hard_minimum`'s message (naming what fits no device, what it
+        needs and what would fit it) replaces ``failed``'s; otherwise
+        ``failed``'s goes on with :attr:`clause`. ``failed``'s path and op are
+        kept.
+        """
+        problem = self.minimum if self.minimum is not None else f"{failed.problem}; {self.clause}"
+        return InfeasibleError(problem, path=failed.path, op=failed.op)
+
+
+@dataclass(frozen=True)
+class OpNeed:
+    """What one op needs on its device while it runs, whatever the placement (:func:`op_need`)."""
+
+    op: int
+    weights: int  # its colocation group's persistent bytes
+    own: int  # its outputs (unless it is a view) and temporaries
+    inputs: int  # the input tensors counted
+    input_count: int  # how many tensors ``inputs`` sums
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.own + self.inputs
+
+    def describe(self, graph: OpGraph) -> str:
+        """``'op' needs at least ... on one device while it runs: ...``, with each part's bytes."""
+        counted = "its largest input" if self.input_count <= 1 else f"its {self.input_count} inputs"
+        return (
+            f"'{graph.names[self.op]}' needs at least {_fmt(self.total)} on one device while it runs: "
+            f"its colocation group's weights {_short(self.weights)}, its outputs and temporaries "
+            f"{_short(self.own)}, {counted} {_short(self.inputs)}"
+        )
+
+
+def op_need(graph: OpGraph) -> OpNeed | None:
+    """The op needing the most memory on its device while it runs, whatever the placement (None
+    for an empty graph); the first such op on ties.
 
     Its group's weights, its temporaries and its outputs (unless it is a
-    view), and its largest input that is not a view (a view may share storage
-    with the weights or another input). An input is there as its producer's
-    output (beside it) or as a received copy (apart), so it counts the smaller
-    of the two: a workload JSON's ports hold 0 bytes, and its producer beside
-    it needs no room for a tensor however big its edges say it is. Returns
-    (bytes, op, weights, outputs and temporaries, input). O(V + E).
+    view), and its inputs that are not views (a view may share storage with
+    the weights or another input), each distinct tensor once. An input is
+    there as its producer's output (beside it) or as a received copy (apart),
+    so it counts the smaller of the two: a workload JSON's ports hold 0 bytes,
+    and its producer beside it needs no room for a tensor however big its
+    edges say it is. The simulator holds every input until the op ends, so
+    all of them count for an op that runs for a positive time on every
+    device kind; for a 0 µs op, or a node of a contracted graph (which holds
+    its members' inputs one member at a time), only the largest. O(V + E).
     """
     weights: dict[int, int] = {}
     for v, g in enumerate(graph.group):
         weights[g] = weights.get(g, 0) + graph.persistent_bytes[v]
-    view_of = graph.view_of
-    src, port, output_bytes = graph.edge_src, graph.edge_port, graph.output_bytes
     best = None
     for v in range(graph.num_ops):
-        own = graph.temporary_bytes[v] + (0 if v in view_of else sum(output_bytes[v]))
-        largest_input = max(
-            (
-                min(graph.edge_bytes[e], output_bytes[src[e]][port[e]])
-                for e in graph.in_edges[v]
-                if port[e] != CONTROL_PORT and src[e] not in view_of
-            ),
-            default=0,
-        )
-        need = weights[graph.group[v]] + own + largest_input
-        if best is None or need > best[0]:
-            best = (need, v, weights[graph.group[v]], own, largest_input)
+        inputs = _input_bytes(graph, v)
+        counted = inputs if _holds_all_inputs(graph, v) else sorted(inputs)[-1:]
+        own = graph.temporary_bytes[v] + (0 if v in graph.view_of else sum(graph.output_bytes[v]))
+        need = OpNeed(v, weights[graph.group[v]], own, sum(counted), len(counted))
+        if best is None or need.total > best.total:
+            best = need
     return best
+
+
+def _input_bytes(graph: OpGraph, v: int) -> list[int]:
+    """Bytes of each distinct tensor ``v`` reads that is not a view's and holds bytes (see :func:`op_need`)."""
+    tensor_of = graph.tensors.edge_tensor
+    src, port, output_bytes = graph.edge_src, graph.edge_port, graph.output_bytes
+    by_tensor: dict[int, int] = {}
+    for e in graph.in_edges[v]:
+        if port[e] == CONTROL_PORT or src[e] in graph.view_of:
+            continue
+        nbytes = min(graph.edge_bytes[e], output_bytes[src[e]][port[e]])
+        t = tensor_of[e]
+        by_tensor[t] = max(by_tensor.get(t, 0), nbytes)
+    return [b for b in by_tensor.values() if b > 0]
+
+
+def _holds_all_inputs(graph: OpGraph, v: int) -> bool:
+    """Whether the simulator holds all of ``v``'s inputs at once while it runs: ``v`` is an op (not a
+    contracted node) with a positive time on every device kind."""
+    if graph.members is not None or not graph.compute_us[v] > 0:
+        return False
+    return all(times[v] > 0 for times in graph.compute_us_by_kind.values())
+
+
+# A loss or softmax (or its gradient) over a last dim at least this wide is over a vocabulary:
+# its tensors grow with the tokens per microbatch (Llama's 32,000 words, GPT-2's 50,257).
+VOCABULARY_DIM = 10_000
+_LOSS_WORDS = ("loss", "softmax", "crossentropy", "nll")
+
+
+def vocabulary_dim(graph: OpGraph, v: int) -> int:
+    """The widest last dim among the tensors ``v`` reads and writes when ``v`` is a loss, a softmax
+    or the gradient of one (by its op type or its forward op's), or reads such an op's output (the
+    logits' gradient), and that dim is at least :data:`VOCABULARY_DIM`; else 0. O(in-degree)."""
+    data = [e for e in graph.in_edges[v] if graph.edge_port[e] != CONTROL_PORT]
+    if not (_loss_like(graph, v) or any(_loss_like(graph, graph.edge_src[e]) for e in data)):
+        return 0
+    shapes = list(graph.output_shapes[v])
+    shapes += [graph.output_shapes[graph.edge_src[e]][graph.edge_port[e]] for e in data]
+    widest = max((s[-1] for s in shapes if s), default=0)
+    return widest if widest >= VOCABULARY_DIM else 0
+
+
+def _loss_like(graph: OpGraph, v: int) -> bool:
+    forward = graph.forward_op[v]
+    types = [graph.op_types[v]] + ([graph.op_types[forward]] if forward >= 0 else [])
+    return any(word in t.lower() for t in types for word in _LOSS_WORDS)
+
+
+def _to_fit(devices: DeviceSpec, one: int, total: int = 0, vocabulary: int = 0) -> str:
+    """What would fit a model that needs ``one`` byte on some device and ``total`` in all, and when
+    the op is a loss over a ``vocabulary``, fewer tokens."""
+    options = []
+    too_big, too_few = one > max(d.memory_bytes for d in devices.devices), total > devices.total_memory
+    if too_big and too_few:
+        options.append(f"devices of at least {size_at_least(one)} each, {size_at_least(total)} in all")
+    elif too_big:
+        options.append(f"devices of at least {size_at_least(one)} (one device must hold it)")
+    elif too_few:
+        options.append(f"more or larger devices, {size_at_least(total)} in all")
+    if vocabulary:
+        options.append(
+            f"fewer tokens per microbatch (--batch-size / --microbatches): it is a loss over a last "
+            f"dim of {vocabulary:,}"
+        )
+    return "to fit, use " + "; or ".join(options)
+
+
+def size_at_least(nbytes: int) -> str:
+    """The device size of 3 significant digits, in SI units, that holds ``nbytes`` and is the smallest.
+
+    >>> size_at_least(327_680_001), size_at_least(6_291_456), size_at_least(999), size_at_least(1200)
+    ('328MB', '6.3MB', '999B', '1.2KB')
+    """
+    step = 10 ** max(len(str(nbytes)) - 3, 0)
+    up = -(-nbytes // step) * step
+    for unit, exp in (("TB", 12), ("GB", 9), ("MB", 6), ("KB", 3)):
+        if up >= 10**exp:
+            return f"{up / 10**exp:g}{unit}".replace("e+", "e")
+    return f"{up}B"
+
+
+def _short(nbytes: int) -> str:
+    """:func:`_fmt` without the exact count."""
+    return _fmt(nbytes).split(" (")[0]
 
 
 def _need(groups: dict[int, list[int]], per_op: Sequence[int]) -> tuple[int, int, int]:
