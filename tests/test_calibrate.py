@@ -1,12 +1,15 @@
 """`baechi devices calibrate`: the measurements, the YAML and its round trip, per-class efficiency in the
-cost model, and every error path -- without torch, through a stand-in runner -- plus one real, quick
+cost model, the noise check (a busy machine, repeats that spread: warned, refused, allowed), and every
+error path -- without torch, through a stand-in runner and a stand-in CPU clock -- plus one real, quick
 calibration of the CPU where torch is installed."""
 
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 import sys
+import time
 import types
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,15 +20,19 @@ from click.testing import CliRunner
 
 from baechi_cli.app import calibrate as cal
 from baechi_cli.app.calibrate import (
+    BUSY_CORES,
     CALIBRATE_STAGES,
+    WIDE_SPREAD,
     Add,
     Conv,
     Copy,
+    CpuSample,
     Gemm,
     Kernel,
     Launch,
     TorchRunner,
     calibrate,
+    cpu_sample,
     gemm_flops,
     parse_targets,
     plan_for,
@@ -39,7 +46,7 @@ from baechi_cli.core.devices import (
     dump_devices_yaml,
     parse_devices,
 )
-from baechi_cli.core.errors import InputError, MissingDependencyError
+from baechi_cli.core.errors import EXIT_NOISY, InputError, MissingDependencyError, NoisyMeasurementError
 from baechi_cli.core.graph import GraphBuilder
 from baechi_cli.costs.analytic import estimate_costs, op_time_us
 from baechi_cli.costs.registry import COMPUTE_CLASS_OF, OpCount, name_table, rule_for
@@ -55,13 +62,15 @@ class FakeRunner:
     ``conv_forward``/``conv_backward`` FLOP/s (a depthwise one ``depthwise`` FLOP/s both ways),
     ``bandwidth`` bytes/s, ``launch`` s per call, copies
     ``latency`` s + bytes / ``link`` bytes/s (``links`` overrides per (src, dst)). ``broken`` maps
-    a kernel type to the time its runs return instead."""
+    a kernel type to the time its runs return instead; ``slowdown`` to factors its runs take in
+    turn (warm-up runs included), as other processes sharing the cores would make them."""
 
     def __init__(self, **overrides: object) -> None:
         self.gemm, self.conv_forward, self.conv_backward, self.depthwise = 1e11, 6e10, 4e10, 5e9
         self.bandwidth, self.launch, self.memory = 2e10, 2e-6, 16 * 10**9
         self.latency, self.link, self.links = 10e-6, 1e10, {}
         self.broken: dict[type, float] = {}
+        self.slowdown: dict[type, list[float]] = {}
         self.__dict__.update(overrides)
         self.prepared: list[tuple[str, Kernel]] = []
 
@@ -94,7 +103,34 @@ class FakeRunner:
     def prepare(self, target: str, kernel: Kernel) -> Callable[[], float]:
         self.prepared.append((target, kernel))
         value = self.broken.get(type(kernel), self.seconds(target, kernel))
-        return lambda: value
+        factors = iter(self.slowdown.get(type(kernel), []) * 100)
+        return lambda: value * next(factors, 1.0)
+
+
+class FakeClock:
+    """CPU readings as if other processes kept ``others`` cores busy and this one 1 core, 1 s apart;
+    ``None``: a machine without /proc/stat."""
+
+    def __init__(self, others: float | None) -> None:
+        self.others = others
+        self.readings = 0
+
+    def __call__(self) -> CpuSample | None:
+        if self.others is None:
+            return None
+        t = float(self.readings)
+        self.readings += 1
+        return CpuSample(wall_s=t, busy_s=1000.0 + t * (self.others + 1.0), own_s=5.0 + t)
+
+
+QUIET = 0.05  # cores other processes use on an idle machine
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """Every calibration here reads a quiet machine's clock unless a test says otherwise: the suite
+    runs beside other tests, whose load is not what these tests are about."""
+    monkeypatch.setattr(cal, "cpu_sample", FakeClock(QUIET))
 
 
 def run_cli(args: list[str]) -> tuple[int, str, str]:
@@ -323,6 +359,125 @@ def test_a_calibrated_spec_times_convolutions_slower_than_matmuls(tmp_path):
     assert costed.compute_us[c] == pytest.approx(expected)
 
 
+# --- noise ------------------------------------------------------------------------------
+
+
+def noisy_cli(monkeypatch, runner: FakeRunner, others: float | None, args: list[str]) -> tuple[int, str, str]:
+    """``baechi devices calibrate --torch cpu --quick ARGS`` measuring with ``runner`` while other
+    processes keep ``others`` cores busy."""
+    monkeypatch.setattr(cal.TorchRunner, "open", classmethod(lambda cls, t: runner))
+    monkeypatch.setattr(cal, "cpu_sample", FakeClock(others))
+    return run_cli(["devices", "calibrate", "--torch", "cpu", "--quick", *args])
+
+
+def test_a_quiet_machine_is_recorded_and_not_noisy():
+    result = calibrate(("cpu",), FakeRunner(), QUICK, clock=FakeClock(QUIET))
+    noise = result.noise
+    assert noise.other_cores == pytest.approx(QUIET) and not noise.noisy
+    assert noise.widest is not None and noise.widest.value == 0.0  # the stand-in times every run alike
+    header = result.yaml.split("devices:", 1)[0]
+    assert f"# noise: other processes used 0.05 of {noise.cores} cores; widest spread of repeats: " in header
+    assert "NOISY" not in header
+
+
+def test_other_processes_on_the_cores_make_a_cpu_calibration_noisy():
+    result = calibrate(("cpu",), FakeRunner(), QUICK, clock=FakeClock(1.5))
+    assert result.noise.busy and result.noise.noisy and not result.noise.wide
+    assert result.noise.other_cores == pytest.approx(1.5)
+    assert f"other processes used 1.50 of {result.noise.cores} cores (over {BUSY_CORES:g})" in result.yaml
+    assert "# NOISY: written with --allow-noisy" in result.yaml
+    assert not calibrate(("cpu",), FakeRunner(), QUICK, clock=FakeClock(BUSY_CORES - 0.01)).noise.noisy
+
+
+def test_a_cuda_calibration_leaves_all_but_one_core_to_others(monkeypatch):
+    monkeypatch.setattr(cal.os, "cpu_count", lambda: 8)
+    calm = calibrate(("cuda:0",), FakeRunner(), QUICK, clock=FakeClock(6.5)).noise
+    assert calm.busy_limit == 7 + BUSY_CORES and not calm.noisy
+    assert calibrate(("cuda:0",), FakeRunner(), QUICK, clock=FakeClock(7.5)).noise.busy
+
+
+def test_repeats_that_spread_wide_name_the_widest_kernel():
+    # each matmul's runs (1 warm-up, 3 timed) are slowed in the last two timed ones: the first size names it
+    runner = FakeRunner(slowdown={Gemm: [1.0, 1.0, 1.5, 3.0]})
+    noise = calibrate(("cpu",), runner, QUICK, clock=FakeClock(QUIET)).noise
+    assert noise.wide and noise.noisy and not noise.busy
+    assert noise.widest is not None and noise.widest.value == pytest.approx(0.5)
+    assert noise.widest.kernel == Gemm(128) and noise.widest.target == "cpu"
+    assert noise.summary().endswith(
+        f"widest spread of repeats: a 128x128 matmul on cpu, its median run 50% above its fastest "
+        f"(over {WIDE_SPREAD:.0%})"
+    )
+
+
+def test_one_slow_run_is_not_noise():
+    runner = FakeRunner(slowdown={Gemm: [1.0, 1.0, 1.0, 9.0]})  # the median ignores it
+    assert not calibrate(("cpu",), runner, QUICK, clock=FakeClock(QUIET)).noise.noisy
+
+
+def test_without_proc_stat_only_the_spread_decides():
+    quiet = calibrate(("cpu",), FakeRunner(), QUICK, clock=FakeClock(None)).noise
+    assert quiet.other_cores is None and not quiet.noisy
+    assert "other processes' load not measured (no /proc/stat)" in quiet.summary()
+    spread = FakeRunner(slowdown={Add: [1.0, 1.0, 2.0, 2.0]})
+    assert calibrate(("cpu",), spread, QUICK, clock=FakeClock(None)).noise.noisy
+
+
+@pytest.mark.parametrize("to_file", [True, False])
+def test_cli_refuses_a_noisy_calibration_with_exit_6_and_writes_nothing(monkeypatch, tmp_path, to_file):
+    out = tmp_path / "cpu.yaml"
+    args = ["-o", str(out)] if to_file else []
+    code, stdout, stderr = noisy_cli(monkeypatch, FakeRunner(), 1.5, args)
+    assert code == EXIT_NOISY == NoisyMeasurementError.exit_code == 6
+    assert os.listdir(tmp_path) == [] and (to_file or stdout == "")
+    assert stderr.count("\n") == 1 and stderr.startswith(
+        "error: the machine was too noisy to calibrate: other processes used 1.50 of "
+    )
+    assert "nothing was written" in stderr and "--allow-noisy" in stderr
+
+
+def test_cli_refuses_wide_repeats_naming_the_kernel(monkeypatch, tmp_path):
+    out = tmp_path / "cpu.yaml"
+    runner = FakeRunner(slowdown={Launch: [1.0, 1.0, 2.0, 2.0]})
+    code, _, stderr = noisy_cli(monkeypatch, runner, QUIET, ["-o", str(out)])
+    assert code == EXIT_NOISY and not out.exists()
+    assert "200 tiny adds on cpu, its median run 100% above its fastest (over 30%)" in stderr
+
+
+def test_cli_allow_noisy_warns_and_writes_the_numbers_marked(monkeypatch, tmp_path):
+    out = tmp_path / "cpu.yaml"
+    code, stdout, stderr = noisy_cli(monkeypatch, FakeRunner(), 1.5, ["--allow-noisy", "-q", "-o", str(out)])
+    assert code == 0 and stdout == ""
+    assert stderr.count("\n") == 1 and stderr.startswith(
+        "warning: the calibration measured noise: other processes used 1.50 of "
+    )
+    text = out.read_text()
+    assert text.startswith("# baechi devices calibrate --torch cpu -o ")
+    assert (
+        "--allow-noisy\n" in text.splitlines(keepends=True)[0]
+        and "# NOISY: written with --allow-noisy" in text
+    )
+    assert parse_devices(str(out)).devices[0].flops == 1e11
+
+
+def test_cli_on_a_quiet_machine_says_nothing_about_noise(monkeypatch, tmp_path):
+    out = tmp_path / "cpu.yaml"
+    code, _, stderr = noisy_cli(monkeypatch, FakeRunner(), QUIET, ["-q", "-o", str(out)])
+    assert code == 0 and stderr == "" and "# noise: other processes used 0.05 of" in out.read_text()
+
+
+def test_the_real_clock_counts_this_process_apart():
+    start = cpu_sample()
+    if start is None:
+        pytest.skip("no /proc/stat")
+    deadline = start.wall_s + 0.2
+    while time.perf_counter() < deadline:  # busy on one core: this process's own time, not others'
+        pass
+    end = cpu_sample()
+    assert end is not None and end.own_s - start.own_s >= 0.1 and end.busy_s >= start.busy_s
+    others = cal.other_cores(start, end)
+    assert others is not None and 0 <= others <= (os.cpu_count() or 1)
+
+
 # --- errors -----------------------------------------------------------------------------
 
 
@@ -436,7 +591,9 @@ def test_help_lists_the_devices_group():
 def test_real_quick_cpu_calibration(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "cpu.yaml"
-    code, _, stderr = run_cli(["devices", "calibrate", "--torch", "cpu", "--quick", "-q", "-o", str(out)])
+    # --allow-noisy: the suite's other tests share the cores, so the repeats may spread
+    args = ["devices", "calibrate", "--torch", "cpu", "--quick", "-q", "--allow-noisy", "-o", str(out)]
+    code, _, stderr = run_cli(args)
     assert code == 0, stderr
     (d,) = parse_devices(str(out)).devices
     assert d.name == "/device:CPU:0" and d.memory_bytes > 2**30

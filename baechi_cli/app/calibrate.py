@@ -30,10 +30,21 @@ which torch version, threads and TF32 settings, and when. PyTorch's defaults are
 model's step runs with them (on CUDA, TF32 for cuDNN convolutions only, so
 ``efficiency.conv`` may exceed 1).
 
+Noise. :func:`calibrate` reads the CPU clocks before and after it measures
+(:func:`cpu_sample`: ``/proc/stat``, so Linux only) for the cores other processes
+kept busy meanwhile, and keeps each kernel's :func:`spread` (how far its median
+run is above its fastest; transfers aside). Other processes on more than
+:data:`BUSY_CORES` of the cores the calibration runs on (a CPU one: every core;
+a CUDA one: one core), or a spread over :data:`WIDE_SPREAD`, make the calibration
+noisy (:class:`Noise`): the YAML header records what was seen either way, and
+:func:`calibrate_torch` refuses a noisy one (NoisyMeasurementError, exit 6)
+unless told to allow it.
+
 Errors, each one line, raised before anything is written: a device that is not ``cpu``
 or ``cuda:K``, listed twice or unseen by torch, ``count`` with several devices
 (InputError, exit 2); torch not installed (MissingDependencyError, exit 5); a timed run
-that is not positive and finite, a broken timer (InputError naming device and kernel).
+that is not positive and finite, a broken timer (InputError naming device and kernel); a noisy
+calibration, unless allowed (NoisyMeasurementError, naming the load and the widest spread).
 
 Complexity: per device, the plan's kernels times ``warmup + repeats``; transfers run
 ``sum of (warmup + runs)`` copies per size and pair.
@@ -62,7 +73,7 @@ from baechi_cli.core.devices import (
     dump_devices_yaml,
     format_si,
 )
-from baechi_cli.core.errors import InputError, MissingDependencyError
+from baechi_cli.core.errors import InputError, MissingDependencyError, NoisyMeasurementError
 
 if TYPE_CHECKING:
     from baechi_cli.costs.comm import CommFit
@@ -374,6 +385,139 @@ class Measured:
         return self.depthwise_flops / self.gemm_flops
 
 
+# --- noise ----------------------------------------------------------------------------
+
+#: Other processes busy on more than this many of the cores the calibration runs on, on average
+#: over the measurement: the machine is busy, and the kernels shared their cores (their rates come
+#: out low). A CPU calibration runs on every core; a CUDA one on one (the rest are left to others).
+BUSY_CORES = 0.25
+#: A kernel whose median run is more than this fraction above its fastest (:func:`spread`) was
+#: slowed in most of its runs: its median is noise, not the device.
+WIDE_SPREAD = 0.3
+
+
+def spread(times: Sequence[float]) -> float:
+    """How far the median of ``times`` is above the fastest, as a fraction of the fastest.
+
+    One slow run does not move it (the median ignores it); it grows when
+    half the runs or more were slowed.
+
+    >>> round(spread([1.0, 1.1, 5.0]), 3), spread([2.0, 2.0, 2.0])
+    (0.1, 0.0)
+    """
+    fastest = min(times)
+    return statistics.median(times) / fastest - 1
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One kernel's :func:`spread` on one device."""
+
+    value: float
+    target: str
+    kernel: Kernel
+
+    def __str__(self) -> str:
+        return f"{describe_kernel(self.kernel)} on {self.target}, its median run {self.value:.0%} above its fastest"
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """A reading of the CPU clocks: wall seconds, CPU seconds every process has used since boot,
+    and those of this process (all its threads)."""
+
+    wall_s: float
+    busy_s: float
+    own_s: float
+
+
+def cpu_sample() -> CpuSample | None:
+    """The CPU clocks now (``/proc/stat`` and :func:`time.process_time`); None where there is no
+    ``/proc/stat`` (Linux only)."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]  # user .. steal; guest is inside user
+    except (OSError, ValueError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]  # less idle and iowait
+    return CpuSample(time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), time.process_time())
+
+
+def other_cores(start: CpuSample | None, end: CpuSample | None) -> float | None:
+    """Cores other processes kept busy on average between two readings (never below 0); None
+    without both readings or time between them.
+
+    >>> other_cores(CpuSample(0.0, 100.0, 1.0), CpuSample(2.0, 104.0, 3.0))
+    1.0
+    """
+    if start is None or end is None or end.wall_s <= start.wall_s:
+        return None
+    others = (end.busy_s - start.busy_s) - (end.own_s - start.own_s)
+    return max(others, 0.0) / (end.wall_s - start.wall_s)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """What the machine did while :func:`calibrate` measured: other processes' load, and the
+    widest :func:`spread` of any device's kernels (transfers aside: their fit weighs them)."""
+
+    other_cores: float | None  # None: not measured (no /proc/stat)
+    cores: int  # the machine's
+    widest: Spread | None  # None: no kernel timed
+    free_cores: int = 0  # cores the calibration leaves to other processes (CUDA: all but one)
+
+    @property
+    def busy_limit(self) -> float:
+        """The cores other processes may keep busy before the calibration is noisy."""
+        return self.free_cores + BUSY_CORES
+
+    @property
+    def busy(self) -> bool:
+        return self.other_cores is not None and self.other_cores > self.busy_limit
+
+    @property
+    def wide(self) -> bool:
+        return self.widest is not None and self.widest.value > WIDE_SPREAD
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the numbers are suspect: the machine was busy or some kernel's runs spread wide."""
+        return self.busy or self.wide
+
+    def load(self) -> str:
+        """``other processes used 1.20 of 2 cores``, or that the load was not measured."""
+        if self.other_cores is None:
+            return "other processes' load not measured (no /proc/stat)"
+        return f"other processes used {self.other_cores:.2f} of {self.cores} cores"
+
+    def summary(self) -> str:
+        """What was seen, on one line, with the limits it went over."""
+        load = self.load() + (f" (over {self.busy_limit:g})" if self.busy else "")
+        if self.widest is None:
+            return load
+        over = f" (over {WIDE_SPREAD:.0%})" if self.wide else ""
+        return f"{load}; widest spread of repeats: {self.widest}{over}"
+
+
+def measured_noise(
+    start: CpuSample | None, end: CpuSample | None, spreads: Sequence[Spread], cuda: bool = False
+) -> Noise:
+    """The :class:`Noise` of a measurement between two CPU readings that timed ``spreads``;
+    ``cuda``: its kernels ran on CUDA devices, from one core."""
+    widest = max(spreads, key=lambda s: s.value, default=None)
+    cores = os.cpu_count() or 1
+    return Noise(other_cores(start, end), cores, widest, free_cores=cores - 1 if cuda else 0)
+
+
+def refuse_noise(result: Calibration) -> None:
+    """Raise NoisyMeasurementError when ``result``'s numbers are noise (:attr:`Noise.noisy`)."""
+    if result.noise.noisy:
+        raise NoisyMeasurementError(
+            f"the machine was too noisy to calibrate: {result.noise.summary()}; nothing was written: "
+            "rerun when the machine is idle, or pass --allow-noisy to write the numbers anyway"
+        )
+
+
 @dataclass(frozen=True)
 class Calibration:
     """What :func:`calibrate` returns."""
@@ -383,6 +527,7 @@ class Calibration:
     spec: DeviceSpec  # as ``yaml`` reads back
     yaml: str  # the device YAML, comment header included
     wall_s: float
+    noise: Noise
 
 
 # --- measuring ----------------------------------------------------------------------
@@ -404,8 +549,11 @@ def _timed(runner: Runner, target: str, kernel: Kernel, warmup: int, runs: int) 
     return times
 
 
-def _median_s(runner: Runner, target: str, kernel: Kernel, plan: Plan) -> float:
-    return statistics.median(_timed(runner, target, kernel, plan.warmup, plan.repeats))
+def _median_s(runner: Runner, target: str, kernel: Kernel, plan: Plan, spreads: list[Spread]) -> float:
+    """The median of ``plan.repeats`` timed runs; the runs' :class:`Spread` goes to ``spreads``."""
+    times = _timed(runner, target, kernel, plan.warmup, plan.repeats)
+    spreads.append(Spread(spread(times), target, kernel))
+    return statistics.median(times)
 
 
 def _convs(
@@ -414,14 +562,15 @@ def _convs(
     shapes: Sequence[ConvShape],
     plan: Plan,
     steps: Callable[[int, int], None],
+    spreads: list[Spread],
 ) -> tuple[float, float, float, float]:
     """Forward and backward FLOPs of ``shapes`` (as the rules count them), and their seconds."""
     forward_flops = backward_flops = forward_s = backward_s = 0.0
     for i, shape in enumerate(shapes, 1):
         forward_flops += shape.forward_flops()
         backward_flops += shape.backward_flops()
-        forward_s += _median_s(runner, target, Conv(shape), plan)
-        backward_s += _median_s(runner, target, Conv(shape, backward=True), plan)
+        forward_s += _median_s(runner, target, Conv(shape), plan, spreads)
+        backward_s += _median_s(runner, target, Conv(shape, backward=True), plan, spreads)
         steps(i, len(shapes))
     return forward_flops, backward_flops, forward_s, backward_s
 
@@ -432,27 +581,31 @@ def measure_device(
     plan: Plan,
     progress: Callable[[str], None] = lambda stage: None,
     steps: Callable[[int, int], None] = lambda done, total: None,
+    spreads: list[Spread] | None = None,
 ) -> Measured:
     """Measure one device (see the module docstring); ``progress`` gets each stage's name, ``steps``
-    the kernels done in it. InputError for a broken timer or a memory size that is not positive."""
+    the kernels done in it, ``spreads`` (when given) each kernel's :class:`Spread`. InputError for a
+    broken timer or a memory size that is not positive."""
+    spreads = [] if spreads is None else spreads
     progress("gemm")
     best = (0.0, 0)
     for i, n in enumerate(plan.gemm, 1):
-        best = max(best, (gemm_flops(n) / _median_s(runner, target, Gemm(n), plan), n))
+        best = max(best, (gemm_flops(n) / _median_s(runner, target, Gemm(n), plan, spreads), n))
         steps(i, len(plan.gemm))
 
     progress("conv")
-    forward_flops, backward_flops, forward_s, backward_s = _convs(runner, target, plan.conv, plan, steps)
+    conv = _convs(runner, target, plan.conv, plan, steps, spreads)
+    forward_flops, backward_flops, forward_s, backward_s = conv
     progress("depthwise")
-    depthwise = _convs(runner, target, plan.depthwise, plan, steps)
+    depthwise = _convs(runner, target, plan.depthwise, plan, steps, spreads)
     depthwise_flops, depthwise_s = depthwise[0] + depthwise[1], depthwise[2] + depthwise[3]
 
     progress("bandwidth")
     moved = 3 * plan.elements * _FLOAT32_BYTES  # read a and b, write the sum
-    bandwidth = moved / _median_s(runner, target, Add(plan.elements), plan)
+    bandwidth = moved / _median_s(runner, target, Add(plan.elements), plan, spreads)
 
     progress("launch")
-    launch_us = _median_s(runner, target, Launch(plan.launches), plan) / plan.launches * 1e6
+    launch_us = _median_s(runner, target, Launch(plan.launches), plan, spreads) / plan.launches * 1e6
 
     memory = runner.memory_bytes(target)
     if not memory > 0:
@@ -515,31 +668,50 @@ def calibrate(
     progress: Callable[[str], None] = lambda stage: None,
     steps: Callable[[int, int], None] = lambda done, total: None,
     when: datetime | None = None,
+    clock: Callable[[], CpuSample | None] | None = None,
 ) -> Calibration:
     """Measure ``targets`` with ``runner`` following ``plan`` and make the device YAML.
 
     ``count`` > 1 writes that many copies of the one device measured (InputError
     with several targets). ``command`` heads the YAML's comment header; ``when``
     (default: now) is the time it gives. ``progress`` and ``steps`` as for
-    :func:`measure_device` (the pairs' stage is ``transfers``).
+    :func:`measure_device` (the pairs' stage is ``transfers``). ``clock``
+    (default :func:`cpu_sample`) is read before and after the measuring for
+    the :class:`Noise` (the YAML header records it); a noisy calibration is
+    returned all the same (:func:`refuse_noise` is the caller's).
     """
     _check_count(count, targets)
+    clock = clock or cpu_sample
     started = time.perf_counter()
-    measured = tuple(measure_device(runner, t, plan, progress, steps) for t in targets)
+    before = clock()
+    spreads: list[Spread] = []
+    measured = tuple(measure_device(runner, t, plan, progress, steps, spreads) for t in targets)
     fits: tuple[CommFit, ...] = ()
     if len(targets) > 1:
         progress("transfers")
         fits = measure_transfers(runner, targets, plan, steps)
+    noise = measured_noise(before, clock(), spreads, cuda=targets[0] != "cpu")
     spec = _spec(measured, fits, count)
     header = _header(command, runner.describe(), plan, measured, fits, count, when or datetime.now(UTC))
-    text = dump_devices_yaml(spec, header)
+    text = dump_devices_yaml(spec, header + _noise_header(noise))
     return Calibration(
         measured=measured,
         fits=fits,
         spec=devices_from_yaml(text, "the calibrated device spec"),
         yaml=text,
         wall_s=time.perf_counter() - started,
+        noise=noise,
     )
+
+
+def _noise_header(noise: Noise) -> list[str]:
+    """The header's lines on the machine's load and the repeats' spread; a warning when noisy."""
+    lines = [f"noise: {noise.summary()}"]
+    if noise.noisy:
+        lines.append(
+            "NOISY: written with --allow-noisy; the rates are likely low, recalibrate on an idle machine"
+        )
+    return lines
 
 
 def _check_count(count: int, targets: Sequence[str]) -> None:
@@ -820,16 +992,18 @@ def calibrate_torch(
     *,
     count: int = 1,
     quick: bool = False,
+    allow_noisy: bool = False,
     command: str = "",
     progress: Callable[[str], None] = lambda stage: None,
     steps: Callable[[int, int], None] = lambda done, total: None,
 ) -> Calibration:
     """``baechi devices calibrate --torch DEVICES``: :func:`calibrate` with PyTorch and the default
-    (or ``quick``) plan of the first device. Errors as in the module docstring."""
+    (or ``quick``) plan of the first device; a noisy one refused unless ``allow_noisy``
+    (:func:`refuse_noise`). Errors as in the module docstring."""
     targets = parse_targets(devices)
     _check_count(count, targets)  # before torch's import, which takes seconds
     runner = TorchRunner.open(targets)
-    return calibrate(
+    result = calibrate(
         targets,
         runner,
         plan_for(targets[0], quick),
@@ -838,3 +1012,6 @@ def calibrate_torch(
         progress=progress,
         steps=steps,
     )
+    if not allow_noisy:
+        refuse_noise(result)
+    return result

@@ -60,7 +60,7 @@ def main() -> None:
 
     Exit codes: 0 ok, 1 regression gate failed, 2 usage error or bad input,
     3 model does not fit the devices, 4 solver failed, 5 missing optional
-    dependency, 70 internal error.
+    dependency, 6 a calibration measured noise, 70 internal error.
     """
 
 
@@ -796,14 +796,24 @@ def devices_group() -> None:
 @click.option(
     "--quick", is_flag=True, help="Small sizes and three runs each: about a second, rougher numbers."
 )
+@click.option(
+    "--allow-noisy",
+    is_flag=True,
+    help="Write the numbers even when the machine was busy or the repeats spread wide (by default "
+    "such a calibration is refused, exit 6); the warning and the YAML header say so.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary.")
-def devices_calibrate(torch_devices: str, output: str | None, count: int, quick: bool, quiet: bool) -> None:
+def devices_calibrate(
+    torch_devices: str, output: str | None, count: int, quick: bool, allow_noisy: bool, quiet: bool
+) -> None:
     """Measure a device with PyTorch and write a device spec for --devices.
 
     Measures GEMM, convolution and depthwise convolution FLOP/s, elementwise memory bandwidth and the
     per-op launch overhead (float32, medians after warm-up); with several CUDA
     devices, the latency and bandwidth of copies between them. The YAML says
-    what was measured, with which torch, and when.
+    what was measured, with which torch, and when. It also measures how busy
+    other processes kept the CPU and how far each kernel's runs spread, and
+    refuses numbers that are noise (exit 6) unless --allow-noisy.
 
     \b
     Examples:
@@ -823,16 +833,20 @@ def devices_calibrate(torch_devices: str, output: str | None, count: int, quick:
             + (["-o", output] if output else [])
             + ([f"--count {count}"] if count > 1 else [])
             + (["--quick"] if quick else [])
+            + (["--allow-noisy"] if allow_noisy else [])
         )
         with StageProgress(enabled=not quiet, stages=CALIBRATE_STAGES) as progress:
             result = calibrate_torch(
                 torch_devices,
                 count=count,
                 quick=quick,
+                allow_noisy=allow_noisy,
                 command=command,
                 progress=progress.stage,
                 steps=progress.steps,
             )
+        if result.noise.noisy:
+            click.echo(f"warning: the calibration measured noise: {result.noise.summary()}", err=True)
         if output is None:
             click.echo(result.yaml, nl=False)
             return

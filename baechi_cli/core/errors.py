@@ -14,6 +14,7 @@ Exit codes (documented in docs/exit-codes.md):
 3     infeasible placement: the model does not fit the devices
 4     a solver failed or ran out of time
 5     an optional dependency (TensorFlow) is needed but missing
+6     a measurement was noise: the machine was busy (``devices calibrate``)
 ====  ===========================================================
 """
 
@@ -25,6 +26,7 @@ EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_SOLVER = 4
 EXIT_MISSING_DEPENDENCY = 5
+EXIT_NOISY = 6
 
 #: Characters of an op's name an error message shows (a name in a malformed file may be megabytes).
 OP_NAME_LIMIT = 200
@@ -114,3 +116,9 @@ class MissingDependencyError(BaechiError):
     """An optional dependency is required for what was asked."""
 
     exit_code = EXIT_MISSING_DEPENDENCY
+
+
+class NoisyMeasurementError(BaechiError):
+    """A measurement was refused as noise: other processes were busy, or its repeats spread wide."""
+
+    exit_code = EXIT_NOISY
