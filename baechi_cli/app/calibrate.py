@@ -4,50 +4,40 @@ Contract. :func:`calibrate` takes the devices to measure (``cpu``, or one or
 more ``cuda:K``: :func:`parse_targets`), a :class:`Runner` that times kernels
 on them (:class:`TorchRunner`, or a stand-in in tests) and a :class:`Plan`
 (what to run: :func:`plan_for`), and returns a :class:`Calibration`: what was
-measured per device and per device pair, the device YAML made of it, and the
-:class:`~baechi_cli.core.devices.DeviceSpec` that YAML reads back as (the spec is
-parsed from the text, so what a user loads is what was reported). It writes
-nothing; the command writes the YAML, atomically.
+measured per device and device pair, the device YAML made of it, and the
+:class:`~baechi_cli.core.devices.DeviceSpec` that YAML reads back as (parsed from the
+text: what a user loads is what was reported). It writes nothing; the command writes it, atomically.
 
 Per device, in float32, each kernel the median of ``plan.repeats`` timed runs after
 ``plan.warmup`` untimed ones (CUDA synchronised around each run):
 
 * ``flops``: the best rate of ``n x n`` matmuls (``2 n^3 / time``, as the MatMul rule counts);
-* ``efficiency.conv``: conv2d at ResNet-like shapes, forward and backward (a training
-  step's convolutions are two-thirds gradients), FLOPs as baechi's Conv2D rules count
-  them, over time, divided by ``flops``;
-* ``memory_bandwidth``: ``a + b`` into a preallocated output (a fresh one would time the
-  allocator's page faults, not the memory);
+* ``efficiency.conv``: conv2d at ResNet-like shapes, forward and backward, FLOPs as baechi's
+  Conv2D rules count them, over time, divided by ``flops``; ``efficiency.depthwise`` alike;
+* ``memory_bandwidth``: ``a + b`` into a preallocated output (not the allocator's page faults);
 * ``launch_overhead``: 1-element adds in a row, time per call (dispatch plus launch);
 * ``memory``: CUDA's total memory, or the machine's physical memory for ``cpu``.
 
 With two or more CUDA devices, each pair's ``dst.copy_(src)`` of ``2**e`` bytes is fitted
 by :func:`baechi_cli.costs.comm.fit_samples`; the interconnect is the pairs' median (every
 pair also a ``links`` entry), mode ``parallel``. With one device it is Baechi's default
-fit, and ``count`` > 1 writes that many copies of the device. Numbers are written to 4
-significant digits (efficiency 3), under a comment header saying what was measured, with
-which torch version, threads and TF32 settings, and when. PyTorch's defaults are kept, as a
-model's step runs with them (on CUDA, TF32 for cuDNN convolutions only, so
-``efficiency.conv`` may exceed 1).
+fit, and ``count`` > 1 writes that many copies of the device. Numbers have 4 significant
+digits (efficiency 3), under a comment header saying what was measured, with which torch,
+threads and TF32 settings, and when. PyTorch's defaults are kept, as a model's step runs
+with them (on CUDA, TF32 for cuDNN convolutions only: ``efficiency.conv`` may exceed 1).
 
-Noise. :func:`calibrate` reads the CPU clocks before and after it measures
-(:func:`cpu_sample`: ``/proc/stat``, so Linux only) for the cores other processes
-kept busy meanwhile, and keeps each kernel's :func:`spread` (how far its median
-run is above its fastest; transfers aside). Other processes on more than
-:data:`BUSY_CORES` of the cores the calibration runs on (a CPU one: every core;
-a CUDA one: one core), or a spread over :data:`WIDE_SPREAD`, make the calibration
-noisy (:class:`Noise`): the YAML header records what was seen either way, and
-:func:`calibrate_torch` refuses a noisy one (NoisyMeasurementError, exit 6)
-unless told to allow it.
+Noise: :func:`calibrate` also measures the cores other processes kept busy while it
+measured (:func:`cpu_sample`, Linux) and each kernel's :func:`spread` of repeats; past
+:data:`BUSY_CORES` or :data:`WIDE_SPREAD` the result is noisy (:class:`Noise`, in the header).
 
 Errors, each one line, raised before anything is written: a device that is not ``cpu``
 or ``cuda:K``, listed twice or unseen by torch, ``count`` with several devices
 (InputError, exit 2); torch not installed (MissingDependencyError, exit 5); a timed run
-that is not positive and finite, a broken timer (InputError naming device and kernel); a noisy
-calibration, unless allowed (NoisyMeasurementError, naming the load and the widest spread).
+that is not positive and finite (InputError naming device and kernel); a noisy
+calibration unless allowed (NoisyMeasurementError from :func:`calibrate_torch`, exit 6).
 
-Complexity: per device, the plan's kernels times ``warmup + repeats``; transfers run
-``sum of (warmup + runs)`` copies per size and pair.
+Complexity: per device, the plan's kernels times ``warmup + repeats``; per pair and size,
+``warmup + runs`` copies.
 """
 
 from __future__ import annotations
