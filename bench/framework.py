@@ -316,11 +316,18 @@ def distinct_values(model: Any) -> None:
                 module.running_var.mul_(1 + 0.1 * torch.rand(module.running_var.shape, generator=generator))
 
 
+def inputs_of(x: Any) -> tuple[Any, ...]:
+    """The model's positional inputs: ``x`` itself when it is a tuple (a model of several inputs,
+    such as bench/zoo.py's token ids and attention mask), else ``(x,)``."""
+    return x if isinstance(x, tuple) else (x,)
+
+
 def export_onnx(model: Any, x: Any, path: str, train_mode: bool = False) -> None:
     """README.md's export: inference graph, batch dims fixed, batch norm kept, dropout dropped.
 
     ``train_mode``: the model in ``train()`` mode instead (``TrainingMode.TRAINING``), its
-    Dropout nodes kept with their masks, as a training step with dropout runs them.
+    Dropout nodes kept with their masks, as a training step with dropout runs them. ``x``: one
+    input, or a tuple of them (:func:`inputs_of`).
     """
     import torch
 
@@ -328,7 +335,7 @@ def export_onnx(model: Any, x: Any, path: str, train_mode: bool = False) -> None
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings
         torch.onnx.export(
             model.train() if train_mode else model.eval(),
-            (x,),
+            inputs_of(x),
             path,
             dynamo=False,
             opset_version=17,
@@ -399,7 +406,7 @@ def train_step(
     marks = [clock.mark()]
     opt.zero_grad(set_to_none=True)
     with record_function("bench.forward"):
-        loss = model(x).float().pow(2).mean()
+        loss = model(*inputs_of(x)).float().pow(2).mean()
     marks.append(clock.mark())
     if on_boundary is not None:
         on_boundary()
@@ -419,7 +426,7 @@ def saved_by_node(model: Any, x: Any, resident: set[int]) -> dict[str, int]:
     """
     import torch
 
-    loss = model(x).float().pow(2).mean()
+    loss = model(*inputs_of(x)).float().pow(2).mean()
     seen = set(resident)
     by_node: Counter[str] = Counter()
     stack, visited = [loss.grad_fn], set()
@@ -503,7 +510,7 @@ def measure(model: Any, x: Any, optimizer: str, device: str, warmup: int, steps:
     opt.zero_grad(set_to_none=True)
     # Live between steps once the gradients are freed: parameters, buffers, optimizer state; and the input.
     resident, ptrs = storage_bytes([*model.parameters(), *model.buffers(), *optimizer_state(opt)])
-    input_bytes = storage_bytes([x], ptrs)[0]
+    input_bytes = storage_bytes(inputs_of(x), ptrs)[0]
     if device == "cuda":
         import torch
 
@@ -663,6 +670,12 @@ def predict(path: str, devices: DeviceSpec, optimizer: str) -> dict[str, Any]:
         outcome = place_model(path, devices, PlaceOptions(algo="single", training=True, optimizer=optimizer))
     except BaechiError as err:
         return {"error": str(err)}
+    return prediction(outcome, t0)
+
+
+def prediction(outcome: Any, t0: float) -> dict[str, Any]:
+    """:func:`predict`'s record of a one-device training step's ``outcome`` (``place_model``'s),
+    placed from ``t0`` (``time.perf_counter()``)."""
     sim, graph = outcome.sim, outcome.graph
     device = max(range(len(sim.peak_bytes)), key=sim.peak_bytes.__getitem__)
     backward = [v for v in range(graph.num_ops) if graph.is_backward[v]]
@@ -692,14 +705,15 @@ def predict(path: str, devices: DeviceSpec, optimizer: str) -> dict[str, Any]:
 
 
 def calibrated_devices(
-    folder: str, device: str, threads: int, quick: bool, suffix: str = ""
+    folder: str, device: str, threads: int, quick: bool, suffix: str = "", flags: tuple[str, ...] = ()
 ) -> tuple[DeviceSpec, str]:
     """``baechi devices calibrate --torch cpu|cuda:0`` run now, on this machine: its spec and YAML
-    (written to ``<folder>/<device><suffix>.yaml``)."""
+    (written to ``<folder>/<device><suffix>.yaml``); ``flags`` go on its command line."""
     path = rel(os.path.join(folder, f"{device}{suffix}.yaml"))  # the YAML's header names it
     command = ["devices", "calibrate", "--torch", device, "-o", path, "--quiet"] + (
         ["--quick"] if quick else []
     )
+    command += list(flags)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # torch's intra-op threads, as measured
     subprocess.run([sys.executable, "-m", "baechi_cli", *command], check=True, cwd=ROOT, env=env)
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
@@ -923,8 +937,6 @@ def split_row(row: dict[str, Any], count: int, base: DeviceSpec, folder: str) ->
     once per spec (``app.place.prepare``), as ``baechi place MODEL --training --optimizer O
     --devices SPEC [--algo A]`` would.
     """
-    options = PlaceOptions(training=True, optimizer=row["optimizer"])
-    path = os.path.join(ROOT, row["onnx"])
     result: dict[str, Any] = {
         "model": row["model"],
         "optimizer": row["optimizer"],
@@ -932,32 +944,43 @@ def split_row(row: dict[str, Any], count: int, base: DeviceSpec, folder: str) ->
         "measured_peak_bytes": row["measured"]["peak_bytes"],
     }
     for key, ratio in (("auto", FIT_RATIO), ("placers", ALGORITHMS_RATIO)):
-        t0 = time.perf_counter()
-        spec_path = split_spec_file(row, base, ratio, count, folder)
-        devices = load_devices_yaml(spec_path)
-        prepared = prepare(path, devices, options, lambda stage: None)
-        if key == "auto":
-            outcome = auto_record(prepared, options)
-            passed = outcome["placed"] and outcome["peak_over_memory"] <= 1
-        else:
-            by_algorithm = {
-                a: candidate_record(run_candidate(prepared, placers.get(a), options))
-                for a in SPLIT_ALGORITHMS
-            }
-            outcome = {"by_algorithm": by_algorithm}
-            passed = all(r["placed"] for r in by_algorithm.values())
-        result[key] = {
-            "ratio": ratio,
-            "spec": rel(spec_path),
-            "memory_bytes": devices.devices[0].memory_bytes,
-            "verdict": "PASS" if passed else "MISS",
-            **outcome,
-        }
-        log(
-            f"{row['model']} {row['optimizer']}, {count} devices of {ratio:g} x P, {key}: "
-            f"{result[key]['verdict']} ({time.perf_counter() - t0:.1f} s)"
-        )
+        result[key] = split_attempt(row, count, base, folder, key, ratio)
     return result
+
+
+def split_attempt(
+    row: dict[str, Any], count: int, base: DeviceSpec, folder: str, key: str, ratio: float
+) -> dict[str, Any]:
+    """One half of :func:`split_row`: ``key`` "auto" (``--algo auto``, :func:`auto_record`) or
+    "placers" (each of ``SPLIT_ALGORITHMS``) on ``count`` devices of ``ratio`` x ``row``'s
+    measured peak in all; ``ratio``, ``spec``, ``memory_bytes``, ``verdict`` and the outcome."""
+    options = PlaceOptions(training=True, optimizer=row["optimizer"])
+    path = os.path.join(ROOT, row["onnx"])
+    t0 = time.perf_counter()
+    spec_path = split_spec_file(row, base, ratio, count, folder)
+    devices = load_devices_yaml(spec_path)
+    prepared = prepare(path, devices, options, lambda stage: None)
+    if key == "auto":
+        outcome = auto_record(prepared, options)
+        passed = outcome["placed"] and outcome["peak_over_memory"] <= 1
+    else:
+        by_algorithm = {
+            a: candidate_record(run_candidate(prepared, placers.get(a), options)) for a in SPLIT_ALGORITHMS
+        }
+        outcome = {"by_algorithm": by_algorithm}
+        passed = all(r["placed"] for r in by_algorithm.values())
+    attempt = {
+        "ratio": ratio,
+        "spec": rel(spec_path),
+        "memory_bytes": devices.devices[0].memory_bytes,
+        "verdict": "PASS" if passed else "MISS",
+        **outcome,
+    }
+    log(
+        f"{row['model']} {row['optimizer']}, {count} devices of {ratio:g} x P, {key}: "
+        f"{attempt['verdict']} ({time.perf_counter() - t0:.1f} s)"
+    )
+    return attempt
 
 
 def run_splits(rows: list[dict[str, Any]], base: DeviceSpec, cache: str) -> dict[str, Any]:
