@@ -38,6 +38,7 @@ bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/onnx_place.py
 	$(BIN)/python bench/framework.py  # needs pip install -e '.[bench]'; without it, says so and exits 0
 	$(BIN)/python bench/h100.py  # likewise; the H100 measurements are the reference's, no GPU needed
+	$(BIN)/python bench/zoo.py  # likewise (and onnxscript): 34 transformers architectures, both ONNX exporters
 	$(BIN)/python bench/search.py  # after framework.py: it places the ONNX exports that leaves in bench/cache
 	$(BIN)/python bench/pipeline.py > bench/pipeline.md
 	$(BIN)/python bench/latency.py > bench/latency.md
