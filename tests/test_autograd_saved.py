@@ -1,12 +1,13 @@
 """What baechi keeps for the backward of exported composites, held against autograd's own record.
 
 For each pattern an exporter writes as several ONNX ops (SiLU, GELU, LayerNorm, RMSNorm, softmax,
-attention, a squeeze-excitation gate), a small module is run once in PyTorch under
-``torch.autograd.graph.saved_tensors_hooks``: the distinct storages autograd packs for the
-backward (parameters and the input left out) are the reference. The same module, exported with
-the TorchScript exporter and placed as ``baechi place --training --algo single`` would, must hold
-the same bytes when its forward pass ends: the live bytes just before the first backward op, less
-the resident parameters, the input and the loss.
+attention, a squeeze-excitation gate, SwiGLU's split, an integer buffer), a small module is run
+once in PyTorch under ``torch.autograd.graph.saved_tensors_hooks``: the distinct storages autograd
+packs for the backward (parameters, buffers and the input left out) are the reference. The same
+module, exported with the TorchScript exporter and with the dynamo exporter and placed as
+``baechi place --training --algo single`` would, must hold the same bytes when its forward pass
+ends: the live bytes as the loss starts, less what the loss allocates, the resident bytes and
+the input.
 """
 
 from __future__ import annotations
@@ -76,6 +77,31 @@ class Explicit(nn.Module):
         return x * torch.sigmoid(x)
 
 
+class SwiGLU(nn.Module):
+    """``a, b = fc(x).split(...)``; ``silu(a) * b``: the dynamo exporter writes the split as a
+    SplitToSequence, whose pieces carry gradients."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, 2 * width)
+
+    def forward(self, x):
+        a, b = self.fc(x).split(x.shape[-1], dim=-1)
+        return nn.functional.silu(a) * b
+
+
+class TokenTypes(nn.Module):
+    """An integer buffer, expanded and looked up (BERT's token type ids): not trained."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.types = nn.Embedding(2, width)
+        self.register_buffer("ids", torch.zeros(1, SEQ, dtype=torch.long))
+
+    def forward(self, x):
+        return x + self.types(self.ids.expand(x.shape[0], -1))
+
+
 PATTERNS = {
     "silu": lambda: nn.SiLU(),
     "gelu": lambda: nn.GELU(),
@@ -85,6 +111,8 @@ PATTERNS = {
     "softmax": lambda: nn.Softmax(dim=-1),
     "attention": lambda: Attention(WIDTH),
     "squeeze_excite": lambda: SqueezeExcite(WIDTH),
+    "swiglu": lambda: SwiGLU(WIDTH),
+    "token_types": lambda: TokenTypes(WIDTH),
 }
 
 
@@ -98,9 +126,10 @@ def net(pattern: nn.Module) -> nn.Module:
 
 
 def saved_by_autograd(model: nn.Module, x) -> int:
-    """Bytes of the distinct storages autograd packs in one forward pass and loss, parameters and
-    the input left out."""
-    skip = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
+    """Bytes of the distinct storages autograd packs in one forward pass and loss, parameters,
+    buffers and the input left out."""
+    resident = [*model.parameters(), *model.buffers(), x]
+    skip = {t.untyped_storage().data_ptr() for t in resident}
     seen: dict[int, int] = {}
 
     def pack(t):
@@ -116,9 +145,14 @@ def saved_by_autograd(model: nn.Module, x) -> int:
 
 def held_by_baechi(path: str, x) -> int:
     """The live bytes as baechi's first backward op (the loss) starts, less what that op allocates,
-    the resident bytes and the input."""
+    the resident bytes and the input. Checks on the way that every backward op but the loss gets
+    a gradient from another backward op, as autograd runs only nodes that receive one."""
     outcome = place_model(path, SPEC, PlaceOptions(algo="single", training=True))
     graph, sim = outcome.graph, outcome.sim
+    for v in range(graph.num_ops):
+        if graph.names[v].startswith("gradients/"):
+            sources = [graph.edge_src[e] for e in graph.in_edges[v] if graph.edge_port[e] >= 0]
+            assert any(graph.is_backward[u] for u in sources), f"{graph.names[v]} receives no gradient"
     boundary = min(sim.start[v] for v in range(graph.num_ops) if graph.is_backward[v])
     starting = [v for v in range(graph.num_ops) if graph.is_backward[v] and sim.start[v] == boundary]
     level = [value for t, value in sim.memory_curve[0] if t <= boundary][-1]
@@ -126,7 +160,11 @@ def held_by_baechi(path: str, x) -> int:
     return level - allocated - sim.persistent_bytes[0] - x.numel() * x.element_size()
 
 
-def export(model: nn.Module, x, path: str) -> None:
+def export(model: nn.Module, x, path: str, exporter: str = "legacy") -> None:
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
+        torch.onnx.export(model, (x,), path, dynamo=True, opset_version=18, optimize=False, verbose=False)
+        return
     torch.onnx.export(
         model,
         (x,),
@@ -138,12 +176,13 @@ def export(model: nn.Module, x, path: str) -> None:
     )
 
 
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
 @pytest.mark.parametrize("name", sorted(PATTERNS))
-def test_held_for_backward_matches_autograd(name, tmp_path):
+def test_held_for_backward_matches_autograd(name, exporter, tmp_path):
     model = net(PATTERNS[name]())
     x = torch.randn(BATCH, SEQ, WIDTH)
     path = str(tmp_path / f"{name}.onnx")
-    export(model, x, path)
+    export(model, x, path, exporter)
     # Exact, but for one-element tensors the tracer computes from shapes where eager PyTorch has
     # a Python number (attention's 1 / sqrt(head size)): 4 bytes each.
     assert abs(held_by_baechi(path, x) - saved_by_autograd(model, x)) <= SCALARS

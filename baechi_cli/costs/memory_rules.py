@@ -194,13 +194,15 @@ def _same_dtype_cast(graph: OpGraph, v: int) -> bool:
 
 
 class ExactGelu(NamedTuple):
-    """The ops of one exported exact GELU, ``x * (1 + erf(x / sqrt(2)))`` then ``* 0.5``."""
+    """The ops of one exported exact GELU: ``x * (1 + erf(x / sqrt(2)))`` then ``* 0.5``
+    (TorchScript exporter), or ``x * (0.5 * (1 + erf(x / sqrt(2))))`` (dynamo exporter)."""
 
     div: int
     erf: int
     add: int
     mul: int  # multiplies by x
     x_position: int  # the position of x among the Mul's inputs
+    half: int = -1  # the Mul by 0.5 between the Add and ``mul`` (dynamo's order); -1: after ``mul``
 
 
 class Silu(NamedTuple):
@@ -251,7 +253,20 @@ def exact_gelus(graph: OpGraph) -> list[ExactGelu]:
                 position = _position_of(graph, dst[e], x)
                 if position is not None:
                     out.append(ExactGelu(div, erf, add, dst[e], position))
+                elif _by_constant(graph, dst[e]):
+                    half = dst[e]
+                    for f in graph.out_edges[half]:
+                        position = _position_of(graph, dst[f], x)
+                        if position is not None:
+                            out.append(ExactGelu(div, erf, add, dst[f], position, half))
     return out
+
+
+def _by_constant(graph: OpGraph, v: int) -> bool:
+    """``v`` is a Mul whose other data inputs all come from Constant ops."""
+    edges = _data_in(graph, v)
+    constants = [e for e in edges if graph.op_types[graph.edge_src[e]] == "Constant"]
+    return graph.op_types[v] == "Mul" and len(edges) == 2 and len(constants) == 1
 
 
 def silus(graph: OpGraph) -> list[Silu]:
@@ -277,7 +292,8 @@ def one_kernel_activations(graph: OpGraph) -> OpGraph:
 
     ``torch.nn.functional.gelu`` and ``silu`` are one kernel each: they read
     ``x`` and write their result, and their backward one more. The exporter's
-    ops (GELU: Div, Erf, Add, Mul, then a Mul by 0.5; SiLU: Sigmoid, Mul) each
+    ops (GELU: Div, Erf, Add, Mul, then a Mul by 0.5, or the two Muls the other
+    way round; SiLU: Sigmoid, Mul) each
     write a tensor of x's size that eager PyTorch never allocates, so where
     each is read only by the next op of the chain (GELU: and the Mul only by
     the Mul by a constant, whose output is GELU's), their outputs, and so the
@@ -288,10 +304,18 @@ def one_kernel_activations(graph: OpGraph) -> OpGraph:
     types, src, port = graph.op_types, graph.edge_src, graph.edge_port
     inner: list[int] = []
     for gelu in exact_gelus(graph):
+        chain = _only_reader(graph, gelu.div) == gelu.erf and _only_reader(graph, gelu.erf) == gelu.add
+        if gelu.half >= 0:  # dynamo: ... Add, Mul by 0.5, Mul by x (GELU's output)
+            if (
+                chain
+                and _only_reader(graph, gelu.add) == gelu.half
+                and _only_reader(graph, gelu.half) == gelu.mul
+            ):
+                inner += [gelu.div, gelu.erf, gelu.add, gelu.half]
+            continue
         last = _only_reader(graph, gelu.mul)
         if (
-            _only_reader(graph, gelu.div) != gelu.erf
-            or _only_reader(graph, gelu.erf) != gelu.add
+            not chain
             or _only_reader(graph, gelu.add) != gelu.mul
             or last < 0
             or types[last] != "Mul"
@@ -319,8 +343,8 @@ def composite_saved(graph: OpGraph) -> dict[int, Saved]:
     sqrt(2)))`` and SiLU as ``x * sigmoid(x)``, whose ops would each keep their own
     operands. Returns, for GELU's Erf and SiLU's Sigmoid: keep nothing; for the Mul that
     multiplies by ``x``: keep ``x`` only. ``torch.rsqrt`` saves its result
-    (``RsqrtBackward0``); exported as ``Div(1, Sqrt(x))``, its Sqrt keeps nothing and its
-    Div its output. O(V + E).
+    (``RsqrtBackward0``); exported as ``Div(1, Sqrt(x))`` or ``Reciprocal(Sqrt(x))``, its
+    Sqrt keeps nothing and the Div or Reciprocal its output. O(V + E).
     """
     out: dict[int, Saved] = {}
     for gelu in exact_gelus(graph):
@@ -336,11 +360,15 @@ def composite_saved(graph: OpGraph) -> dict[int, Saved]:
 
 
 def rsqrts(graph: OpGraph) -> list[tuple[int, int]]:
-    """Every ``torch.rsqrt`` the TorchScript exporter wrote as ``Div(1, Sqrt(x))``: (Sqrt, Div)
-    pairs whose Div is the Sqrt's only reader and divides a Constant by it. O(V + E)."""
+    """Every ``torch.rsqrt`` an exporter wrote as ``Div(1, Sqrt(x))`` (TorchScript) or
+    ``Reciprocal(Sqrt(x))`` (dynamo): (Sqrt, Div or Reciprocal) pairs whose second op is the
+    Sqrt's only reader (a Div dividing a Constant by it). O(V + E)."""
     out: list[tuple[int, int]] = []
     for sqrt, op_type in enumerate(graph.op_types):
         div = _only_reader(graph, sqrt) if op_type == "Sqrt" else -1
+        if div >= 0 and graph.op_types[div] == "Reciprocal":
+            out.append((sqrt, div))
+            continue
         if div < 0 or graph.op_types[div] != "Div":
             continue
         edges = _data_in(graph, div)

@@ -116,12 +116,18 @@ BACKWARD_MULTIPLIER = {
 }
 _GRAPH_INPUTS = frozenset({"Input", "Placeholder", "PlaceholderV2", "_Arg"})
 _FLOAT_PREFIXES = ("float", "bfloat", "half", "double")
+_INTEGER_PREFIXES = ("int", "uint", "bool")
 _PARAM_ITEMSIZE = 4  # float32 parameters, for the update's FLOP count
 
 
 def _is_float(dtype: str) -> bool:
-    # An unknown dtype ("": workload JSON, untyped ONNX values) may be a float: assume it is.
-    return dtype == "" or dtype.startswith(_FLOAT_PREFIXES)
+    # An unknown dtype ("": workload JSON, untyped ONNX values) may be a float: assume it is; so
+    # may an ONNX sequence or optional (SplitToSequence's pieces carry gradients to SequenceAt).
+    return dtype in ("", "sequence", "optional") or dtype.startswith(_FLOAT_PREFIXES)
+
+
+def _all_integer(dtypes: Sequence[str]) -> bool:
+    return bool(dtypes) and all(d.startswith(_INTEGER_PREFIXES) for d in dtypes)
 
 
 def needs_gradient(graph: OpGraph) -> list[bool]:
@@ -130,18 +136,14 @@ def needs_gradient(graph: OpGraph) -> list[bool]:
     for v in graph.topo_order():
         if graph.op_types[v] in _GRAPH_INPUTS:
             continue
-        # A parameter owner, or a reader of a shared one, always does (a TensorFlow
-        # variable's output is a handle, not a float); others when a float output
-        # depends on one.
-        need[v] = (
-            graph.persistent_bytes[v] > 0
-            or "_shared_parameter_bytes" in graph.attrs[v]
-            or (
-                any(_is_float(t) for t in graph.output_dtypes[v])
-                and any(
-                    need[graph.edge_src[e]] for e in graph.in_edges[v] if graph.edge_port[e] != CONTROL_PORT
-                )
-            )
+        # A parameter owner, or a reader of a shared one, does (a TensorFlow variable's
+        # output is a handle, not a float) unless its outputs are all integers: what it owns
+        # is then an integer buffer (token type ids), which autograd never differentiates.
+        # Others do when a float output depends on one.
+        owner = graph.persistent_bytes[v] > 0 or "_shared_parameter_bytes" in graph.attrs[v]
+        need[v] = (owner and not _all_integer(graph.output_dtypes[v])) or (
+            any(_is_float(t) for t in graph.output_dtypes[v])
+            and any(need[graph.edge_src[e]] for e in graph.in_edges[v] if graph.edge_port[e] != CONTROL_PORT)
         )
     return need
 
@@ -160,7 +162,8 @@ def synthesize_training(
 
     * **Which ops get a gradient.** An op *needs a gradient* when it owns
       parameters (``persistent_bytes > 0``: the ONNX reader puts initializer
-      bytes on the op that reads them; in TensorFlow, the variable), or when it
+      bytes on the op that reads them; in TensorFlow, the variable) and has an
+      output that is not an integer (an integer buffer is not trained), or when it
       reads a value that needs one and has a floating-point output (or one of
       unknown type); graph inputs (``Input``/``Placeholder`` ops) never do.
       Integer shape arithmetic and ops upstream of every parameter get none,
