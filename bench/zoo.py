@@ -61,7 +61,6 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -75,7 +74,7 @@ from benchlib import BENCH, ROOT, Run, log, rel, scrub, table, write_json, write
 
 from baechi_cli.app.place import place_model
 from baechi_cli.core.devices import DeviceSpec
-from baechi_cli.core.errors import EXIT_NOISY, BaechiError
+from baechi_cli.core.errors import BaechiError
 from baechi_cli.search.candidates import PlaceOptions
 
 MD_NAME, JSON_NAME = "zoo.md", "zoo.json"
@@ -900,9 +899,17 @@ def run_model(case: ZooCase, args: argparse.Namespace, devices: DeviceSpec) -> d
 # ---------------------------------------------------------------- verdicts
 
 
+def consented(p: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A prediction, or, where it was refused for sizes left unknown, the same placed with the
+    user's consent (``--allow-unknown-sizes``: what a user who reads the refusal does next)."""
+    if p and "error" in p and "error" not in p.get("allowing_unknown", {"error": 1}):
+        return p["allowing_unknown"]
+    return p
+
+
 def ratio(entry: dict[str, Any], key: str, optimizer: str, field_name: str) -> float | None:
     """Predicted over measured ``field_name`` (peak_bytes, step_s) of one source and optimizer."""
-    p = entry["sources"].get(key, {}).get("predicted", {}).get(optimizer)
+    p = consented(entry["sources"].get(key, {}).get("predicted", {}).get(optimizer))
     if not p or "error" in p:
         return None
     return p[field_name] / entry["measured"][optimizer][field_name]
@@ -913,10 +920,17 @@ def within(value: float | None, tolerance: float) -> bool:
 
 
 def places(entry: dict[str, Any], key: str) -> bool:
-    """The source exported and baechi placed its training step with every optimizer."""
+    """The source exported and baechi placed its training step with every optimizer (with
+    ``--allow-unknown-sizes`` where it refused for unknown sizes: :func:`consented`)."""
     record = entry["sources"].get(key, {})
-    predicted = record.get("predicted", {})
+    predicted = {o: consented(p) for o, p in record.get("predicted", {}).items()}
     return "error" not in record and all(o in predicted and "error" not in predicted[o] for o in OPTIMIZERS)
+
+
+def with_consent(entry: dict[str, Any], key: str) -> bool:
+    """The source placed only with ``--allow-unknown-sizes``."""
+    predicted = entry["sources"].get(key, {}).get("predicted", {})
+    return any("error" in p and consented(p) is not p for p in predicted.values())
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
@@ -932,6 +946,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             "with_unknown_sizes": sorted(
                 n for n, m in models.items() if (m["sources"].get(key, {}).get("unknown_sizes") or 0) > 0
             ),
+            "with_consent": sorted(n for n, m in models.items() if with_consent(m, key)),
             "peak_pass": sum(within(ratio(models[n], key, o, "peak_bytes"), PEAK_TOLERANCE) for n, o in rows),
             "step_pass": sum(within(ratio(models[n], key, o, "step_s"), TIME_TOLERANCE) for n, o in rows),
             "splits": {},  # device count -> [placed, tried] over the rows
@@ -977,6 +992,10 @@ def peak_cell(entry: dict[str, Any], key: str, optimizer: str) -> str:
     p = entry["sources"].get(key, {}).get("predicted", {}).get(optimizer)
     if p is None:
         return "-"
+    if "error" in p and consented(p) is not p:
+        unknown = p.get("unknown_sizes")
+        cell = fmt_ratio(ratio(entry, key, optimizer, "peak_bytes"), PEAK_TOLERANCE)
+        return f"{cell}, {unknown} unknown, `--allow-unknown-sizes`"
     if "error" in p:
         unknown = p.get("unknown_sizes")
         return f"refused ({unknown} unknown)" if unknown else "not placed"
@@ -984,7 +1003,7 @@ def peak_cell(entry: dict[str, Any], key: str, optimizer: str) -> str:
 
 
 def step_cell(entry: dict[str, Any], key: str, optimizer: str) -> str:
-    p = entry["sources"].get(key, {}).get("predicted", {}).get(optimizer)
+    p = consented(entry["sources"].get(key, {}).get("predicted", {}).get(optimizer))
     if p is None or "error" in p:
         return "-"
     return fmt_ratio(ratio(entry, key, optimizer, "step_s"), TIME_TOLERANCE)
@@ -1208,7 +1227,12 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             f"peak within ±{PEAK_TOLERANCE:.0%} on {percent(b['peak_pass'], s['rows'])} rows (target "
             f"≥{PEAK_TARGET:.0%}): **{'PASS' if peak_ok else 'MISS'}**; step within ±{TIME_TOLERANCE:.0%} on "
             f"{percent(b['step_pass'], s['rows'])} (target ≥{STEP_TARGET:.0%}): **{'PASS' if step_ok else 'MISS'}**; "
-            f"models with outputs of unknown size: {unknown}; "
+            f"models with outputs of unknown size: {unknown}"
+            + (
+                f" (placed with `--allow-unknown-sizes`, the user's consent: {', '.join(b['with_consent'])}); "
+                if b.get("with_consent")
+                else "; "
+            )
             + (f"at {FIT_RATIO:g} x P, auto: {splits}." if splits else "no splits run."),
         ]
     return lines
@@ -1267,7 +1291,7 @@ def method_lines(results: dict[str, Any]) -> list[str]:
         lines += [
             "",
             f"**The calibration {' and '.join(results['calibration_noisy'])} the measurements was noisy**: "
-            f"`baechi devices calibrate` refused it {CALIBRATION_TRIES} times (other processes busy, or its "
+            f"`baechi devices calibrate` refused it {fw.CALIBRATION_TRIES} times (other processes busy, or its "
             "repeats spread wide), and it was taken with `--allow-noisy`: the predicted steps are suspect.",
         ]
     return lines
@@ -1359,30 +1383,10 @@ def note_missing(out: str, missing: str) -> None:
         f.write("\n".join([*lines[:2], note, "", *lines[2:]]).rstrip("\n") + "\n")
 
 
-CALIBRATION_TRIES = 3  # calibrations refused as noise (a busy machine) before one is taken anyway
-CALIBRATION_WAIT_S = 30
-
-
 def calibrate(args: argparse.Namespace, suffix: str = "") -> tuple[DeviceSpec, str, bool]:
-    """framework.py's ``calibrated_devices`` on the CPU: its spec, its YAML and whether it was
-    noisy. ``baechi devices calibrate`` refuses to measure noise (exit 6: other processes busy, or
-    repeats spread wide); on a shared machine that is often, so it is tried
-    :data:`CALIBRATION_TRIES` times :data:`CALIBRATION_WAIT_S` apart, then run with
-    ``--allow-noisy`` (its YAML header then says so, and zoo.md with it)."""
-    for attempt in range(1, CALIBRATION_TRIES + 1):
-        try:
-            devices, text = fw.calibrated_devices(args.cache, "cpu", args.threads, args.quick, suffix)
-            return devices, text, False
-        except subprocess.CalledProcessError as err:
-            if err.returncode != EXIT_NOISY:
-                raise
-            log(f"calibration refused as noise (try {attempt} of {CALIBRATION_TRIES})")
-            if attempt < CALIBRATION_TRIES:
-                time.sleep(CALIBRATION_WAIT_S)
-    devices, text = fw.calibrated_devices(
-        args.cache, "cpu", args.threads, args.quick, suffix, flags=("--allow-noisy",)
-    )
-    return devices, text, True
+    """framework.py's :func:`~framework.calibrated_until_quiet` on the CPU: its spec, its YAML and
+    whether it was noisy (zoo.md then says so)."""
+    return fw.calibrated_until_quiet(args.cache, "cpu", args.threads, args.quick, suffix)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
