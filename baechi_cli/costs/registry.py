@@ -17,10 +17,10 @@ The rules themselves are in :data:`RULE_MODULES`; this module holds the rule typ
 Op sets. An op type means something only within its op set (TensorFlow's ``Sum`` is a
 reduction, ONNX's a variadic add), so each name is registered in one table of
 :data:`OP_SETS` and looked up with :func:`rule_for` ``(op_type, op_set)``: ``tensorflow``
-(:data:`RULES`, :mod:`~baechi_cli.costs.rules_tf`) and ``onnx`` (:data:`ONNX_RULES`,
-:mod:`~baechi_cli.costs.rules_onnx`, whose ops with a TensorFlow counterpart reuse its rule
-through an adapter, :attr:`RuleEntry.shares`). Op types with no rule get :data:`NO_RULE`
-(:func:`bytes_only`).
+(:data:`RULES`, :mod:`~baechi_cli.costs.rules_tf`), ``onnx`` (:data:`ONNX_RULES`,
+:mod:`~baechi_cli.costs.rules_onnx`, reusing TensorFlow's rules through adapters,
+:attr:`RuleEntry.shares`) and ``aten`` (:data:`ATEN_RULES`, :mod:`~baechi_cli.costs.rules_aten`:
+PyTorch's ``aten.mm``, ...). Op types with no rule get :data:`NO_RULE` (:func:`bytes_only`).
 
 Loading. Rule modules import this module to register, so this one imports them only
 inside the first lookup (:func:`rule_for`, :func:`name_table`, ...): no import cycle. Read
@@ -30,10 +30,10 @@ loaded table of an op set.
 Every rule has a *kind*, which the coverage report and the device model read: ``flops``
 (counted from shapes), ``bytes`` (memory-bound), ``zero`` (bookkeeping that launches no
 kernel: ``OpCount()`` by definition) or ``variable`` (persistent bytes only). Some rules
-carry a *compute class* (``conv``, ``depthwise``, ``gemm``: :data:`COMPUTE_CLASS_OF`,
-refined per op by :func:`op_compute_class`) that a device's ``efficiency`` table scales
-its ``flops`` for. Temporary bytes are set only where TensorFlow's kernel allocates
-scratch of a size known from shapes; COVERAGE.md lists them.
+carry a *compute class* (``conv``, ``depthwise``, ``gemm``: :data:`COMPUTE_CLASS_OF` or
+:func:`register`'s ``compute_class``, refined per op by :func:`op_compute_class`) that a
+device's ``efficiency`` table scales its ``flops`` for. Temporary bytes are set only where
+TensorFlow's kernel allocates scratch of a size known from shapes; COVERAGE.md lists them.
 
 Shapes are tuples of ints; ``None`` (unknown rank) or a negative dimension
 (unknown size) makes a shape unknown. Every rule is O(rank + inputs);
@@ -110,12 +110,14 @@ class RuleEntry:
 
 TENSORFLOW = "tensorflow"
 ONNX = "onnx"
-OP_SETS = (TENSORFLOW, ONNX)
+ATEN = "aten"
+OP_SETS = (TENSORFLOW, ONNX, ATEN)
 
 # The name tables, op type -> rule, one per op set, filled as RULE_MODULES load (see the module docstring).
 RULES: dict[str, RuleEntry] = {}
 ONNX_RULES: dict[str, RuleEntry] = {}
-_NAME_TABLES = {TENSORFLOW: RULES, ONNX: ONNX_RULES}
+ATEN_RULES: dict[str, RuleEntry] = {}
+_NAME_TABLES = {TENSORFLOW: RULES, ONNX: ONNX_RULES, ATEN: ATEN_RULES}
 
 #: Compute class by TensorFlow op type (see the module docstring); :func:`register` tags the rules with it.
 COMPUTE_CLASS_OF: dict[str, str] = {
@@ -133,7 +135,7 @@ COMPUTE_CLASS_OF: dict[str, str] = {
 }
 
 #: The modules that register rules, in load order: the ONNX adapters reuse the TensorFlow rules.
-RULE_MODULES = ("baechi_cli.costs.rules_tf", "baechi_cli.costs.rules_onnx")
+RULE_MODULES = ("baechi_cli.costs.rules_tf", "baechi_cli.costs.rules_onnx", "baechi_cli.costs.rules_aten")
 # Whether RULE_MODULES are imported: a flag, not a cached call, since rule_for checks it once per op.
 _loaded = False
 
@@ -155,15 +157,21 @@ def _table(op_set: str) -> dict[str, RuleEntry]:
 
 
 def register(
-    *op_types: str, kind: str, note: str | None = None, op_set: str = TENSORFLOW, shares: str = ""
+    *op_types: str,
+    kind: str,
+    note: str | None = None,
+    op_set: str = TENSORFLOW,
+    shares: str = "",
+    compute_class: str = "",
 ) -> Callable[[Rule], Rule]:
     """Decorator: register ``fn`` as the rule for ``op_types`` of ``op_set``.
 
     ``note`` (default: the first line of ``fn``'s docstring) documents the rule
     in :func:`rule_table`; ``shares`` names the TensorFlow op type whose rule
     an ONNX entry adapts, and whose compute class (:data:`COMPUTE_CLASS_OF`)
-    the entry takes. Registering an op type twice in one op set is an
-    error, so two modules cannot silently fight over one op type.
+    the entry takes; ``compute_class`` names one directly (as the ``aten`` rules
+    do). Registering an op type twice in one op set is an error, so two modules
+    cannot silently fight over one op type.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown rule kind {kind!r}")
@@ -174,8 +182,8 @@ def register(
         for t in op_types:
             if t in table:
                 raise ValueError(f"op type {t!r} already has a rule")
-            compute_class = COMPUTE_CLASS_OF.get(t if op_set == TENSORFLOW else shares, "")
-            table[t] = RuleEntry(t, kind, fn, text, shares, compute_class)
+            cls = compute_class or COMPUTE_CLASS_OF.get(t if op_set == TENSORFLOW else shares, "")
+            table[t] = RuleEntry(t, kind, fn, text, shares, cls)
         return fn
 
     return deco
@@ -198,14 +206,17 @@ def rule_for(op_type: str, op_set: str = TENSORFLOW) -> RuleEntry:
 
 def op_compute_class(entry: RuleEntry, attrs: Mapping[str, Any]) -> str:
     """The compute class of an op counted by ``entry``, with attributes ``attrs``: the rule's,
-    except that a grouped ONNX ``Conv`` (``group`` > 1; depthwise is the common case) runs at
-    ``depthwise``'s rate. O(1).
+    except that a grouped convolution (ONNX ``Conv``'s ``group`` > 1, an aten convolution's
+    ``attrs["_args"]["groups"]`` > 1; depthwise is the common case) runs at ``depthwise``'s
+    rate. O(1).
 
     >>> conv = rule_for("Conv", ONNX)
     >>> op_compute_class(conv, {}), op_compute_class(conv, {"group": 32})
     ('conv', 'depthwise')
     """
-    if entry.compute_class == CONV and int(attrs.get("group", 1) or 1) > 1:
+    if entry.compute_class == CONV and (
+        int(attrs.get("group", 1) or 1) > 1 or int((attrs.get("_args") or {}).get("groups", 1) or 1) > 1
+    ):
         return DEPTHWISE
     return entry.compute_class
 
