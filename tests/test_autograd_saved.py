@@ -144,7 +144,8 @@ def saved_by_autograd(model: nn.Module, x) -> int:
 
 
 def held_by_baechi(path: str, x) -> int:
-    """The live bytes as baechi's first backward op (the loss) starts, less what that op allocates,
+    """The live bytes as the loss starts (its first op: a training pass's ``Loss``, or a traced
+    step's first ``loss`` op), less what that op allocates,
     the resident bytes and the input. Checks on the way that every backward op but the loss gets
     a gradient from another backward op, as autograd runs only nodes that receive one."""
     outcome = place_model(path, SPEC, PlaceOptions(algo="single", training=True))
@@ -153,18 +154,28 @@ def held_by_baechi(path: str, x) -> int:
         if graph.names[v].startswith("gradients/"):
             sources = [graph.edge_src[e] for e in graph.in_edges[v] if graph.edge_port[e] >= 0]
             assert any(graph.is_backward[u] for u in sources), f"{graph.names[v]} receives no gradient"
-    boundary = min(sim.start[v] for v in range(graph.num_ops) if graph.is_backward[v])
-    starting = [v for v in range(graph.num_ops) if graph.is_backward[v] and sim.start[v] == boundary]
+    loss = [
+        v
+        for v in range(graph.num_ops)
+        if graph.op_types[v] == "Loss" or graph.attrs[v].get("_phase") == "loss"
+    ]
+    boundary = min(sim.start[v] for v in loss)
+    starting = [v for v in loss if sim.start[v] == boundary]
     level = [value for t, value in sim.memory_curve[0] if t <= boundary][-1]
     allocated = sum(sum(graph.output_bytes[v]) + graph.temporary_bytes[v] for v in starting)
     return level - allocated - sim.persistent_bytes[0] - x.numel() * x.element_size()
 
 
-def export(model: nn.Module, x, path: str, exporter: str = "legacy") -> None:
+def export(model: nn.Module, x, path: str, exporter: str = "legacy") -> str:
+    """``model`` saved by ``exporter`` next to ``path``: the file to place."""
+    if exporter == "pt2":  # PyTorch's own graph: the training step autograd traces
+        path = path.removesuffix(".onnx") + ".pt2"
+        torch.export.save(torch.export.export(model, (x,)), path)
+        return path
     if exporter == "dynamo":
         pytest.importorskip("onnxscript")
         torch.onnx.export(model, (x,), path, dynamo=True, opset_version=18, optimize=False, verbose=False)
-        return
+        return path
     torch.onnx.export(
         model,
         (x,),
@@ -174,15 +185,15 @@ def export(model: nn.Module, x, path: str, exporter: str = "legacy") -> None:
         training=torch.onnx.TrainingMode.PRESERVE,
         do_constant_folding=False,
     )
+    return path
 
 
-@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo", "pt2"])
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_held_for_backward_matches_autograd(name, exporter, tmp_path):
     model = net(PATTERNS[name]())
     x = torch.randn(BATCH, SEQ, WIDTH)
-    path = str(tmp_path / f"{name}.onnx")
-    export(model, x, path, exporter)
+    path = export(model, x, str(tmp_path / f"{name}.onnx"), exporter)
     # Exact, but for one-element tensors the tracer computes from shapes where eager PyTorch has
     # a Python number (attention's 1 / sqrt(head size)): 4 bytes each.
     assert abs(held_by_baechi(path, x) - saved_by_autograd(model, x)) <= SCALARS

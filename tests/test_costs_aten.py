@@ -380,7 +380,10 @@ def test_views_are_free_and_listed_for_the_reader():
 
 
 def test_every_rule_names_an_aten_op():
-    missing = [t for t in ATEN_RULES if not hasattr(torch.ops.aten, t.removeprefix("aten."))]
+    reader_ops = {"Input", "OptimizerStep"}  # the pt2 reader's own ops, not torch's
+    missing = [
+        t for t in ATEN_RULES if t not in reader_ops and not hasattr(torch.ops.aten, t.removeprefix("aten."))
+    ]
     assert missing == []
     assert all(t in ATEN_RULES for t in ARGS_READ)
 

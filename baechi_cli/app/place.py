@@ -125,7 +125,8 @@ def load(path: str, options: PlaceOptions) -> tuple[OpGraph, str, list[str]]:
 
     Returns the graph with its views marked, the format's name and the notes so far.
     """
-    graph, fmt, notes = load_model(path, options.batch_size, options.dims, options.infer_shapes)
+    training = options.optimizer if options.training else None
+    graph, fmt, notes = load_model(path, options.batch_size, options.dims, options.infer_shapes, training)
     if FORMATS[fmt].refuses_unknown_sizes:
         check_sizes_known(graph, path, options.unknown_sizes, notes)
     if FORMATS[fmt].runs_in_tensorflow:
@@ -264,7 +265,9 @@ def _problem(
 ) -> Prepared:
     """The rest of :func:`prepare` once the graph is costed: training, bounds, optimization passes."""
     training = None
-    if options.training:
+    if options.training and FORMATS.get(fmt) is not None and FORMATS[fmt].traces_training:
+        training = traced_training(graph, options.optimizer)
+    elif options.training:
         with clock.stage("profile", announce=False):
             graph, training, record = training_pass(graph, devices, fmt, options.optimizer, path)
             passes.append(record)
@@ -296,6 +299,21 @@ def _problem(
         judged={placement_key(single_placement): single_evaluation},
         forward_only_reason=forward_only_reason,
         timer=timer,
+    )
+
+
+def traced_training(graph: OpGraph, optimizer: str) -> TrainingInfo:
+    """The report's ``training`` of a step its framework traced (``attrs["_phase"]`` per op)."""
+    phases = Counter(a.get("_phase") for a in graph.attrs)
+    state = sum(
+        graph.persistent_bytes[v] for v in range(graph.num_ops) if graph.attrs[v].get("_phase") == "update"
+    )
+    return TrainingInfo(
+        optimizer,
+        backward_ops=phases["backward"],
+        loss_ops=phases["loss"],
+        update_ops=phases["update"],
+        optimizer_state_bytes=state,
     )
 
 

@@ -472,6 +472,10 @@ class GraphBuilder:
         """Put op ``v`` in colocation group ``group`` (an op id)."""
         self._cols["group"][v] = group
 
+    def set_forward_op(self, v: int, forward: int) -> None:
+        """Make op ``forward`` the forward op of backward op ``v``."""
+        self._cols["forward_op"][v] = forward
+
     def add_op(
         self,
         name: str,

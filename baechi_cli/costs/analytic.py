@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 from baechi_cli.core.devices import Device, DeviceSpec
 from baechi_cli.core.graph import OpGraph
 from baechi_cli.costs.registry import (
+    ATEN,
     NO_KERNEL_KINDS,
     NO_RULE,
     ONNX,
@@ -65,6 +66,7 @@ from baechi_cli.costs.registry import (
     rule_table,
     rules_markdown,
 )
+from baechi_cli.costs.rules_aten import aten_view
 from baechi_cli.costs.rules_onnx import CONTROL_FLOW, InnerCount, count_control_flow, onnx_view
 
 __all__ = [
@@ -257,12 +259,36 @@ def _count_onnx(graph: OpGraph) -> Counted:
     return Counted(counts, kinds, fallbacks, inner)
 
 
+def _count_aten(graph: OpGraph) -> Counted:
+    """aten op types (a PyTorch program): inputs from the reader's attrs (rules_aten.aten_view)."""
+    n = graph.num_ops
+    counts: list[OpCount] = [OpCount()] * n
+    kinds: list[str] = [UNCOVERED] * n
+    fallbacks: list[int] = []
+    rules = name_table(ATEN)
+    for v in range(n):
+        t = graph.op_types[v]
+        entry = rules.get(t, NO_RULE)
+        kinds[v] = entry.kind
+        if entry.kind == ZERO:
+            continue
+        view = aten_view(
+            t, graph.attrs[v], graph.output_shapes[v], graph.output_dtypes[v], graph.output_bytes[v]
+        )
+        counts[v], fell_back = count_view(entry, view)
+        if fell_back:
+            fallbacks.append(v)
+    return Counted(counts, kinds, fallbacks, [])
+
+
 _COUNTERS: dict[str, Callable[[OpGraph], Counted]] = {
     TENSORFLOW: _count_tensorflow,
     ONNX: _count_onnx,
+    ATEN: _count_aten,
 }
-# Op sets whose reader already put the weights' bytes on the ops (ONNX initializers).
-_READER_OWNS_PERSISTENT = frozenset({ONNX})
+# Op sets whose reader already put the weights' bytes on the ops (ONNX initializers, a PyTorch
+# program's parameters).
+_READER_OWNS_PERSISTENT = frozenset({ONNX, ATEN})
 
 
 def count_ops(graph: OpGraph, op_set: str = TENSORFLOW) -> Counted:

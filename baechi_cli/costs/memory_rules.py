@@ -74,6 +74,17 @@ VIEW_OPS: dict[str, frozenset[str]] = {
 }
 
 
+def _aten_views() -> frozenset[str]:
+    from baechi_cli.costs.rules_aten import VIEW_OPS as ATEN_VIEWS
+
+    return ATEN_VIEWS
+
+
+VIEW_OPS["aten"] = _aten_views()  # a PyTorch program's views (rules_aten.VIEW_OPS)
+#: Per op set, the suffix of in-place op types, whose output is their first input's storage
+#: (``aten.add_``): views too.
+INPLACE_SUFFIX: dict[str, str] = {"aten": "_"}
+
 # view_of's value for a view of resident storage (a parameter): no tensor to keep alive.
 RESIDENT = (-1, 0)
 
@@ -386,9 +397,11 @@ def mark_views(graph: OpGraph, op_set: str) -> OpGraph:
     (``tensorflow`` or ``onnx``). O(V + E).
     """
     types = VIEW_OPS.get(op_set, frozenset())
+    suffix = INPLACE_SUFFIX.get(op_set)
     view_of: dict[int, tuple[int, int]] = {}
     for v, op_type in enumerate(graph.op_types):
-        if op_type not in types and not (op_set == "onnx" and _same_dtype_cast(graph, v)):
+        inplace = suffix is not None and op_type.endswith(suffix) and not op_type.endswith("__")
+        if op_type not in types and not inplace and not (op_set == "onnx" and _same_dtype_cast(graph, v)):
             continue
         positions = graph.attrs[v].get("_data_inputs")
         if positions is not None and positions[:1] != [0]:

@@ -208,6 +208,10 @@ VIEW_OPS: frozenset[str] = frozenset(
 
 register(*sorted(VIEW_OPS), kind=ZERO, op_set=ATEN, note="a view: aliases its input, no kernel")(no_kernel)
 
+# The reader's own ops: a user input (fed by the caller) and, in a traced training step, the
+# point where opt.step() starts once backward() has returned.
+register("Input", "OptimizerStep", kind=ZERO, op_set=ATEN, note="no kernel: the reader's own op")(no_kernel)
+
 register(
     *_names(
         # allocation without a kernel, symbolic-size arithmetic, assertions, metadata

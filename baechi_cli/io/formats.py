@@ -43,6 +43,7 @@ class ReadOptions(NamedTuple):
     batch_size: int | None = None  # the value of unknown batch dims
     dims: dict[str, int] | None = None  # symbolic dims bound by name (--dim)
     infer_shapes: str = "onnx"  # one of INFER_SHAPES
+    training: str | None = None  # an optimizer: a format that traces_training reads the training step
 
 
 def _read_graphdef(path: str, options: ReadOptions) -> Read:
@@ -56,6 +57,15 @@ def _read_onnx(path: str, options: ReadOptions) -> Read:
 
     read = read_onnx_with_notes(
         path, batch_size=options.batch_size, dims=options.dims, infer_shapes=options.infer_shapes
+    )
+    return Read(read.graph, list(read.notes))
+
+
+def _read_pt2(path: str, options: ReadOptions) -> Read:
+    from baechi_cli.io.pt2 import read_pt2_with_notes
+
+    read = read_pt2_with_notes(
+        path, batch_size=options.batch_size, dims=options.dims, training=options.training
     )
     return Read(read.graph, list(read.notes))
 
@@ -117,6 +127,9 @@ class InputFormat:
     # a size it leaves unknown refuses the model unless --allow-unknown-sizes. TensorFlow's own
     # inference leaves workspaces unsized (FusedBatchNormV3's reserve_space_3): a note only.
     refuses_unknown_sizes: bool = False
+    # --training reads the step the framework itself traces (autograd's backward, the optimizer's
+    # update) instead of the training pass synthesizing one.
+    traces_training: bool = False
 
 
 #: Every input format by name, in detection order of preference (see :func:`detect_format`).
@@ -146,6 +159,19 @@ FORMATS: dict[str, InputFormat] = {
         split_activations=True,
         module_paths=True,
         refuses_unknown_sizes=True,
+    ),
+    "pt2": InputFormat(
+        "pt2",
+        "PyTorch program (torch.export)",
+        ".pt2",
+        (".pt2",),
+        _read_pt2,
+        op_set="aten",
+        no_output="-o writes a placed model, but the input is a PyTorch program; the report (--report) "
+        "names its nodes",
+        symbolic_dims=True,
+        refuses_unknown_sizes=True,
+        traces_training=True,
     ),
     "workload": InputFormat(
         "workload",
@@ -196,14 +222,18 @@ class LoadedModel(NamedTuple):
 
 
 def load_model(
-    path: str, batch_size: int | None, dims: dict[str, int] | None = None, infer_shapes: str = "onnx"
+    path: str,
+    batch_size: int | None,
+    dims: dict[str, int] | None = None,
+    infer_shapes: str = "onnx",
+    training: str | None = None,
 ) -> LoadedModel:
     """Read ``path`` into an OpGraph, with its format name and the reader's notes.
 
     ``dims`` binds ONNX symbolic dims by name; another format given ``dims``
     is an InputError (TensorFlow graphs have only the batch dim to fill), and
     so is a ``batch_size`` above :data:`MAX_BATCH_SIZE`. ``infer_shapes`` is one of
-    :data:`INFER_SHAPES`.
+    :data:`INFER_SHAPES`; ``training`` (an optimizer) reaches a format that ``traces_training``.
     """
     if not os.path.exists(path):
         raise InputError("no such file", path=path)
@@ -215,7 +245,7 @@ def load_model(
             f"--dim binds ONNX symbolic dims; this input is {fmt.name} (use --batch-size)", path=path
         )
     try:
-        read = fmt.read(path, ReadOptions(batch_size, dims, infer_shapes))
+        read = fmt.read(path, ReadOptions(batch_size, dims, infer_shapes, training))
     except InputError as err:
         raise err.with_path(path) from None
     return LoadedModel(read.graph, fmt.name, read.notes)

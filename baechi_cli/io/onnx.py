@@ -51,6 +51,7 @@ from baechi_cli.core.errors import OP_NAME_LIMIT, InputError, MissingDependencyE
 from baechi_cli.core.graph import GraphBuilder, OpGraph
 from baechi_cli.io import protowire
 from baechi_cli.io.files import mapped_input, write_atomic
+from baechi_cli.io.initializers import own_initializers
 from baechi_cli.io.torch_modules import CALL_SUFFIX, ModuleMap, module_map, module_paths, parameter_module
 
 if TYPE_CHECKING:
@@ -962,7 +963,7 @@ def _build(
     built = builder.build()
     scopes = [None] * len(feeds) + [_call_scope(node.name) for node in nodes]
     built = built.replace(scope_holds=scope_holds(built, scopes))
-    return _own_initializers(built, inits, consumers), guessed + inner_guessed, inner_guessed
+    return own_initializers(built, inits, consumers), guessed + inner_guessed, inner_guessed
 
 
 def _call_scope(name: str) -> list[str] | None:
@@ -1022,49 +1023,6 @@ def scope_holds(graph: OpGraph, scopes: Sequence[list[str] | None]) -> tuple[tup
             if w != v:
                 holds.add((u, port, w))
     return tuple(sorted(holds))
-
-
-def _own_initializers(graph: OpGraph, inits: dict[str, _Tensor], consumers: dict[str, list[int]]) -> OpGraph:
-    """Add initializer bytes to their first consumer; colocate the consumers of a shared one."""
-    parent = list(range(graph.num_ops))
-
-    def find(v: int) -> int:
-        while parent[v] != v:
-            parent[v] = parent[parent[v]]
-            v = parent[v]
-        return v
-
-    persistent = list(graph.persistent_bytes)
-    for name, ops in consumers.items():
-        persistent[ops[0]] += inits[name].nbytes
-        if len(ops) > 1 and inits[name].dtype.startswith(("float", "bfloat")):
-            # A shared weight (tied embeddings, ALBERT's shared layers): every reader's backward
-            # computes a gradient of its size, which autograd adds into one buffer as it comes;
-            # the last reader's, computed first, starts the buffer, and the owner's .grad is it
-            # (see passes.training).
-            for v in ops[1:]:
-                attrs = graph.attrs[v]
-                attrs["_shared_parameter_bytes"] = (
-                    attrs.get("_shared_parameter_bytes", 0) + inits[name].nbytes
-                )
-            owner = graph.attrs[ops[0]]
-            owner["_accumulated_parameter_bytes"] = owner.get("_accumulated_parameter_bytes", 0) + (
-                inits[name].nbytes
-            )
-            last = graph.attrs[ops[-1]]
-            last.setdefault("_gradient_buffer_owners", []).append(graph.names[ops[0]])
-            last.setdefault("_gradient_buffer_bytes", []).append(inits[name].nbytes)
-            # The first add is counted as making a new buffer (passes.training says why).
-            first_add = graph.attrs[ops[-2]]
-            first_add["_gradient_sum_bytes"] = first_add.get("_gradient_sum_bytes", 0) + inits[name].nbytes
-        root = find(ops[0])
-        for v in ops[1:]:
-            other = find(v)
-            if other != root:
-                root, other = min(root, other), max(root, other)
-                parent[other] = root
-    group = [find(v) for v in range(graph.num_ops)]  # a root is its set's lowest id
-    return graph.replace(persistent_bytes=persistent, group=group)
 
 
 def _unique_names(original: list[str], n_feeds: int, nodes: list[NodeProto]) -> list[str]:

@@ -1,0 +1,526 @@
+"""PyTorch programs: the graph of ``torch.export`` (a ``.pt2`` archive) as an OpGraph.
+
+:func:`read_pt2_with_notes` reads a ``torch.export.save`` archive without importing torch and
+without unpickling anything: the program is the archive's ``models/model.json`` (torch's
+export schema, plain JSON), and nothing else in the file is opened (the weights' bytes are not
+needed, their sizes are in the program; the sample inputs are a pickle and are never read).
+:func:`program_json` turns an in-process ``ExportedProgram`` into the same JSON (with torch),
+so a Python caller plans exactly what a file would give.
+
+The graph: one ``Input`` op per user input, then one op per node whose outputs include a
+tensor, in node order, of type ``aten.<op>`` (the overload packet: ``aten.addmm``; another
+namespace likewise, ``mylib.fused``), named as the node. ``attrs``: ``_target`` (the full target,
+``torch.ops.aten.add.Tensor``), ``_input_shapes``/``_input_dtypes`` (one entry per tensor
+argument, in schema order), ``_args`` (the other arguments by schema name), ``_module`` (the
+innermost ``nn_module_stack`` path). Parameters, buffers and constants are not ops: their bytes
+are persistent bytes of their first reader, and readers of one share a colocation group, as for
+ONNX initializers. Sizes are the program's own; a symbolic size is bound by ``--dim NAME=VALUE``
+(the program's symbol, ``s77``) or, on axis 0 of a user input, ``--batch-size``, and left unbound
+it is an InputError naming the tensor. The caller holds the user inputs and outputs.
+Deterministic; O(size of the program's JSON).
+
+Example:
+    >>> import io, json, zipfile, tempfile, os
+    >>> t = lambda n: {"dtype": 7, "sizes": [{"as_int": 2}, {"as_int": n}]}
+    >>> program = {"graph_module": {"graph": {
+    ...     "inputs": [{"as_tensor": {"name": "w"}}, {"as_tensor": {"name": "x"}}],
+    ...     "outputs": [{"as_tensor": {"name": "mm"}}],
+    ...     "nodes": [{"name": "mm", "target": "torch.ops.aten.mm.default", "metadata": {},
+    ...                "inputs": [{"name": "self", "arg": {"as_tensor": {"name": "x"}}},
+    ...                           {"name": "mat2", "arg": {"as_tensor": {"name": "w"}}}],
+    ...                "outputs": [{"as_tensor": {"name": "mm"}}]}],
+    ...     "tensor_values": {"w": t(2), "x": t(2), "mm": t(2)}},
+    ...   "signature": {"input_specs": [
+    ...     {"parameter": {"arg": {"name": "w"}, "parameter_name": "w"}},
+    ...     {"user_input": {"arg": {"as_tensor": {"name": "x"}}}}]}}}
+    >>> path = os.path.join(tempfile.mkdtemp(), "mm.pt2")
+    >>> with zipfile.ZipFile(path, "w") as z: z.writestr("mm/models/model.json", json.dumps(program))
+    >>> g = read_pt2_with_notes(path).graph
+    >>> g.names, g.op_types, g.output_bytes, g.persistent_bytes
+    (['x', 'mm'], ['Input', 'aten.mm'], [[16], [16]], [0, 16])
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import zipfile
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from baechi_cli.core.errors import InputError, one_line
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.io.initializers import Initializer, own_initializers
+
+#: torch's export schema ScalarType value -> (numpy-style dtype name, bits per element).
+DTYPES: dict[int, tuple[str, int]] = {
+    1: ("uint8", 8),
+    2: ("int8", 8),
+    3: ("int16", 16),
+    4: ("int32", 32),
+    5: ("int64", 64),
+    6: ("float16", 16),
+    7: ("float32", 32),
+    8: ("float64", 64),
+    9: ("complex32", 32),
+    10: ("complex64", 64),
+    11: ("complex128", 128),
+    12: ("bool", 8),
+    13: ("bfloat16", 16),
+    28: ("uint16", 16),
+    29: ("float8_e4m3fn", 8),
+    30: ("float8_e5m2", 8),
+    31: ("float8_e4m3fnuz", 8),
+    32: ("float8_e5m2fnuz", 8),
+    33: ("float8_e8m0fnu", 8),
+    34: ("uint32", 32),
+    35: ("uint64", 64),
+}
+INPUT_OP = "Input"
+_PROGRAM = "models/model.json"  # the program's entry in an archive, under its top folder
+_MAX_JSON = 1 << 31  # bytes: a larger program entry is refused before it is read
+# A sympy size expression's functions that evaluate on integers (torch prints sizes with srepr).
+_SIZE_FUNCTIONS = {
+    "Add": lambda *a: sum(a),
+    "Mul": lambda *a: math.prod(a),
+    "Pow": lambda a, b: a**b,
+    "FloorDiv": lambda a, b: a // b,
+    "CleanDiv": lambda a, b: a // b,
+    "Mod": lambda a, b: a % b,
+    "PythonMod": lambda a, b: a % b,
+    "Max": max,
+    "Min": min,
+    "floor": math.floor,
+    "ceiling": math.ceil,
+    "FloorToInt": math.floor,
+    "CeilToInt": math.ceil,
+    "Integer": int,
+    "Rational": lambda p, q: p / q,
+}
+
+
+class Pt2Read(NamedTuple):
+    graph: OpGraph
+    notes: list[str]
+
+
+class _Tensor(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+def read_pt2_with_notes(
+    path: str,
+    *,
+    batch_size: int | None = None,
+    dims: Mapping[str, int] | None = None,
+    training: str | None = None,
+) -> Pt2Read:
+    """Read the ``torch.export`` archive at ``path`` (module docstring); InputError naming the
+    file (and the node or tensor) when it is not one or cannot be sized. ``training``, an
+    optimizer's name, reads the training step autograd traces instead
+    (:func:`~baechi_cli.io.pt2_joint.joint_program`)."""
+    try:
+        return read_program(_load_program(path), batch_size=batch_size, dims=dims, training=training)
+    except InputError as err:
+        raise err.with_path(path) from None
+
+
+def program_json(exported: Any) -> dict[str, Any]:
+    """An in-process ``torch.export.ExportedProgram`` as the program JSON a ``.pt2`` archive holds
+    (needs torch); :func:`read_program` reads it."""
+    from torch._export.serde.serialize import serialize
+
+    return json.loads(serialize(exported).exported_program.decode("utf-8"))
+
+
+def read_program(
+    program: Mapping[str, Any],
+    *,
+    batch_size: int | None = None,
+    dims: Mapping[str, int] | None = None,
+    training: str | None = None,
+) -> Pt2Read:
+    """:func:`read_pt2_with_notes` on a program already parsed (:func:`program_json`)."""
+    reader = _Reader(program, batch_size, dict(dims or {}))
+    if training is None:
+        return reader.read()
+    from baechi_cli.io.pt2_joint import joint_program
+
+    sizes = reader.placeholder_sizes()
+    joint = _Reader(joint_program(program, sizes, training), None, {}).read()
+    note = (
+        f"training step traced by autograd: {sum(joint.graph.is_backward)} of {joint.graph.num_ops} ops "
+        f"after the forward pass (loss, backward, {training} update)"
+    )
+    return Pt2Read(joint.graph, [*reader.notes, note])
+
+
+def _load_program(path: str) -> Mapping[str, Any]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = [i for i in archive.infolist() if i.filename.endswith(_PROGRAM)]
+            if not entries:
+                raise InputError(
+                    f"not a torch.export archive: no {_PROGRAM} in it (save it with torch.export.save)"
+                )
+            entry = min(entries, key=lambda i: (i.filename.count("/"), i.filename))
+            if entry.file_size > _MAX_JSON:
+                raise InputError(f"{entry.filename} is {entry.file_size} bytes, more than a program can be")
+            text = archive.read(entry)
+    except zipfile.BadZipFile:
+        raise InputError("not a torch.export archive (.pt2): not a zip file") from None
+    except OSError as err:
+        raise InputError(f"cannot read: {one_line(err)}") from None
+    try:
+        program = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise InputError(f"{_PROGRAM} is not JSON: {one_line(err, 200)}") from None
+    if not isinstance(program, dict) or not isinstance(program.get("graph_module"), dict):
+        raise InputError(f"{_PROGRAM} holds no graph_module: not an exported program")
+    return program
+
+
+class _Reader:
+    """One program's walk (module docstring)."""
+
+    def __init__(self, program: Mapping[str, Any], batch_size: int | None, binding: dict[str, int]) -> None:
+        module = program["graph_module"]
+        self.graph = _field(module, "graph", dict)
+        self.signature = module.get("signature") or {}
+        self.batch_size = batch_size
+        self.binding = binding
+        self.values: dict[str, Any] = _field(self.graph, "tensor_values", dict)
+        self.symbols: set[str] = set()
+        self.notes: list[str] = []
+
+    def placeholder_sizes(self) -> dict[str, tuple[int, ...]]:
+        """Every input's (parameter, buffer, user input) shape, symbols bound."""
+        kinds = self._inputs()
+        self._bind_batch(kinds)
+        return {name: self._tensor(name, name).shape for name in kinds}
+
+    def read(self) -> Pt2Read:
+        kinds = self._inputs()
+        self._bind_batch(kinds)
+        builder = GraphBuilder()
+        # (op, phase, seq_nr, reads a loss or backward op's output) of a traced step's ops
+        self.phases: list[tuple[int, str, str, bool]] = []
+        self.phase_of: dict[int, str] = {}
+        producer: dict[str, tuple[int, int]] = {}
+        produced: dict[str, _Tensor] = {}
+        consumers: dict[str, list[int]] = {}
+        inits: dict[str, Initializer] = {}
+        for name, kind in kinds.items():
+            t = self._tensor(name, name)
+            if kind == "user_input":
+                v = builder.add_op(
+                    name, INPUT_OP, [t.nbytes], output_shapes=[t.shape], output_dtypes=[t.dtype]
+                )
+                producer[name], produced[name] = (v, 0), t
+            else:
+                inits[name] = Initializer(t.nbytes, t.dtype)
+        for node in _field(self.graph, "nodes", list):
+            self._node(node, builder, producer, produced, inits, consumers)
+        unused = sorted(set(self.binding) - self.symbols)
+        if unused:
+            known = ", ".join(sorted(self.symbols)) or "none"
+            raise InputError(
+                f"--dim {unused[0]}: the program has no symbolic size of that name (its: {known})"
+            )
+        for name, kind in kinds.items():
+            if kind == "user_input":
+                builder.hold(*producer[name])
+        for out in self.graph.get("outputs") or []:
+            for name in _tensor_names(out):
+                if name in producer:
+                    builder.hold(*producer[name])
+        _link_phases(builder, self.phases)
+        return Pt2Read(own_initializers(builder.build(), inits, consumers), self.notes)
+
+    def _inputs(self) -> dict[str, str]:
+        """Placeholder name -> its kind (user_input, parameter, buffer, ...), in graph order."""
+        kinds: dict[str, str] = {}
+        for spec in self.signature.get("input_specs") or []:
+            if not isinstance(spec, dict) or len(spec) != 1:
+                raise InputError("a malformed input spec in the program's signature")
+            ((kind, body),) = spec.items()
+            arg = body.get("arg") or {}
+            names = _tensor_names(arg) if "name" not in arg else [arg["name"]]
+            for name in names:
+                kinds[name] = kind
+        for arg in self.graph.get("inputs") or []:
+            for name in _tensor_names(arg):
+                kinds.setdefault(name, "user_input")
+        return kinds
+
+    def _bind_batch(self, kinds: Mapping[str, str]) -> None:
+        """``--batch-size``: the symbol of axis 0 of every user input, unless --dim names it."""
+        if self.batch_size is None:
+            return
+        for name, kind in kinds.items():
+            sizes = (self.values.get(name) or {}).get("sizes") or []
+            if kind == "user_input" and sizes and "as_expr" in sizes[0]:
+                symbols = _symbols(sizes[0]["as_expr"].get("expr_str", ""))
+                if len(symbols) == 1:
+                    self.binding.setdefault(symbols[0], self.batch_size)
+
+    def _node(
+        self,
+        node: Mapping[str, Any],
+        builder: GraphBuilder,
+        producer: dict[str, tuple[int, int]],
+        produced: dict[str, _Tensor],
+        inits: Mapping[str, Initializer],
+        consumers: dict[str, list[int]],
+    ) -> None:
+        name = str(node.get("name", ""))
+        target = str(node.get("target", ""))
+        outputs = [n for out in node.get("outputs") or [] for n in _tensor_names(out, keep_none=True)]
+        if not any(outputs):
+            return  # symbolic-size arithmetic (sym_size, ...): nothing to place
+        tensors = [self._tensor(o, name) if o else None for o in outputs]
+        edges: list[tuple[int, int]] = []
+        data_inputs: list[int] = []
+        used: list[str] = []
+        in_shapes: list[tuple[int, ...] | None] = []
+        in_dtypes: list[str] = []
+        args: dict[str, Any] = {}
+        for position, item in enumerate(node.get("inputs") or []):
+            arg_name, arg = str(item.get("name", position)), item.get("arg") or {}
+            names = _tensor_names(arg)
+            if not names:
+                args[arg_name] = _plain(arg)
+                continue
+            for value in names:
+                if value in producer:
+                    edges.append(producer[value])
+                    data_inputs.append(len(in_shapes))
+                    in_shapes.append(produced[value].shape)
+                    in_dtypes.append(produced[value].dtype)
+                elif value in inits:
+                    if value not in used:
+                        used.append(value)
+                    t = self._tensor(value, name)
+                    in_shapes.append(t.shape)
+                    in_dtypes.append(t.dtype)
+                else:
+                    raise InputError(f"reads '{value}', which no node, input or parameter produces", op=name)
+        attrs: dict[str, Any] = {
+            "_target": target,
+            "_input_shapes": in_shapes,
+            "_input_dtypes": in_dtypes,
+            "_data_inputs": data_inputs,
+            "_args": args,
+        }
+        module = _module_path((node.get("metadata") or {}).get("nn_module_stack", ""))
+        if module is not None:
+            attrs["_module"] = module
+        if used:
+            attrs["_initializers"] = used
+        metadata = node.get("metadata") or {}
+        phase = metadata.get("baechi_phase", "forward")
+        v = builder.add_op(
+            name,
+            _op_type(target),
+            [t.nbytes if t else 0 for t in tensors],
+            output_shapes=[t.shape if t else None for t in tensors],
+            output_dtypes=[t.dtype if t else "" for t in tensors],
+            attrs=attrs,
+            is_backward=phase != "forward",
+        )
+        if "baechi_phase" in metadata:
+            attrs["_phase"] = phase
+            self.phase_of[v] = phase
+            after = any(self.phase_of.get(src, "forward") != "forward" for src, _ in edges)
+            self.phases.append((v, phase, str(metadata.get("seq_nr", "-1")), after))
+        for value in used:
+            consumers.setdefault(value, []).append(v)
+        for port, (out, t) in enumerate(zip(outputs, tensors, strict=True)):
+            if out and t is not None:
+                producer[out], produced[out] = (v, port), t
+        for src, port in edges:
+            builder.add_edge(src, v, port)
+
+    def _tensor(self, name: str, op: str) -> _Tensor:
+        meta = self.values.get(name)
+        if not isinstance(meta, dict):
+            raise InputError(f"tensor '{name}' has no entry in the program's tensor_values", op=op)
+        dtype, bits = DTYPES.get(meta.get("dtype", 0), (None, 0))
+        if dtype is None:
+            raise InputError(f"tensor '{name}' has an unknown dtype {meta.get('dtype')}", op=op)
+        shape = tuple(self._size(d, name, axis, op) for axis, d in enumerate(meta.get("sizes") or []))
+        return _Tensor(shape, dtype, (math.prod(shape) * bits + 7) // 8)
+
+    def _size(self, size: Any, tensor: str, axis: int, op: str) -> int:
+        if isinstance(size, dict) and "as_int" in size:
+            value = size["as_int"]
+        elif isinstance(size, dict) and "as_expr" in size:
+            value = self._evaluate(size["as_expr"], tensor, axis, op)
+        else:
+            raise InputError(f"tensor '{tensor}' has a size of unknown form at axis {axis}", op=op)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InputError(f"tensor '{tensor}' has a size {value!r} at axis {axis}", op=op)
+        return value
+
+    def _evaluate(self, expr: Mapping[str, Any], tensor: str, axis: int, op: str) -> int:
+        text = str(expr.get("expr_str", ""))
+        symbols = _symbols(text)
+        self.symbols.update(symbols)
+        missing = [s for s in symbols if s not in self.binding]
+        if missing:
+            hint = (expr.get("hint") or {}).get("as_int")
+            traced = f" (traced with {hint})" if hint is not None else ""
+            fix = f"--dim {missing[0]}=VALUE" + (" or --batch-size" if axis == 0 else "")
+            raise InputError(
+                f"tensor '{tensor}' has symbolic size {missing[0]} at axis {axis}{traced} with no value; pass {fix}",
+                op=op,
+            )
+        try:
+            value = _evaluate_size(ast.parse(text, mode="eval").body, self.binding)
+        except (SyntaxError, ValueError, TypeError, ZeroDivisionError, RecursionError):
+            raise InputError(
+                f"tensor '{tensor}' has a size expression baechi cannot evaluate: {text[:120]}", op=op
+            ) from None
+        return int(value)
+
+
+STEP_OP = "OptimizerStep"  # as passes.training names it: opt.step() after backward() returns
+
+
+def _link_phases(builder: GraphBuilder, phases: list[tuple[int, str, str, bool]]) -> None:
+    """A traced step's structure, as autograd and ``opt.step()`` run it:
+
+    * each backward op's forward op: the first forward op of its autograd sequence number;
+    * a backward op that reads no loss or backward op's output (``pow(x, 1)`` of a pow's
+      backward, computed from saved tensors alone) waits, by a control edge, for the loss or
+      backward op traced before it: autograd runs it when its node runs, not as soon as it can;
+    * one ``optimizer/step`` op waits for every backward op, and every update waits for it.
+    """
+    if not phases:
+        return
+    first: dict[str, int] = {}
+    for v, phase, seq, _ in phases:
+        if phase == "forward" and seq != "-1":
+            first.setdefault(seq, v)
+    previous = -1
+    for v, phase, seq, after in phases:
+        if phase == "backward" and seq in first:
+            builder.set_forward_op(v, first[seq])
+        if phase in ("loss", "backward"):
+            if not after and previous >= 0:
+                builder.add_edge(previous, v, CONTROL_PORT)
+            previous = v
+    backward = [v for v, phase, _, _ in phases if phase in ("loss", "backward")]
+    updates = [v for v, phase, _, _ in phases if phase == "update"]
+    if not updates:
+        return
+    step = builder.add_op("optimizer/step", STEP_OP, [], is_backward=True)
+    for v in backward:
+        builder.add_edge(v, step, CONTROL_PORT)
+    for v in updates:
+        builder.add_edge(step, v, CONTROL_PORT)
+
+
+def _field(mapping: Mapping[str, Any], key: str, kind: type) -> Any:
+    value = mapping.get(key)
+    if not isinstance(value, kind):
+        raise InputError(f"the program's {key} is missing or not a {kind.__name__}")
+    return value
+
+
+def _tensor_names(arg: Any, keep_none: bool = False) -> list[str]:
+    """The tensor names an argument or output refers to ('' for an absent output with ``keep_none``)."""
+    if not isinstance(arg, dict):
+        return []
+    if "as_tensor" in arg:
+        return [str(arg["as_tensor"]["name"])]
+    if "as_tensors" in arg:
+        return [str(t["name"]) for t in arg["as_tensors"]]
+    if "as_optional_tensor" in arg:
+        inner = arg["as_optional_tensor"]
+        return [str(inner["as_tensor"]["name"])] if "as_tensor" in inner else []
+    if "as_optional_tensors" in arg:
+        return [str(t["as_tensor"]["name"]) for t in arg["as_optional_tensors"] if "as_tensor" in t]
+    if keep_none and "as_none" in arg:
+        return [""]
+    return []
+
+
+def _plain(arg: Mapping[str, Any]) -> Any:
+    """A non-tensor argument's value (``as_int``, ``as_ints``, ``as_float``, ...), else its kind."""
+    if len(arg) != 1:
+        return None
+    ((kind, value),) = arg.items()
+    if kind in (
+        "as_int",
+        "as_ints",
+        "as_float",
+        "as_floats",
+        "as_bool",
+        "as_bools",
+        "as_string",
+        "as_strings",
+    ):
+        return value
+    if kind == "as_none":
+        return None
+    return kind
+
+
+def _op_type(target: str) -> str:
+    """``torch.ops.aten.add.Tensor`` -> ``aten.add``; ``torch.ops.mylib.f.default`` -> ``mylib.f``."""
+    parts = target.split(".")
+    if len(parts) >= 4 and parts[:2] == ["torch", "ops"]:
+        return f"{parts[2]}.{parts[3]}"
+    return target
+
+
+def _module_path(stack: str) -> str | None:
+    """The innermost module path of an ``nn_module_stack`` string (``key,path,class;...``)."""
+    if not stack:
+        return None
+    last = stack.split(";")[-1].split(",")
+    return last[1] if len(last) >= 2 and last[1] else None
+
+
+def _symbols(text: str) -> list[str]:
+    """The symbol names in a srepr size expression, in order of first appearance."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return []
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "Symbol"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            name = str(node.args[0].value)
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def _evaluate_size(node: ast.AST, binding: Mapping[str, int]) -> Any:
+    """A srepr size expression on bound symbols; only the calls in :data:`_SIZE_FUNCTIONS`."""
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_evaluate_size(node.operand, binding)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if node.func.id == "Symbol":
+            return binding[str(node.args[0].value)]  # type: ignore[attr-defined]
+        fn = _SIZE_FUNCTIONS.get(node.func.id)
+        if fn is not None:
+            return fn(*(_evaluate_size(a, binding) for a in node.args))
+    raise ValueError("not a size expression")

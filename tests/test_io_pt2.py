@@ -1,0 +1,158 @@
+"""The torch.export reader: real programs saved by torch, their training step traced by autograd,
+and bad input (one line, exit 2, nothing written; nothing in the file runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import zipfile
+
+import pytest
+from click.testing import CliRunner
+
+from baechi_cli.cli.commands import main
+from baechi_cli.io.pt2 import read_program, read_pt2_with_notes
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+        self.norm = nn.LayerNorm(32)
+        self.out = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.out(nn.functional.silu(self.norm(self.fc(x))))
+
+
+def save(tmp_path, model=None, x=None, dynamic=False, name="block.pt2") -> str:
+    model = model or Block()
+    x = torch.randn(4, 16) if x is None else x
+    shapes = {"x": {0: torch.export.Dim("batch", min=2)}} if dynamic else None
+    program = torch.export.export(model, (x,), dynamic_shapes=shapes)
+    path = str(tmp_path / name)
+    torch.export.save(program, path)
+    return path
+
+
+def place(*args: str):
+    return CliRunner().invoke(main, ["place", *args], catch_exceptions=False)
+
+
+def test_a_saved_program_reads_with_its_shapes_and_parameters(tmp_path):
+    g = read_pt2_with_notes(save(tmp_path)).graph
+    index = g.index()
+    assert g.op_types[index["x"]] == "Input" and g.output_shapes[index["x"]] == [(4, 16)]
+    assert g.op_types[index["linear"]] == "aten.linear"
+    assert g.output_shapes[index["linear"]] == [(4, 32)] and g.output_dtypes[index["linear"]] == ["float32"]
+    params = sum(p.numel() * 4 for p in Block().parameters())
+    assert sum(g.persistent_bytes) == params
+    assert g.attrs[index["linear"]]["_module"] == "fc"
+    assert (index["x"], 0) in g.held_outputs
+
+
+def test_the_in_process_program_is_the_files(tmp_path):
+    from baechi_cli.io.pt2 import program_json
+
+    program = torch.export.export(Block(), (torch.randn(4, 16),))
+    in_process = read_program(program_json(program)).graph
+    torch.export.save(program, str(tmp_path / "b.pt2"))
+    from_file = read_pt2_with_notes(str(tmp_path / "b.pt2")).graph
+    assert in_process.names == from_file.names and in_process.output_bytes == from_file.output_bytes
+
+
+def test_symbolic_sizes_need_a_value(tmp_path):
+    path = save(tmp_path, dynamic=True)
+    result = place(path, "-d", "1x1GB")
+    assert result.exit_code == 2
+    assert "has symbolic size s" in result.output and "--batch-size" in result.output
+    symbol = result.output.split("has symbolic size ")[1].split()[0]
+    g = read_pt2_with_notes(path, batch_size=8).graph
+    assert g.output_shapes[g.index()["x"]] == [(8, 16)]
+    assert read_pt2_with_notes(path, dims={symbol: 3}).graph.output_shapes[0] == [(3, 16)]
+    result = place(path, "-d", "1x1GB", "--dim", "nosuch=3", "--batch-size", "2")
+    assert result.exit_code == 2 and "no symbolic size of that name" in result.output
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"not a zip", "not a zip file"),
+        ({"other.txt": "x"}, "no models/model.json"),
+        ({"m/models/model.json": "{not json"}, "is not JSON"),
+        ({"m/models/model.json": json.dumps({"graph_module": {}})}, "graph is missing"),
+    ],
+)
+def test_bad_archives_are_one_line_exit_2_and_nothing_written(tmp_path, content, problem):
+    path = tmp_path / "bad.pt2"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        with zipfile.ZipFile(path, "w") as z:
+            for name, text in content.items():
+                z.writestr(name, text)
+    report = tmp_path / "r.json"
+    result = place(str(path), "-d", "1x1GB", "--report", str(report))
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: {path}: ") and problem in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not report.exists()
+
+
+class _Trap:
+    """Unpickling this would create a file: proof that nothing in the archive is unpickled."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __reduce__(self):
+        return (open, (self.flag, "w"))
+
+
+def test_nothing_in_the_archive_is_unpickled_or_run(tmp_path):
+    path = save(tmp_path)
+    flag = str(tmp_path / "executed")
+    trap = pickle.dumps(_Trap(flag))
+    with zipfile.ZipFile(path) as z:
+        entries = {i.filename: z.read(i) for i in z.infolist()}
+    for name in entries:
+        if name.endswith((".pt", "/weight_0")):
+            entries[name] = trap
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    result = place(path, "-d", "1x1GB", "--training")
+    assert result.exit_code == 0, result.output
+    assert not os.path.exists(flag)
+
+
+def test_a_target_outside_torch_ops_is_refused_not_called(tmp_path):
+    path = save(tmp_path)
+    with zipfile.ZipFile(path) as z:
+        entries = {i.filename: z.read(i) for i in z.infolist()}
+    name = next(n for n in entries if n.endswith("models/model.json"))
+    program = json.loads(entries[name])
+    program["graph_module"]["graph"]["nodes"][0]["target"] = "builtins.eval"
+    entries[name] = json.dumps(program).encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in entries.items():
+            z.writestr(n, data)
+    result = place(path, "-d", "1x1GB", "--training")
+    assert result.exit_code == 2 and "cannot trace a node whose target is 'builtins.eval'" in result.output
+
+
+def test_training_is_autograds_own_step(tmp_path):
+    """The traced step: its backward ops are autograd's (silu_backward, native_layer_norm_backward),
+    each tied to its forward op, and the update waits for the whole backward pass."""
+    r = read_pt2_with_notes(save(tmp_path), training="adam")
+    g = r.graph
+    index = g.index()
+    assert "aten.silu_backward" in g.op_types and "aten.native_layer_norm_backward" in g.op_types
+    assert g.forward_op[index["silu_backward"]] == index["silu"]
+    step = index["optimizer/step"]
+    updates = [v for v in range(g.num_ops) if g.attrs[v].get("_phase") == "update"]
+    assert updates and all(any(g.edge_src[e] == step for e in g.in_edges[v]) for v in updates)
+    assert "training step traced by autograd" in r.notes[-1]
