@@ -731,6 +731,16 @@ def export_dynamo(model: Any, inputs: tuple[Any, ...], path: str) -> None:
         model.train()
 
 
+def export_pt2(model: Any, inputs: tuple[Any, ...], path: str) -> None:
+    """``torch.export.export`` of the model in ``train()`` mode, saved with ``torch.export.save``:
+    PyTorch's own graph, which baechi reads as a ``.pt2`` (``--training`` traces its step)."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.export.save(torch.export.export(model.train(), inputs), path)
+
+
 @dataclass(frozen=True)
 class Source:
     """One way of giving baechi the model: its key in zoo.json, its title in the tables, the
@@ -745,6 +755,7 @@ class Source:
 SOURCES: tuple[Source, ...] = (
     Source("onnx-legacy", "legacy", export_legacy, ".onnx"),
     Source("onnx-dynamo", "dynamo", export_dynamo, ".dynamo.onnx"),
+    Source("pt2", "torch.export", export_pt2, ".pt2"),
 )
 SOURCE_BY_KEY = {s.key: s for s in SOURCES}
 

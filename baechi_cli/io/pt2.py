@@ -206,8 +206,9 @@ class _Reader:
         kinds = self._inputs()
         self._bind_batch(kinds)
         builder = GraphBuilder()
-        # (op, phase, seq_nr, reads a loss or backward op's output) of a traced step's ops
-        self.phases: list[tuple[int, str, str, bool]] = []
+        # (op, phase, seq_nr, reads a loss or backward op's output, outputs, input tensors) of a
+        # traced step's ops
+        self.phases: list[_Phase] = []
         self.phase_of: dict[int, str] = {}
         producer: dict[str, tuple[int, int]] = {}
         produced: dict[str, _Tensor] = {}
@@ -335,7 +336,7 @@ class _Reader:
             attrs["_phase"] = phase
             self.phase_of[v] = phase
             after = any(self.phase_of.get(src, "forward") != "forward" for src, _ in edges)
-            self.phases.append((v, phase, str(metadata.get("seq_nr", "-1")), after))
+            self.phases.append((v, phase, str(metadata.get("seq_nr", "-1")), after, len(tensors), edges))
         for value in used:
             consumers.setdefault(value, []).append(v)
         for port, (out, t) in enumerate(zip(outputs, tensors, strict=True)):
@@ -390,31 +391,46 @@ class _Reader:
 STEP_OP = "OptimizerStep"  # as passes.training names it: opt.step() after backward() returns
 
 
-def _link_phases(builder: GraphBuilder, phases: list[tuple[int, str, str, bool]]) -> None:
+_Phase = tuple[int, str, str, bool, int, list[tuple[int, int]]]
+
+
+def _link_phases(builder: GraphBuilder, phases: list[_Phase]) -> None:
     """A traced step's structure, as autograd and ``opt.step()`` run it:
 
     * each backward op's forward op: the first forward op of its autograd sequence number;
     * a backward op that reads no loss or backward op's output (``pow(x, 1)`` of a pow's
       backward, computed from saved tensors alone) waits, by a control edge, for the loss or
       backward op traced before it: autograd runs it when its node runs, not as soon as it can;
+    * the tensors one autograd node's backward makes or reads (its run of ops with one sequence
+      number) live until the node's last op ends: a backward formula's temporaries are C++
+      locals, and the engine releases its saved tensors and incoming gradient, when it returns
+      (``grad * (2 * self.pow(1))`` holds ``self``, ``grad`` and all three results at once);
     * one ``optimizer/step`` op waits for every backward op, and every update waits for it.
     """
     if not phases:
         return
     first: dict[str, int] = {}
-    for v, phase, seq, _ in phases:
+    for v, phase, seq, _, _, _ in phases:
         if phase == "forward" and seq != "-1":
             first.setdefault(seq, v)
     previous = -1
-    for v, phase, seq, after in phases:
+    run: list[tuple[int, int, list[tuple[int, int]]]] = []  # the current autograd node's ops
+    run_seq = None
+    for v, phase, seq, after, outputs, inputs in phases:
         if phase == "backward" and seq in first:
             builder.set_forward_op(v, first[seq])
         if phase in ("loss", "backward"):
             if not after and previous >= 0:
                 builder.add_edge(previous, v, CONTROL_PORT)
             previous = v
-    backward = [v for v, phase, _, _ in phases if phase in ("loss", "backward")]
-    updates = [v for v, phase, _, _ in phases if phase == "update"]
+        if phase != "backward" or seq != run_seq:
+            _hold_run(builder, run)
+            run, run_seq = [], seq if phase == "backward" else None
+        if phase == "backward":
+            run.append((v, outputs, inputs))
+    _hold_run(builder, run)
+    backward = [v for v, phase, *_ in phases if phase in ("loss", "backward")]
+    updates = [v for v, phase, *_ in phases if phase == "update"]
     if not updates:
         return
     step = builder.add_op("optimizer/step", STEP_OP, [], is_backward=True)
@@ -422,6 +438,18 @@ def _link_phases(builder: GraphBuilder, phases: list[tuple[int, str, str, bool]]
         builder.add_edge(v, step, CONTROL_PORT)
     for v in updates:
         builder.add_edge(step, v, CONTROL_PORT)
+
+
+def _hold_run(builder: GraphBuilder, run: list[tuple[int, int, list[tuple[int, int]]]]) -> None:
+    """Keep what one autograd node's ops make and read until its last op ends."""
+    if len(run) < 2:
+        return
+    last = run[-1][0]
+    for v, outputs, inputs in run:
+        for port in range(outputs if v != last else 0):
+            builder.hold_until(v, port, last)
+        for src, port in inputs:
+            builder.hold_until(src, port, last)
 
 
 def _field(mapping: Mapping[str, Any], key: str, kind: type) -> Any:

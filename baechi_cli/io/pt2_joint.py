@@ -327,9 +327,10 @@ def _as_program(
             source, position = node.args
             names = multi.setdefault(source.name, [])
             names.extend([""] * (position + 1 - len(names)))
-            names[position] = node.name
-            rename[node.name] = node.name
-            values[node.name] = _tensor_value(torch, node.meta.get("val"))
+            if isinstance(node.meta.get("val"), torch.Tensor):  # else an output not computed
+                names[position] = node.name
+                rename[node.name] = node.name
+                values[node.name] = _tensor_value(torch, node.meta["val"])
             continue
         if not hasattr(node.target, "_schema"):
             continue
