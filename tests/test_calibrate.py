@@ -30,10 +30,12 @@ from baechi_cli.app.calibrate import (
     Gemm,
     Kernel,
     Launch,
+    Matmul,
     TorchRunner,
     calibrate,
     cpu_sample,
     gemm_flops,
+    matmul_count,
     parse_targets,
     plan_for,
 )
@@ -58,15 +60,18 @@ WHEN = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
 
 
 class FakeRunner:
-    """Times every kernel by a rate model: GEMM ``gemm`` FLOP/s (half of it below n = 256), conv
-    ``conv_forward``/``conv_backward`` FLOP/s (a depthwise one ``depthwise`` FLOP/s both ways),
-    ``bandwidth`` bytes/s, ``launch`` s per call, copies
-    ``latency`` s + bytes / ``link`` bytes/s (``links`` overrides per (src, dst)). ``broken`` maps
-    a kernel type to the time its runs return instead; ``slowdown`` to factors its runs take in
-    turn (warm-up runs included), as other processes sharing the cores would make them."""
+    """Times every kernel as baechi's formula would: compute at a rate -- square GEMMs ``gemm``
+    FLOP/s (half of it below n = 256), model-shaped ones ``matmul``, conv ``conv_forward``/
+    ``conv_backward`` (a depthwise one ``depthwise`` both ways), the add ``gemm`` -- and memory at
+    ``bandwidth`` bytes/s, the bytes and FLOPs as the rules count them, their max (their sum
+    unless ``overlap``); a training step ``launch`` s per op it is charged; copies ``latency``
+    s + bytes / ``link`` bytes/s (``links`` overrides per (src, dst)). ``broken`` maps a kernel
+    type to the time its runs return instead; ``slowdown`` to factors its runs take in turn
+    (warm-up runs included), as other processes sharing the cores would make them."""
 
     def __init__(self, **overrides: object) -> None:
         self.gemm, self.conv_forward, self.conv_backward, self.depthwise = 1e11, 6e10, 4e10, 5e9
+        self.matmul, self.overlap = 8e10, True
         self.bandwidth, self.launch, self.memory = 2e10, 2e-6, 16 * 10**9
         self.latency, self.link, self.links = 10e-6, 1e10, {}
         self.broken: dict[type, float] = {}
@@ -83,20 +88,26 @@ class FakeRunner:
     def memory_bytes(self, target: str) -> int:
         return self.memory
 
+    def roofline(self, count: OpCount, rate: float) -> float:
+        compute, memory = count.flops / rate, (count.bytes_read + count.bytes_written) / self.bandwidth
+        return max(compute, memory) if self.overlap else compute + memory
+
     def seconds(self, target: str, kernel: Kernel) -> float:
         if isinstance(kernel, Gemm):
-            return gemm_flops(kernel.n) / (self.gemm if kernel.n >= 256 else self.gemm / 2)
+            rate = self.gemm if kernel.n >= 256 else self.gemm / 2
+            return self.roofline(matmul_count(kernel.n, kernel.n, kernel.n), rate)
+        if isinstance(kernel, Matmul):
+            return self.roofline(matmul_count(kernel.m, kernel.k, kernel.n), self.matmul)
         if isinstance(kernel, Conv):
+            count = kernel.shape.backward_count() if kernel.backward else kernel.shape.forward_count()
             if kernel.shape.depthwise:
-                flops = kernel.shape.backward_flops() if kernel.backward else kernel.shape.forward_flops()
-                return flops / self.depthwise
-            if kernel.backward:
-                return kernel.shape.backward_flops() / self.conv_backward
-            return kernel.shape.forward_flops() / self.conv_forward
+                return self.roofline(count, self.depthwise)
+            return self.roofline(count, self.conv_backward if kernel.backward else self.conv_forward)
         if isinstance(kernel, Add):
-            return 12 * kernel.elements / self.bandwidth
+            n = kernel.elements
+            return self.roofline(OpCount(flops=n, bytes_read=8 * n, bytes_written=4 * n), self.gemm)
         if isinstance(kernel, Launch):
-            return kernel.calls * self.launch
+            return kernel.ops() * self.launch
         latency, link = self.links.get((target, kernel.dst), (self.latency, self.link))
         return latency + kernel.nbytes / link
 
@@ -146,17 +157,19 @@ def test_one_device_yaml_reads_back_as_the_measured_spec(tmp_path):
         ("cpu",), FakeRunner(), QUICK, command="baechi devices calibrate --torch cpu", when=WHEN
     )
     (m,) = result.measured
-    assert m.gemm_flops == pytest.approx(1e11) and m.gemm_n == 256
+    assert m.gemm_flops == pytest.approx(1e11) and m.rates.gemm_n == 256
     conv_flops = sum(s.forward_flops() + s.backward_flops() for s in QUICK.conv)
     conv_s = sum(s.forward_flops() / 6e10 + s.backward_flops() / 4e10 for s in QUICK.conv)
-    assert m.conv_flops == pytest.approx(conv_flops / conv_s)
+    assert m.rates.conv_flops == pytest.approx(conv_flops / conv_s)
     assert m.bandwidth == pytest.approx(2e10) and m.launch_us == pytest.approx(2.0)
+    assert m.rates.matmul_flops == pytest.approx(8e10) and m.overlap and m.rates.matmul_spread < 1e-9
 
     (d,) = result.spec.devices
     assert d.name == "/device:CPU:0" and d.memory_bytes == 16 * 10**9
-    assert (d.flops, d.memory_bandwidth, d.launch_overhead_us) == (1e11, 2e10, 2.0)
-    assert d.efficiency == (("conv", round(conv_flops / conv_s / 1e11, 3)), ("depthwise", 0.05))
-    assert m.depthwise_flops == pytest.approx(5e9)
+    assert (d.flops, d.memory_bandwidth, d.launch_overhead_us, d.overlap) == (1e11, 2e10, 2.0, True)
+    conv = round(conv_flops / conv_s / 1e11, 3)
+    assert d.efficiency == (("conv", conv), ("depthwise", 0.05), ("gemm", 0.8))
+    assert m.rates.depthwise_flops == pytest.approx(5e9)
     assert result.spec.interconnect == DeviceSpec((d,)).interconnect  # one device: the default
 
     # What the command writes is what `baechi place --devices FILE` reads.
@@ -173,6 +186,74 @@ def test_one_device_yaml_reads_back_as_the_measured_spec(tmp_path):
     assert "2026-01-02 03:04 UTC with fake 1.0, 1 thread" in header
     assert "interconnect: not measured" in header
     assert all(line.startswith("#") for line in header.splitlines())
+
+
+def test_a_device_whose_kernels_add_compute_and_memory_is_found_and_its_rates_recovered(tmp_path):
+    result = calibrate(("cpu",), FakeRunner(overlap=False), QUICK)
+    (m,) = result.measured
+    assert not m.overlap and m.other.overlap
+    assert m.rates.matmul_spread < 1e-9 < m.other.matmul_spread
+    # each rate is the kernel's time less its other term: what the sum gives back
+    r = m.rates
+    assert (r.gemm_flops, r.matmul_flops, r.bandwidth) == pytest.approx((1e11, 8e10, 2e10))
+    assert r.conv_forward_flops == pytest.approx(6e10) and r.conv_backward_flops == pytest.approx(4e10)
+    assert r.depthwise_flops == pytest.approx(5e9)
+    # the max would have read the same runs as slower kernels
+    assert m.other.gemm_flops < 1e11 and m.other.bandwidth < 2e10
+    (d,) = result.spec.devices
+    assert not d.overlap and d.kind.endswith("/sum") and dict(d.efficiency)["gemm"] == 0.8
+    assert "\n  overlap: false\n" in result.yaml
+    assert "#   overlap: false: the matmuls' compute rates spread 0.0% with the sum" in result.yaml
+    assert "(compute: each run's time less its bytes at memory_bandwidth)" in result.yaml
+    path = tmp_path / "cpu.yaml"
+    path.write_text(result.yaml)
+    assert parse_devices(str(path)).devices == result.spec.devices
+
+
+def test_the_overlap_key_reads_back_and_only_booleans_are_taken():
+    spec = devices_from_yaml("devices: {count: 2, memory: 1GB, overlap: false}", "d.yaml")
+    assert [d.overlap for d in spec.devices] == [False, False]
+    assert "overlap: false" in dump_devices_yaml(spec)
+    plain = devices_from_yaml("devices: [{memory: 1GB}]", "d.yaml").devices[0]
+    assert plain.overlap and "overlap" not in dump_devices_yaml(DeviceSpec((plain,)))
+    assert plain.kind != replace(plain, overlap=False).kind
+    for bad in ("'no'", "0", "maybe"):
+        with pytest.raises(InputError, match=r"d.yaml: devices\[0\].overlap .* must be true or false"):
+            devices_from_yaml(f"devices: [{{memory: 1GB, overlap: {bad}}}]", "d.yaml")
+
+
+def test_launch_ops_are_the_ops_a_training_step_charges_for_the_launch_model(tmp_path):
+    """Launch's divisor is what baechi's --training charges for the same model: its ONNX export
+    (Gemm, Tanh per layer) placed on a device where every op costs its launch alone."""
+    from onnx import TensorProto, helper, save
+
+    from baechi_cli.app.place import place_model
+    from baechi_cli.search.candidates import PlaceOptions
+
+    width, layers = cal.LAUNCH_WIDTH, 6
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"g{i}"], name=f"fc{i}", transB=1))
+        nodes.append(helper.make_node("Tanh", [f"g{i}"], [f"t{i}"], name=f"tanh{i}"))
+        inits.append(
+            helper.make_tensor(f"w{i}", TensorProto.FLOAT, [width, width], [0.1 * (i + 1)] * width**2)
+        )
+        inits.append(helper.make_tensor(f"b{i}", TensorProto.FLOAT, [width], [0.01 * (i + 1)] * width))
+        x = f"t{i}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])],
+        inits,
+    )
+    path = tmp_path / "mlp.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    launch_only = DeviceSpec((Device("d", 10**9, flops=1e30, memory_bandwidth=1e30, launch_overhead_us=1.0),))
+    outcome = place_model(str(path), launch_only, PlaceOptions(algo="single", training=True))
+    g = outcome.graph
+    step = [v for v in range(g.num_ops) if not g.names[v].startswith("optimizer/")]
+    assert sum(g.compute_us[v] for v in step) == pytest.approx(Launch(layers).ops())
 
 
 def test_the_best_gemm_rate_is_kept_and_numbers_are_rounded_to_four_digits():
@@ -440,7 +521,9 @@ def test_cli_refuses_wide_repeats_naming_the_kernel(monkeypatch, tmp_path):
     runner = FakeRunner(slowdown={Launch: [1.0, 1.0, 2.0, 2.0]})
     code, _, stderr = noisy_cli(monkeypatch, runner, QUIET, ["-o", str(out)])
     assert code == EXIT_NOISY and not out.exists()
-    assert "200 tiny adds on cpu, its median run 100% above its fastest (over 30%)" in stderr
+    assert (
+        "a training step of 20 tiny layers on cpu, its median run 100% above its fastest (over 30%)" in stderr
+    )
 
 
 def test_cli_allow_noisy_warns_and_writes_the_numbers_marked(monkeypatch, tmp_path):
@@ -481,7 +564,7 @@ def test_the_real_clock_counts_this_process_apart():
 # --- errors -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kernel", [Gemm, Conv, Add, Launch, Copy])
+@pytest.mark.parametrize("kernel", [Gemm, Matmul, Conv, Add, Launch, Copy])
 @pytest.mark.parametrize("bad", [0.0, -1e-3, math.nan, math.inf])
 def test_a_broken_timer_is_an_error_naming_the_device_and_kernel(kernel, bad):
     runner = FakeRunner(broken={kernel: bad})
@@ -598,7 +681,7 @@ def test_real_quick_cpu_calibration(tmp_path):
     (d,) = parse_devices(str(out)).devices
     assert d.name == "/device:CPU:0" and d.memory_bytes > 2**30
     assert d.flops > 1e8 and d.memory_bandwidth > 1e8 and 0 < d.launch_overhead_us < 1e4
-    assert [name for name, _ in d.efficiency] == ["conv", "depthwise"]
+    assert [name for name, _ in d.efficiency] == ["conv", "depthwise", "gemm"]
     # a real depthwise kernel moves a few bytes per FLOP: it never reaches the dense convolutions' rate
     assert d.flops_for("depthwise") < d.flops_for("conv")
     assert "with torch " in out.read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+from dataclasses import replace
 
 import pytest
 from realgraphs import REAL_GRAPHS, real_graph
@@ -209,6 +210,26 @@ def test_roofline_elementwise_is_memory_bound_and_matmul_compute_bound():
     flops = 2 * 1024**3
     assert costed.compute_us[m] == pytest.approx(flops / DEV.flops * 1e6 + DEV.launch_overhead_us)
     assert costed.compute_us[x] == 0.0  # a Placeholder launches no kernel
+
+
+def test_a_device_without_overlap_adds_compute_and_memory_time():
+    b = GraphBuilder()
+    x = op(b, "x", "Placeholder", (1024, 1024))
+    r = op(b, "relu", "Relu", (1024, 1024), inputs=[x])
+    m = op(b, "mm", "MatMul", (1024, 1024), inputs=[x, x])
+    overlapping = Device(
+        "/device:CPU:0", 8 * 10**9, flops=1e11, memory_bandwidth=2e10, launch_overhead_us=5.0
+    )
+    adding = replace(overlapping, overlap=False)
+    g = b.build()
+    (max_costed, report), (sum_costed, _) = (cost(g, DeviceSpec((d,))) for d in (overlapping, adding))
+    for v in (r, m):
+        compute = report.flops[v] / 1e11 * 1e6
+        memory = report.bytes_accessed[v] / 2e10 * 1e6
+        assert max_costed.compute_us[v] == pytest.approx(max(compute, memory) + 5.0)
+        assert sum_costed.compute_us[v] == pytest.approx(compute + memory + 5.0)
+    assert sum_costed.compute_us[x] == 0.0  # no kernel, no time, either way
+    assert set(sum_costed.compute_us_by_kind) == {adding.kind} != {overlapping.kind}
 
 
 def test_heterogeneous_devices_time_each_kind():

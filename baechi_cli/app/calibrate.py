@@ -9,35 +9,35 @@ measured per device and device pair, the device YAML made of it, and the
 text: what a user loads is what was reported). It writes nothing; the command writes it, atomically.
 
 Per device, in float32, each kernel the median of ``plan.repeats`` timed runs after
-``plan.warmup`` untimed ones (CUDA synchronised around each run):
-
-* ``flops``: the best rate of ``n x n`` matmuls (``2 n^3 / time``, as the MatMul rule counts);
-* ``efficiency.conv``: conv2d at ResNet-like shapes, forward and backward, FLOPs as baechi's
-  Conv2D rules count them, over time, divided by ``flops``; ``efficiency.depthwise`` alike;
-* ``memory_bandwidth``: ``a + b`` into a preallocated output (not the allocator's page faults);
-* ``launch_overhead``: 1-element adds in a row, time per call (dispatch plus launch);
-* ``memory``: CUDA's total memory, or the machine's physical memory for ``cpu``.
+``plan.warmup`` untimed ones (CUDA synchronised around each), counted by baechi's rules
+(:class:`Timed`): ``flops``, the best ``n x n`` matmul rate; ``efficiency.gemm``, a
+transformer layer's matmuls at several widths, inputs cold (:class:`Matmul`), their
+geometric-mean rate over ``flops``; ``efficiency.conv``/``depthwise``, conv2d forward and
+backward at ResNet-50's/MobileNetV2's shapes; ``memory_bandwidth``, ``a + b`` into a
+preallocated output; ``overlap``, whether max or sum of compute and memory time makes those
+matmuls' rates more alike (:func:`best_rates`; under the sum each rate is its kernel's time
+less the other term, :func:`derive`); ``launch_overhead``, an eager training step of tiny
+layers over the ops baechi charges for it (:class:`Launch`); ``memory``, CUDA's total or the
+machine's physical memory.
 
 With two or more CUDA devices, each pair's ``dst.copy_(src)`` of ``2**e`` bytes is fitted
 by :func:`baechi_cli.costs.comm.fit_samples`; the interconnect is the pairs' median (every
 pair also a ``links`` entry), mode ``parallel``. With one device it is Baechi's default
-fit, and ``count`` > 1 writes that many copies of the device. Numbers have 4 significant
-digits (efficiency 3), under a comment header saying what was measured, with which torch,
-threads and TF32 settings, and when. PyTorch's defaults are kept, as a model's step runs
-with them (on CUDA, TF32 for cuDNN convolutions only: ``efficiency.conv`` may exceed 1).
+fit, and ``count`` > 1 writes that many copies. Numbers have 4 significant digits
+(efficiency 3), under a header saying what was measured, with which torch, threads and TF32
+settings, and when. PyTorch's defaults are kept, as a step runs with them (CUDA: TF32 convs).
 
-Noise: :func:`calibrate` also measures the cores other processes kept busy while it
-measured (:func:`cpu_sample`, Linux) and each kernel's :func:`spread` of repeats; past
-:data:`BUSY_CORES` or :data:`WIDE_SPREAD` the result is noisy (:class:`Noise`, in the header).
+Noise: :func:`calibrate` measures the cores other processes kept busy (:func:`cpu_sample`,
+Linux) and each kernel's :func:`spread` of repeats; past :data:`BUSY_CORES` or
+:data:`WIDE_SPREAD` the result is noisy (:class:`Noise`, in the header).
 
-Errors, each one line, raised before anything is written: a device that is not ``cpu``
-or ``cuda:K``, listed twice or unseen by torch, ``count`` with several devices
-(InputError, exit 2); torch not installed (MissingDependencyError, exit 5); a timed run
-that is not positive and finite (InputError naming device and kernel); a noisy
-calibration unless allowed (NoisyMeasurementError from :func:`calibrate_torch`, exit 6).
+Errors, each one line, raised before anything is written: a device that is not ``cpu`` or
+``cuda:K``, listed twice or unseen by torch, ``count`` with several devices (InputError, exit
+2); torch not installed (MissingDependencyError, exit 5); a timed run not positive and finite
+(InputError naming device and kernel); noise unless allowed (NoisyMeasurementError, exit 6).
 
 Complexity: per device, the plan's kernels times ``warmup + repeats``; per pair and size,
-``warmup + runs`` copies.
+``warmup + runs`` copies. Memory: the cold matmuls' pool, ``plan.pool_bytes`` per device.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from baechi_cli.core.devices import (
     CONV,
     DEPTHWISE,
+    GEMM,
     Device,
     DeviceSpec,
     Interconnect,
@@ -64,6 +65,7 @@ from baechi_cli.core.devices import (
     format_si,
 )
 from baechi_cli.core.errors import InputError, MissingDependencyError, NoisyMeasurementError
+from baechi_cli.costs.registry import OpCount
 
 if TYPE_CHECKING:
     from baechi_cli.costs.comm import CommFit
@@ -106,17 +108,29 @@ class ConvShape:
     def groups(self) -> int:
         return self.cin if self.depthwise else 1
 
+    def forward_count(self) -> OpCount:
+        """The forward convolution as baechi's Conv2D (or DepthwiseConv2dNative) rule counts it."""
+        return _rule_count(self._op("Conv2D"), [self._x(), self._filter()], self._y())
+
+    def backward_count(self) -> OpCount:
+        """The input and filter gradients as the Conv2DBackprop{Input,Filter}V2 rules (or the
+        depthwise ones) count them, summed."""
+        inputs = [self._x(), self._filter(), self._y()]
+        dx = _rule_count(self._op("Conv2DBackpropInputV2"), inputs, self._x())
+        dw = _rule_count(self._op("Conv2DBackpropFilterV2"), inputs, self._filter())
+        return OpCount(
+            flops=dx.flops + dw.flops,
+            bytes_read=dx.bytes_read + dw.bytes_read,
+            bytes_written=dx.bytes_written + dw.bytes_written,
+        )
+
     def forward_flops(self) -> float:
-        """FLOPs of the forward convolution, as baechi's Conv2D (or DepthwiseConv2dNative) rule counts them."""
-        return _rule_flops(self._op("Conv2D"), [self._x(), self._filter()], self._y())
+        """FLOPs of the forward convolution (:meth:`forward_count`)."""
+        return self.forward_count().flops
 
     def backward_flops(self) -> float:
-        """FLOPs of the input and filter gradients, as the Conv2DBackprop{Input,Filter}V2 rules (or the
-        depthwise ones) count them."""
-        inputs = [self._x(), self._filter(), self._y()]
-        return _rule_flops(self._op("Conv2DBackpropInputV2"), inputs, self._x()) + _rule_flops(
-            self._op("Conv2DBackpropFilterV2"), inputs, self._filter()
-        )
+        """FLOPs of the input and filter gradients (:meth:`backward_count`)."""
+        return self.backward_count().flops
 
     def _op(self, dense: str) -> str:
         if not self.depthwise:
@@ -139,8 +153,8 @@ class ConvShape:
         return (self.kernel, self.kernel, self.cin, 1 if self.depthwise else self.cout)
 
 
-def _rule_flops(op_type: str, inputs: Sequence[tuple[int, ...]], output: tuple[int, ...]) -> float:
-    """FLOPs of a float32 ``op_type`` with these input and output shapes, by its TensorFlow cost rule."""
+def _rule_count(op_type: str, inputs: Sequence[tuple[int, ...]], output: tuple[int, ...]) -> OpCount:
+    """A float32 ``op_type`` with these input and output shapes, as its TensorFlow cost rule counts it."""
     from baechi_cli.costs.registry import OpView, rule_for
 
     size = [math.prod(s) * _FLOAT32_BYTES for s in inputs]
@@ -155,7 +169,18 @@ def _rule_flops(op_type: str, inputs: Sequence[tuple[int, ...]], output: tuple[i
         ["float32"],
         [math.prod(output) * _FLOAT32_BYTES],
     )
-    return rule_for(op_type).fn(view).flops
+    return rule_for(op_type).fn(view)
+
+
+def matmul_count(m: int, k: int, n: int) -> OpCount:
+    """An ``m x k`` by ``k x n`` float32 matmul as baechi's MatMul rule counts it (``2 m k n`` FLOPs;
+    both inputs read, the output written).
+
+    >>> c = matmul_count(512, 128, 64)
+    >>> c.flops == 2 * 512 * 128 * 64, c.bytes_read == 4 * (512 * 128 + 128 * 64), c.bytes_written == 4 * 512 * 64
+    (True, True, True)
+    """
+    return _rule_count("MatMul", [(m, k), (k, n)], (m, n))
 
 
 def gemm_flops(n: int) -> float:
@@ -164,7 +189,7 @@ def gemm_flops(n: int) -> float:
     >>> gemm_flops(1024) == 2 * 1024**3
     True
     """
-    return _rule_flops("MatMul", [(n, n), (n, n)], (n, n))
+    return matmul_count(n, n, n).flops
 
 
 @dataclass(frozen=True)
@@ -172,6 +197,18 @@ class Gemm:
     """``torch.mm`` of two ``n x n`` float32 matrices."""
 
     n: int
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """``torch.mm`` of an ``m x k`` by a ``k x n`` float32 matrix whose inputs are cold: each run
+    reads the next pair from a pool of ``pool_bytes`` (larger than the caches), as an op of a
+    training step reads tensors written long before; the output is allocated, as in a step."""
+
+    m: int
+    k: int
+    n: int
+    pool_bytes: int
 
 
 @dataclass(frozen=True)
@@ -189,11 +226,26 @@ class Add:
     elements: int
 
 
+#: The width of :class:`Launch`'s layers: small enough that its kernels cost nothing.
+LAUNCH_WIDTH = 8
+
+
 @dataclass(frozen=True)
 class Launch:
-    """``calls`` adds of 1-element tensors in a row."""
+    """A training step of the smallest eager model: ``layers`` pairs of ``nn.Linear(8, 8)`` and
+    ``nn.Tanh`` on one row, ``model.zero_grad(set_to_none=True); model(x).sum().backward()``."""
 
-    calls: int
+    layers: int
+
+    def ops(self) -> int:
+        """The ops baechi's ``--training`` step charges a launch for (passes/training.py): per layer
+        the Gemm and the Tanh, the Gemm's two gradients (input and parameters; the first layer's
+        one: its input needs none) and the Tanh's one; the loss (with its gradient, one op).
+
+        >>> Launch(100).ops()
+        500
+        """
+        return 5 * self.layers - 1 + 1
 
 
 @dataclass(frozen=True)
@@ -204,23 +256,27 @@ class Copy:
     nbytes: int
 
 
-Kernel = Gemm | Conv | Add | Launch | Copy
+Kernel = Gemm | Matmul | Conv | Add | Launch | Copy
 
 
 def describe_kernel(kernel: Kernel) -> str:
     """A kernel as error messages name it.
 
-    >>> describe_kernel(Gemm(512)), describe_kernel(Copy("cuda:1", 1024))
-    ('a 512x512 matmul', 'a copy of 1024 bytes to cuda:1')
+    >>> describe_kernel(Gemm(512)), describe_kernel(Matmul(512, 128, 64, 2**20))
+    ('a 512x512 matmul', 'a 512x128 by 128x64 matmul, inputs cold')
+    >>> describe_kernel(Launch(10)), describe_kernel(Copy("cuda:1", 1024))
+    ('a training step of 10 tiny layers', 'a copy of 1024 bytes to cuda:1')
     """
     if isinstance(kernel, Gemm):
         return f"a {kernel.n}x{kernel.n} matmul"
+    if isinstance(kernel, Matmul):
+        return f"a {kernel.m}x{kernel.k} by {kernel.k}x{kernel.n} matmul, inputs cold"
     if isinstance(kernel, Conv):
         return f"a conv2d {'backward' if kernel.backward else 'forward'} ({kernel.shape})"
     if isinstance(kernel, Add):
         return f"a + b of {kernel.elements} elements"
     if isinstance(kernel, Launch):
-        return f"{kernel.calls} tiny adds"
+        return f"a training step of {kernel.layers} tiny layers"
     return f"a copy of {kernel.nbytes} bytes to {kernel.dst}"
 
 
@@ -247,14 +303,17 @@ class Runner(Protocol):
 
 @dataclass(frozen=True)
 class Plan:
-    """What to run: matmul sizes, conv shapes, elements of the bandwidth add, calls of the launch
-    loop, transfer sizes (exponents of 2), and the warm-up and timed runs of each."""
+    """What to run: square matmul sizes; model-shaped matmuls ``(m, k, n)`` and the bytes of the
+    pool their cold inputs come from; conv shapes; elements of the bandwidth add; layers of the
+    launch step; transfer sizes (exponents of 2); the warm-up and timed runs of each."""
 
     gemm: tuple[int, ...]
+    matmuls: tuple[tuple[int, int, int], ...]
+    pool_bytes: int
     conv: tuple[ConvShape, ...]
     depthwise: tuple[ConvShape, ...]
     elements: int
-    launches: int
+    layers: int
     transfer_exps: tuple[int, ...]
     warmup: int
     repeats: int
@@ -274,6 +333,16 @@ _RESNET_CONVS = (
 _MOBILENET_DEPTHWISE = ((32, 112), (144, 56), (192, 28), (384, 14), (576, 14), (960, 7))
 
 
+def transformer_matmuls(tokens: int, widths: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """A transformer layer's matmuls ``(m, k, n)`` at each width ``h``: the attention projections
+    ``[tokens, h] x [h, h]``, the MLP's ``[tokens, h] x [h, 4h]`` and ``[tokens, 4h] x [4h, h]``.
+
+    >>> transformer_matmuls(512, (128,))
+    ((512, 128, 128), (512, 128, 512), (512, 512, 128))
+    """
+    return tuple(shape for h in widths for shape in ((tokens, h, h), (tokens, h, 4 * h), (tokens, 4 * h, h)))
+
+
 def plan_for(target: str, quick: bool = False) -> Plan:
     """The default plan for ``target`` (a CPU or a CUDA device), or the small ``quick`` one.
 
@@ -282,14 +351,18 @@ def plan_for(target: str, quick: bool = False) -> Plan:
 
     >>> plan_for("cuda:0").gemm, plan_for("cpu").gemm, plan_for("cpu", quick=True).repeats
     ((1024, 2048, 4096, 8192), (256, 512, 1024, 2048), 3)
+    >>> len(plan_for("cpu").matmuls), plan_for("cpu").matmuls[0], plan_for("cuda:0").matmuls[-1]
+    (12, (512, 128, 128), (4096, 16384, 4096))
     """
     if quick:
         return Plan(
             gemm=(128, 256),
+            matmuls=transformer_matmuls(128, (64, 128)),
+            pool_bytes=2**24,
             conv=(ConvShape(1, 32, 32, 28, 3), ConvShape(1, 64, 32, 28, 1)),
             depthwise=(ConvShape(1, 32, 32, 28, 3, depthwise=True),),
             elements=2**22,
-            launches=200,
+            layers=20,
             transfer_exps=tuple(range(0, 21, 4)),
             warmup=1,
             repeats=3,
@@ -298,10 +371,15 @@ def plan_for(target: str, quick: bool = False) -> Plan:
     batch = 32 if cuda else 8
     return Plan(
         gemm=(1024, 2048, 4096, 8192) if cuda else (256, 512, 1024, 2048),
+        # widths from a small model's to a large one's; tokens: a batch of sequences
+        matmuls=transformer_matmuls(4096, (512, 1024, 2048, 4096))
+        if cuda
+        else transformer_matmuls(512, (128, 256, 512, 1024)),
+        pool_bytes=2**30 if cuda else 2**28,  # well past the last-level cache (an H100's L2: 50 MB)
         conv=tuple(ConvShape(batch, *shape) for shape in _RESNET_CONVS),
         depthwise=tuple(ConvShape(batch, c, c, size, 3, depthwise=True) for c, size in _MOBILENET_DEPTHWISE),
         elements=2**26,
-        launches=1000,
+        layers=200,
         transfer_exps=tuple(range(29)),
         warmup=2,
         repeats=7,
@@ -349,30 +427,150 @@ several CUDA devices separated by commas)
 
 
 @dataclass(frozen=True)
-class Measured:
-    """One device's measurements; rates per second."""
+class Timed:
+    """A kernel's FLOPs and bytes (read and written) as baechi's rules count them, and its seconds."""
 
-    target: str  # cpu, cuda:0
-    label: str  # what the device is
-    memory_bytes: int
-    gemm_flops: float  # the best matmul rate
+    flops: float
+    nbytes: float
+    seconds: float
+
+    @staticmethod
+    def of(count: OpCount, seconds: float) -> Timed:
+        return Timed(count.flops, count.bytes_read + count.bytes_written, seconds)
+
+
+#: Under ``overlap: false`` a kernel's compute (or memory) time is its time less its other term, but
+#: never less than this share of it: a kernel the other rate alone would over-explain is noise.
+FLOOR_SHARE = 0.1
+
+
+def compute_s(kernel: Timed, bandwidth: float, overlap: bool) -> float:
+    """The seconds of ``kernel`` that are compute: all of them where compute and memory overlap (the
+    roofline's max, the kernel compute-bound), else its time less its bytes at ``bandwidth``.
+
+    >>> compute_s(Timed(1e9, 1e8, 1.0), 1e9, True), compute_s(Timed(1e9, 1e8, 1.0), 1e9, False)
+    (1.0, 0.9)
+    """
+    if overlap:
+        return kernel.seconds
+    return max(kernel.seconds - kernel.nbytes / bandwidth, FLOOR_SHARE * kernel.seconds)
+
+
+def memory_s(kernel: Timed, flops: float, overlap: bool) -> float:
+    """The seconds of ``kernel`` that are memory traffic: :func:`compute_s`'s mirror."""
+    if overlap:
+        return kernel.seconds
+    return max(kernel.seconds - kernel.flops / flops, FLOOR_SHARE * kernel.seconds)
+
+
+@dataclass(frozen=True)
+class Raw:
+    """One device's timed kernels, in :class:`Plan` order: square matmuls (with their n), the
+    model-shaped matmuls, conv forward and backward runs, depthwise ones, the bandwidth add."""
+
+    squares: tuple[tuple[int, Timed], ...]
+    matmuls: tuple[Timed, ...]
+    conv_forward: tuple[Timed, ...]
+    conv_backward: tuple[Timed, ...]
+    depthwise: tuple[Timed, ...]
+    add: Timed
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What :func:`derive` makes of a :class:`Raw` under one overlap model; rates per second."""
+
+    overlap: bool
+    gemm_flops: float  # the best square matmul's compute rate
     gemm_n: int  # the size that reached it
+    matmul_flops: float  # the geometric mean of the model-shaped matmuls' compute rates
+    matmul_spread: float  # how far those rates spread: the standard deviation of their logs
     conv_flops: float  # forward and backward together
     conv_forward_flops: float
     conv_backward_flops: float
     depthwise_flops: float  # forward and backward together
     bandwidth: float  # bytes/s
+
+
+def _rate(kernels: Sequence[Timed], bandwidth: float, overlap: bool) -> float:
+    """Total FLOPs over total compute seconds."""
+    return sum(k.flops for k in kernels) / sum(compute_s(k, bandwidth, overlap) for k in kernels)
+
+
+def derive(raw: Raw, overlap: bool) -> Rates:
+    """The rates under which baechi's formula (:func:`~baechi_cli.costs.analytic.op_time_us`, max or sum
+    of compute and memory time as ``overlap`` says) gives the kernels their measured times: the add's
+    bytes over its memory seconds, each matmul's and conv's FLOPs over its compute seconds
+    (:func:`compute_s`; the two depend on each other under the sum, so they are iterated)."""
+    bandwidth = raw.add.nbytes / raw.add.seconds
+    gemm_flops, gemm_n = 0.0, 0
+    for _ in range(1 if overlap else 3):  # the sum's corrections are a few percent: converged by then
+        gemm_flops, gemm_n = max((k.flops / compute_s(k, bandwidth, overlap), n) for n, k in raw.squares)
+        bandwidth = raw.add.nbytes / memory_s(raw.add, gemm_flops, overlap)
+    logs = [math.log(k.flops / compute_s(k, bandwidth, overlap)) for k in raw.matmuls]
+    mean = statistics.fmean(logs)
+    return Rates(
+        overlap=overlap,
+        gemm_flops=gemm_flops,
+        gemm_n=gemm_n,
+        matmul_flops=math.exp(mean),
+        matmul_spread=math.sqrt(statistics.fmean([(x - mean) ** 2 for x in logs])),
+        conv_flops=_rate(raw.conv_forward + raw.conv_backward, bandwidth, overlap),
+        conv_forward_flops=_rate(raw.conv_forward, bandwidth, overlap),
+        conv_backward_flops=_rate(raw.conv_backward, bandwidth, overlap),
+        depthwise_flops=_rate(raw.depthwise, bandwidth, overlap),
+        bandwidth=bandwidth,
+    )
+
+
+def best_rates(raw: Raw) -> tuple[Rates, Rates]:
+    """The overlap model the model-shaped matmuls say, and the other: the one under which their
+    compute rates spread less (:attr:`Rates.matmul_spread`); the max (the default) on a tie."""
+    overlapping, adding = derive(raw, True), derive(raw, False)
+    if adding.matmul_spread < overlapping.matmul_spread:
+        return adding, overlapping
+    return overlapping, adding
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One device's measurements (:class:`Raw`), the rates taken (:attr:`rates`: the better overlap
+    model's) and the other model's (:attr:`other`), and the per-op cost of an eager training step."""
+
+    target: str  # cpu, cuda:0
+    label: str  # what the device is
+    memory_bytes: int
+    raw: Raw
+    rates: Rates
+    other: Rates
     launch_us: float
+
+    @property
+    def gemm_flops(self) -> float:
+        return self.rates.gemm_flops
+
+    @property
+    def bandwidth(self) -> float:
+        return self.rates.bandwidth
+
+    @property
+    def overlap(self) -> bool:
+        return self.rates.overlap
+
+    @property
+    def gemm_efficiency(self) -> float:
+        """Model-shaped matmuls' FLOP/s as a fraction of the best square's: ``efficiency.gemm``."""
+        return self.rates.matmul_flops / self.rates.gemm_flops
 
     @property
     def conv_efficiency(self) -> float:
         """Conv FLOP/s as a fraction of GEMM FLOP/s: the ``efficiency.conv`` factor."""
-        return self.conv_flops / self.gemm_flops
+        return self.rates.conv_flops / self.rates.gemm_flops
 
     @property
     def depthwise_efficiency(self) -> float:
         """Depthwise conv FLOP/s as a fraction of GEMM FLOP/s: the ``efficiency.depthwise`` factor."""
-        return self.depthwise_flops / self.gemm_flops
+        return self.rates.depthwise_flops / self.rates.gemm_flops
 
 
 # --- noise ----------------------------------------------------------------------------
@@ -553,16 +751,18 @@ def _convs(
     plan: Plan,
     steps: Callable[[int, int], None],
     spreads: list[Spread],
-) -> tuple[float, float, float, float]:
-    """Forward and backward FLOPs of ``shapes`` (as the rules count them), and their seconds."""
-    forward_flops = backward_flops = forward_s = backward_s = 0.0
+) -> tuple[tuple[Timed, ...], tuple[Timed, ...]]:
+    """The forward and the backward run of each of ``shapes``, timed and counted as the rules count them."""
+    forward, backward = [], []
     for i, shape in enumerate(shapes, 1):
-        forward_flops += shape.forward_flops()
-        backward_flops += shape.backward_flops()
-        forward_s += _median_s(runner, target, Conv(shape), plan, spreads)
-        backward_s += _median_s(runner, target, Conv(shape, backward=True), plan, spreads)
+        forward.append(Timed.of(shape.forward_count(), _median_s(runner, target, Conv(shape), plan, spreads)))
+        backward.append(
+            Timed.of(
+                shape.backward_count(), _median_s(runner, target, Conv(shape, backward=True), plan, spreads)
+            )
+        )
         steps(i, len(shapes))
-    return forward_flops, backward_flops, forward_s, backward_s
+    return tuple(forward), tuple(backward)
 
 
 def measure_device(
@@ -577,40 +777,49 @@ def measure_device(
     the kernels done in it, ``spreads`` (when given) each kernel's :class:`Spread`. InputError for a
     broken timer or a memory size that is not positive."""
     spreads = [] if spreads is None else spreads
-    progress("gemm")
-    best = (0.0, 0)
+    progress("gemm")  # the squares, then the model-shaped matmuls
+    total = len(plan.gemm) + len(plan.matmuls)
+    squares = []
     for i, n in enumerate(plan.gemm, 1):
-        best = max(best, (gemm_flops(n) / _median_s(runner, target, Gemm(n), plan, spreads), n))
-        steps(i, len(plan.gemm))
+        squares.append(
+            (n, Timed.of(matmul_count(n, n, n), _median_s(runner, target, Gemm(n), plan, spreads)))
+        )
+        steps(i, total)
+    matmuls = []
+    for i, (m, k, n) in enumerate(plan.matmuls, len(plan.gemm) + 1):
+        kernel = Matmul(m, k, n, plan.pool_bytes)
+        matmuls.append(Timed.of(matmul_count(m, k, n), _median_s(runner, target, kernel, plan, spreads)))
+        steps(i, total)
 
     progress("conv")
-    conv = _convs(runner, target, plan.conv, plan, steps, spreads)
-    forward_flops, backward_flops, forward_s, backward_s = conv
+    conv_forward, conv_backward = _convs(runner, target, plan.conv, plan, steps, spreads)
     progress("depthwise")
     depthwise = _convs(runner, target, plan.depthwise, plan, steps, spreads)
-    depthwise_flops, depthwise_s = depthwise[0] + depthwise[1], depthwise[2] + depthwise[3]
 
     progress("bandwidth")
-    moved = 3 * plan.elements * _FLOAT32_BYTES  # read a and b, write the sum
-    bandwidth = moved / _median_s(runner, target, Add(plan.elements), plan, spreads)
+    add_count = OpCount(  # read a and b, write the sum: one FLOP an element
+        flops=float(plan.elements),
+        bytes_read=2 * plan.elements * _FLOAT32_BYTES,
+        bytes_written=plan.elements * _FLOAT32_BYTES,
+    )
+    add = Timed.of(add_count, _median_s(runner, target, Add(plan.elements), plan, spreads))
 
     progress("launch")
-    launch_us = _median_s(runner, target, Launch(plan.launches), plan, spreads) / plan.launches * 1e6
+    launch = Launch(plan.layers)
+    launch_us = _median_s(runner, target, launch, plan, spreads) / launch.ops() * 1e6
 
     memory = runner.memory_bytes(target)
     if not memory > 0:
         raise InputError(f"{target}: the device reports {memory} bytes of memory")
+    raw = Raw(tuple(squares), tuple(matmuls), conv_forward, conv_backward, depthwise[0] + depthwise[1], add)
+    rates, other = best_rates(raw)
     return Measured(
         target=target,
         label=runner.label(target),
         memory_bytes=int(memory),
-        gemm_flops=best[0],
-        gemm_n=best[1],
-        conv_flops=(forward_flops + backward_flops) / (forward_s + backward_s),
-        conv_forward_flops=forward_flops / forward_s,
-        conv_backward_flops=backward_flops / backward_s,
-        depthwise_flops=depthwise_flops / depthwise_s,
-        bandwidth=bandwidth,
+        raw=raw,
+        rates=rates,
+        other=other,
         launch_us=launch_us,
     )
 
@@ -739,7 +948,12 @@ def _spec(measured: Sequence[Measured], fits: Sequence[CommFit], count: int) -> 
             flops=_sig(m.gemm_flops),
             memory_bandwidth=_sig(m.bandwidth),
             launch_overhead_us=_sig(m.launch_us),
-            efficiency=((CONV, _sig(m.conv_efficiency, 3)), (DEPTHWISE, _sig(m.depthwise_efficiency, 3))),
+            efficiency=(
+                (CONV, _sig(m.conv_efficiency, 3)),
+                (DEPTHWISE, _sig(m.depthwise_efficiency, 3)),
+                (GEMM, _sig(m.gemm_efficiency, 3)),
+            ),
+            overlap=m.overlap,
         )
 
     if count > 1:
@@ -779,6 +993,7 @@ def _header(
         return format_si(value, unit, sep=" ")
 
     sizes = ", ".join(str(n) for n in plan.gemm)
+    widths = ", ".join(str(k) for m, k, n in plan.matmuls[::3])
     lines = [command] if command else []
     lines += [
         f"measured {when:%Y-%m-%d %H:%M} UTC with {framework}, float32; each time is the median of "
@@ -786,17 +1001,29 @@ def _header(
     ]
     for m in measured:
         memory = "physical memory" if m.target == "cpu" else "total memory"
+        r, other = m.rates, m.other
+        compute = "" if r.overlap else " (compute: each run's time less its bytes at memory_bandwidth)"
         lines += [
             f"{m.target}: {m.label}; memory: {memory}",
-            f"  flops: best n x n matmul rate, n = {sizes}: {rate(m.gemm_flops, 'FLOP/s')} at n = {m.gemm_n}",
+            f"  flops: best n x n matmul rate, n = {sizes}: {rate(r.gemm_flops, 'FLOP/s')} at n = {r.gemm_n}"
+            + compute,
+            f"  efficiency.gemm: {len(plan.matmuls)} matmuls of a transformer layer ([T, h] x [h, h], [h, 4h]; "
+            f"[T, 4h] x [4h, h]; T = {plan.matmuls[0][0]}, h = {widths}), inputs cold (read from "
+            f"{plan.pool_bytes / 2**20:g} MiB of distinct matrices): geometric mean rate "
+            f"{rate(r.matmul_flops, 'FLOP/s')}",
             f"  efficiency.conv: conv2d forward + backward over {len(plan.conv)} ResNet-like shapes "
-            f"({plan.conv[0]}, ...): {rate(m.conv_flops, 'FLOP/s')} (forward "
-            f"{rate(m.conv_forward_flops, 'FLOP/s')}, backward {rate(m.conv_backward_flops, 'FLOP/s')})",
+            f"({plan.conv[0]}, ...): {rate(r.conv_flops, 'FLOP/s')} (forward "
+            f"{rate(r.conv_forward_flops, 'FLOP/s')}, backward {rate(r.conv_backward_flops, 'FLOP/s')})",
             f"  efficiency.depthwise: depthwise 3x3 conv2d forward + backward over {len(plan.depthwise)} "
-            f"MobileNetV2 shapes ({plan.depthwise[0]}, ...): {rate(m.depthwise_flops, 'FLOP/s')}",
+            f"MobileNetV2 shapes ({plan.depthwise[0]}, ...): {rate(r.depthwise_flops, 'FLOP/s')}",
             f"  memory_bandwidth: a + b into a preallocated output, {_power_of_2(plan.elements)} float32 "
-            "elements",
-            f"  launch_overhead: {plan.launches} adds of 1-element tensors in a row, per call",
+            "elements" + ("" if r.overlap else " (less its FLOPs at flops)"),
+            f"  overlap: {str(r.overlap).lower()}: the matmuls' compute rates spread "
+            f"{r.matmul_spread:.1%} with {'max' if r.overlap else 'the sum'} of compute and memory time, "
+            f"{other.matmul_spread:.1%} with {'max' if other.overlap else 'the sum'}",
+            f"  launch_overhead: a training step (forward, backward) of {plan.layers} nn.Linear({LAUNCH_WIDTH}, "
+            f"{LAUNCH_WIDTH}) + nn.Tanh layers over the {Launch(plan.layers).ops()} ops baechi's --training "
+            "charges for it",
         ]
     if count > 1:
         lines.append(f"{count} devices like {measured[0].target}")
@@ -847,6 +1074,14 @@ class TorchRunner:
     def __init__(self, torch: Any, cuda: bool = False) -> None:
         self._torch = torch
         self._cuda = cuda  # whether the devices are CUDA devices
+        self._pools: dict[tuple[str, int], Any] = {}  # (target, bytes) -> random float32 values
+
+    def _pool(self, target: str, nbytes: int) -> Any:
+        """``nbytes`` of random float32 values on ``target``, made once and shared by the cold matmuls."""
+        key = (target, nbytes)
+        if key not in self._pools:
+            self._pools[key] = self._torch.randn(nbytes // _FLOAT32_BYTES, device=self._torch.device(target))
+        return self._pools[key]
 
     @classmethod
     def open(cls, targets: Sequence[str]) -> TorchRunner:
@@ -918,6 +1153,21 @@ class TorchRunner:
             def work() -> Any:
                 return torch.mm(a, b)
 
+        elif isinstance(kernel, Matmul):
+            m, k, n = kernel.m, kernel.k, kernel.n
+            pool, size = self._pool(target, kernel.pool_bytes), m * k + k * n
+            if size > pool.numel():
+                raise InputError(f"{describe_kernel(kernel)}: its inputs do not fit its pool")
+            pairs = [
+                (pool[o : o + m * k].view(m, k), pool[o + m * k : o + size].view(k, n))
+                for o in range(0, pool.numel() - size + 1, size)
+            ]
+            turn = itertools.count()
+
+            def work() -> Any:
+                a, b = pairs[next(turn) % len(pairs)]
+                return torch.mm(a, b)
+
         elif isinstance(kernel, Conv):
             s, pad = kernel.shape, kernel.shape.kernel // 2
             x, w = randn(s.batch, s.cin, s.size, s.size), randn(s.cout, s.cin // s.groups, s.kernel, s.kernel)
@@ -952,12 +1202,14 @@ class TorchRunner:
                 return torch.add(a, b, out=out)
 
         elif isinstance(kernel, Launch):
-            a, b = randn(1), randn(1)
-            calls = range(kernel.calls)
+            nn, layers = torch.nn, []
+            for _ in range(kernel.layers):
+                layers += [nn.Linear(LAUNCH_WIDTH, LAUNCH_WIDTH), nn.Tanh()]
+            model, x = nn.Sequential(*layers).to(device), randn(1, LAUNCH_WIDTH)
 
             def work() -> Any:
-                for _ in calls:
-                    torch.add(a, b)
+                model.zero_grad(set_to_none=True)
+                model(x).sum().backward()
 
         else:
             src = torch.ones(kernel.nbytes, dtype=torch.uint8, device=device)

@@ -19,6 +19,10 @@ left out takes ``conv``'s); ops of no class run at ``flops``. ``baechi devices c
 (:mod:`baechi_cli.app.calibrate`); :func:`dump_devices_yaml` writes any spec
 back as YAML.
 
+*Overlap*: whether an op's compute and its memory traffic overlap (``True``, the
+default: the roofline's max of the two times) or add up (``False``: their sum, what a
+calibrated CPU measures for the matmuls of a model's step; :func:`~baechi_cli.costs.analytic.op_time_us`).
+
 Communication: moving ``b`` bytes between two different devices takes
 ``latency + b / bandwidth`` µs (a per-pair ``links`` entry overrides the
 defaults); the same device costs nothing. The default is the fit Baechi
@@ -86,13 +90,17 @@ class Device:
     # (compute class, factor on flops) pairs, sorted by class; a class not listed runs at flops.
     # A tuple, not a dict, so that the dataclass stays hashable.
     efficiency: tuple[tuple[str, float], ...] = ()
+    # Whether an op's compute and memory traffic overlap (the roofline's max) or add up (False).
+    overlap: bool = True
     # Devices with the same compute characteristics share a kind (see _kind). Set from the
     # fields above; a plain attribute, as placers and the simulator ask it of every device.
     kind: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
-            self, "kind", _kind(self.flops, self.memory_bandwidth, self.launch_overhead_us, self.efficiency)
+            self,
+            "kind",
+            _kind(self.flops, self.memory_bandwidth, self.launch_overhead_us, self.efficiency, self.overlap),
         )
 
     def flops_for(self, compute_class: str) -> float:
@@ -112,14 +120,18 @@ class Device:
 
 
 @functools.cache  # a spec has few kinds, and thousands of devices of each
-def _kind(flops: float, memory_bandwidth: float, launch_overhead_us: float, efficiency: tuple) -> str:
+def _kind(
+    flops: float, memory_bandwidth: float, launch_overhead_us: float, efficiency: tuple, overlap: bool = True
+) -> str:
     """A device's :attr:`Device.kind`: its compute characteristics as text.
 
     >>> Device("d", 1, 1e12, 1e11, 2.0, (("conv", 0.5),)).kind
     '1e+12F/1e+11B/2us/conv0.5'
+    >>> Device("d", 1, 1e12, 1e11, 2.0, overlap=False).kind
+    '1e+12F/1e+11B/2us/sum'
     """
     classes = "".join(f"/{name}{factor:g}" for name, factor in efficiency)
-    return f"{flops:g}F/{memory_bandwidth:g}B/{launch_overhead_us:g}us{classes}"
+    return f"{flops:g}F/{memory_bandwidth:g}B/{launch_overhead_us:g}us{classes}{'' if overlap else '/sum'}"
 
 
 @dataclass(frozen=True)
@@ -407,7 +419,16 @@ def parse_devices(spec: str) -> DeviceSpec:
     return DeviceSpec(tuple(devices), Interconnect(), source=text)
 
 
-_DEVICE_KEYS = {"name", "memory", "flops", "memory_bandwidth", "launch_overhead", "efficiency", "count"}
+_DEVICE_KEYS = {
+    "name",
+    "memory",
+    "flops",
+    "memory_bandwidth",
+    "launch_overhead",
+    "efficiency",
+    "overlap",
+    "count",
+}
 _INTERCONNECT_KEYS = {"mode", "latency", "bandwidth", "links"}
 _LINK_KEYS = {"a", "b", "latency", "bandwidth"}
 
@@ -476,7 +497,15 @@ def _device_from_doc(d: dict, index: int, where: str) -> Device:
             d.get("launch_overhead", DEFAULT_LAUNCH_OVERHEAD_US), f"{where}.launch_overhead"
         ),
         efficiency=_efficiency(d.get("efficiency"), f"{where}.efficiency"),
+        overlap=_flag(d.get("overlap", True), f"{where}.overlap"),
     )
+
+
+def _flag(value: Any, what: str) -> bool:
+    """A YAML boolean (``true``/``false``); InputError for anything else (``"no"`` quoted, ``0``)."""
+    if not isinstance(value, bool):
+        raise InputError(f"{what} '{_quote(value)}' must be true or false")
+    return value
 
 
 def _positive_time_us(text: Any, what: str) -> float:
@@ -619,7 +648,7 @@ def _exact_time(us: float) -> str:
 def dump_devices_yaml(spec: DeviceSpec, comments: Sequence[str] = ()) -> str:
     """``spec`` as a device YAML that :func:`devices_from_yaml` reads back, after ``comments`` as ``#`` lines.
 
-    Every device is listed with every key, each number in the shortest form
+    Every device is listed with every key (``overlap`` only when false), each number in the shortest form
     that reads back as the same float, so the text reads back as ``spec``
     and writing that again gives the same text. The interconnect's latency
     and bandwidth are left out where they are the defaults (Baechi's PCIe
@@ -649,6 +678,8 @@ def dump_devices_yaml(spec: DeviceSpec, comments: Sequence[str] = ()) -> str:
         }
         if d.efficiency:
             entry["efficiency"] = dict(d.efficiency)
+        if not d.overlap:
+            entry["overlap"] = False
         devices.append(entry)
     ic = spec.interconnect
     interconnect: dict[str, Any] = {"mode": ic.mode}

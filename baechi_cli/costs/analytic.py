@@ -21,11 +21,14 @@ plus a :class:`CostReport` (per-op FLOPs and bytes, totals, coverage).
 Counting is kept apart from the device model (as XLA's HloCostAnalysis is):
 rules give device-independent :class:`OpCount` s; :func:`op_time_us` times one:
 
-    time_us = max(flops / (device.flops * efficiency[class]), bytes moved / device.memory_bandwidth) * 1e6
-              + device.launch_overhead_us
+    compute = flops / (device.flops * efficiency[class]);  memory = bytes moved / device.memory_bandwidth
+    time_us = max(compute, memory) * 1e6 + device.launch_overhead_us          (device.overlap, the default)
+    time_us = (compute + memory) * 1e6 + device.launch_overhead_us            (overlap: false)
 
 ``efficiency[class]`` is the device's factor for the compute class of the op's rule (1
-when it has none). Ops whose rule kind is ``zero`` or ``variable`` take 0 µs: on a GPU
+when it has none); a device's ``overlap`` is false where its kernels do not hide memory
+traffic under compute (``baechi devices calibrate`` measures it; a CPU's cores both compute
+and wait). Ops whose rule kind is ``zero`` or ``variable`` take 0 µs: on a GPU
 they launch no kernel, and charging them the launch overhead would make chains of
 bookkeeping ops look expensive to the placers. Uncovered op types are timed by their bytes
 plus the overhead. ONNX ops are seen through the reader's per-input attrs
@@ -136,16 +139,18 @@ class CostReport:
 def op_time_us(
     count: OpCount, device: Device, launches_kernel: bool = True, compute_class: str = ""
 ) -> float:
-    """Roofline time of one op on ``device``: compute- or memory-bound, plus launch overhead.
+    """Roofline time of one op on ``device``: the larger of its compute and memory times (their
+    sum where ``device.overlap`` is false), plus launch overhead.
 
-    The compute bound is at the device's FLOP/s for the op's ``compute_class``
+    The compute time is at the device's FLOP/s for the op's ``compute_class``
     (:meth:`~baechi_cli.core.devices.Device.flops_for`).
     """
     if not launches_kernel:
         return 0.0
     compute_s = count.flops / device.flops_for(compute_class)
     memory_s = (count.bytes_read + count.bytes_written) / device.memory_bandwidth
-    return max(compute_s, memory_s) * 1e6 + device.launch_overhead_us
+    busy_s = max(compute_s, memory_s) if device.overlap else compute_s + memory_s
+    return busy_s * 1e6 + device.launch_overhead_us
 
 
 # Resource-variable holders whose size may only be known from the handle's users.

@@ -15,8 +15,10 @@ def calibration_lines(result: Calibration, output: str) -> list[str]:
     """The summary of ``result``, written to ``output``, as plain lines."""
     lines = [
         f"{m.target} ({m.label}): GEMM {format_si(m.gemm_flops, 'FLOP/s', sep=' ')}, "
+        f"model matmuls {m.gemm_efficiency:.3f}x GEMM, "
         f"conv {m.conv_efficiency:.3f}x GEMM, depthwise conv {m.depthwise_efficiency:.3f}x GEMM, "
         f"memory bandwidth {format_si(m.bandwidth, 'B/s', sep=' ')}, "
+        f"compute and memory {'overlap' if m.overlap else 'add up'}, "
         f"launch {m.launch_us:.3g} µs, memory {fmt_bytes(m.memory_bytes)}"
         for m in result.measured
     ]
