@@ -376,3 +376,43 @@ def test_an_output_read_by_nothing_needs_the_loss_only_when_it_is_a_float():
     t = synthesize_training(b.build(), DEVICES, ["zero", "flops"], "sgd")
     loss = t.index()["loss/fc"]
     assert t.output_bytes[loss] == [40] and t.output_dtypes[loss] == ["float32"]
+
+
+def test_a_weight_whose_first_reader_takes_its_shape_is_still_trained(tmp_path):
+    """The dynamo exporter reads a conv weight's Shape before the Conv: the Conv owns the weight,
+    its gradient and its update, not the Shape (whose int64 output needs no gradient)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from baechi_cli.app.place import place_model
+    from baechi_cli.core.devices import parse_devices
+    from baechi_cli.search.candidates import PlaceOptions
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8, 8])
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, [4])
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype(np.float32), "w"
+    )
+    nodes = [
+        helper.make_node("Shape", ["w"], ["s"]),
+        helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y, s], [w]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, str(path))
+    outcome = place_model(
+        str(path), parse_devices("1x1GB"), PlaceOptions(algo="single", training=True, optimizer="adam")
+    )
+    g = outcome.graph
+    conv = (
+        g.index()["Conv_1"]
+        if "Conv_1" in g.index()
+        else next(v for v in range(g.num_ops) if g.op_types[v] == "Conv")
+    )
+    assert g.persistent_bytes[conv] == 4 * 4 * 3 * 3 * 4
+    updates = [v for v in range(g.num_ops) if g.op_types[v] == "ApplyAdam"]
+    assert [g.forward_op[v] for v in updates] == [conv]

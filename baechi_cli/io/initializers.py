@@ -21,7 +21,9 @@ def own_initializers(
 ) -> OpGraph:
     """``graph`` with each initializer's bytes on its first consumer (``consumers[name]``, in op
     order) and the consumers of a shared one in one colocation group; a shared float one marks
-    its readers for the training pass's one gradient buffer. O(V + total consumers).
+    its readers for the training pass's one gradient buffer. Consumers whose outputs are all
+    integers (a ``Shape`` of a weight) read only its size: they neither own it nor make a
+    gradient of it, unless nothing else reads it. O(V + total consumers).
 
     >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
@@ -39,7 +41,8 @@ def own_initializers(
         return v
 
     persistent = list(graph.persistent_bytes)
-    for name, ops in consumers.items():
+    for name, every in consumers.items():
+        ops = [v for v in every if not _sizes_only(graph, v)] or every[:1]
         persistent[ops[0]] += inits[name].nbytes
         if len(ops) > 1 and inits[name].dtype.startswith(("float", "bfloat")):
             # A shared weight (tied embeddings, ALBERT's shared layers): every reader's backward
@@ -62,10 +65,16 @@ def own_initializers(
             first_add = graph.attrs[ops[-2]]
             first_add["_gradient_sum_bytes"] = first_add.get("_gradient_sum_bytes", 0) + inits[name].nbytes
         root = find(ops[0])
-        for v in ops[1:]:
+        for v in every:
             other = find(v)
             if other != root:
                 root, other = min(root, other), max(root, other)
                 parent[other] = root
     group = [find(v) for v in range(graph.num_ops)]  # a root is its set's lowest id
     return graph.replace(persistent_bytes=persistent, group=group)
+
+
+def _sizes_only(graph: OpGraph, v: int) -> bool:
+    """Op ``v``'s outputs are all integers: it reads a weight's size, not its values."""
+    dtypes = graph.output_dtypes[v]
+    return bool(dtypes) and all(d.startswith(("int", "uint", "bool")) for d in dtypes)
