@@ -105,18 +105,34 @@ class Device:
 
     def flops_for(self, compute_class: str) -> float:
         """FLOP/s for an op of ``compute_class`` ("" for none): ``flops`` times its efficiency, if
-        any, else the efficiency of the class it refines (``depthwise``: ``conv``'s).
+        any, else the efficiency of the class it refines (``depthwise``: ``conv``'s). A grouped
+        convolution of N input channels per group (``grouped/N``) runs between ``depthwise``'s
+        rate (N = 1) and ``conv``'s (N = :data:`GROUPED_AS_DENSE`, the calibration's dense convs'
+        channels), geometrically in log N.
 
         >>> d = Device("d", 1, flops=1e12, efficiency=(("conv", 0.5),))
         >>> d.flops_for("conv"), d.flops_for("gemm"), d.flops_for(""), d.flops_for("depthwise")
         (500000000000.0, 1000000000000.0, 1000000000000.0, 500000000000.0)
+        >>> g = Device("g", 1, flops=1e12, efficiency=(("conv", 1.0), ("depthwise", 0.01)))
+        >>> round(g.flops_for("grouped/8") / 1e9)  # 8 of 64 channels: halfway in log, 10% of conv's
+        100
         """
+        base, _, per_group = compute_class.partition("/")
+        if base == "grouped" and per_group.isdigit():  # between depthwise (1 per group) and conv
+            low, high = self.flops_for("depthwise"), self.flops_for("conv")
+            share = min(math.log(int(per_group)) / math.log(GROUPED_AS_DENSE), 1.0)
+            return low * (high / low) ** share
         while compute_class:
             for name, factor in self.efficiency:
                 if name == compute_class:
                     return self.flops * factor
             compute_class = _REFINES.get(compute_class, "")
         return self.flops
+
+
+#: Input channels per group from which a grouped convolution runs as a dense one (the calibrated
+#: conv shapes' 64 channels; Device.flops_for).
+GROUPED_AS_DENSE = 64
 
 
 @functools.cache  # a spec has few kinds, and thousands of devices of each

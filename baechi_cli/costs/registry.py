@@ -206,19 +206,30 @@ def rule_for(op_type: str, op_set: str = TENSORFLOW) -> RuleEntry:
 
 def op_compute_class(entry: RuleEntry, attrs: Mapping[str, Any]) -> str:
     """The compute class of an op counted by ``entry``, with attributes ``attrs``: the rule's,
-    except that a grouped convolution (ONNX ``Conv``'s ``group`` > 1, an aten convolution's
-    ``attrs["_args"]["groups"]`` > 1; depthwise is the common case) runs at ``depthwise``'s
-    rate. O(1).
+    except that a depthwise convolution (ONNX ``Conv``'s ``group`` > 1, an aten convolution's
+    ``attrs["_args"]["groups"]`` > 1, with one input channel per group, or an unknown weight
+    shape) runs at ``depthwise``'s rate; one of N > 1 channels per group (RegNet's, ResNeXt's)
+    is ``grouped/N`` (:meth:`~baechi_cli.core.devices.Device.flops_for`). O(1).
 
     >>> conv = rule_for("Conv", ONNX)
     >>> op_compute_class(conv, {}), op_compute_class(conv, {"group": 32})
     ('conv', 'depthwise')
+    >>> op_compute_class(conv, {"group": 4, "_input_shapes": [(8, 32, 14, 14), (32, 8, 3, 3)]})
+    'grouped/8'
     """
-    if entry.compute_class == CONV and (
-        int(attrs.get("group", 1) or 1) > 1 or int((attrs.get("_args") or {}).get("groups", 1) or 1) > 1
-    ):
-        return DEPTHWISE
-    return entry.compute_class
+    groups = max(int(attrs.get("group", 1) or 1), int((attrs.get("_args") or {}).get("groups", 1) or 1))
+    if entry.compute_class != CONV or groups == 1:
+        return entry.compute_class
+    per_group = _channels_per_group(attrs)
+    return DEPTHWISE if per_group in (1, None) else f"grouped/{per_group}"
+
+
+def _channels_per_group(attrs: Mapping[str, Any]) -> int | None:
+    """A convolution's input channels per group: its weight's dim 1 (ONNX and aten alike put the
+    weight second); None when its shape is not known."""
+    shapes = attrs.get("_input_shapes") or ()
+    weight = shapes[1] if len(shapes) > 1 else None
+    return int(weight[1]) if weight is not None and len(weight) > 1 else None
 
 
 def rule_table(op_set: str = TENSORFLOW) -> list[tuple[str, str, str]]:
