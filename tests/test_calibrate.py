@@ -31,11 +31,13 @@ from baechi_cli.app.calibrate import (
     Kernel,
     Launch,
     Matmul,
+    Norm,
     TorchRunner,
     calibrate,
     cpu_sample,
     gemm_flops,
     matmul_count,
+    norm_count,
     parse_targets,
     plan_for,
 )
@@ -71,6 +73,7 @@ class FakeRunner:
 
     def __init__(self, **overrides: object) -> None:
         self.gemm, self.conv_forward, self.conv_backward, self.depthwise = 1e11, 6e10, 4e10, 5e9
+        self.norm = 2e9
         self.matmul, self.overlap = 8e10, True
         self.bandwidth, self.launch, self.memory = 2e10, 2e-6, 16 * 10**9
         self.latency, self.link, self.links = 10e-6, 1e10, {}
@@ -106,6 +109,8 @@ class FakeRunner:
         if isinstance(kernel, Add):
             n = kernel.elements
             return self.roofline(OpCount(flops=n, bytes_read=8 * n, bytes_written=4 * n), self.gemm)
+        if isinstance(kernel, Norm):
+            return self.roofline(norm_count(kernel.shape), self.norm)
         if isinstance(kernel, Launch):
             return kernel.ops() * self.launch
         latency, link = self.links.get((target, kernel.dst), (self.latency, self.link))
@@ -168,7 +173,7 @@ def test_one_device_yaml_reads_back_as_the_measured_spec(tmp_path):
     assert d.name == "/device:CPU:0" and d.memory_bytes == 16 * 10**9
     assert (d.flops, d.memory_bandwidth, d.launch_overhead_us, d.overlap) == (1e11, 2e10, 2.0, True)
     conv = round(conv_flops / conv_s / 1e11, 3)
-    assert d.efficiency == (("conv", conv), ("depthwise", 0.05), ("gemm", 0.8))
+    assert d.efficiency == (("conv", conv), ("depthwise", 0.05), ("gemm", 0.8), ("norm", 0.02))
     assert m.rates.depthwise_flops == pytest.approx(5e9)
     assert result.spec.interconnect == DeviceSpec((d,)).interconnect  # one device: the default
 
@@ -332,7 +337,10 @@ def test_target_names():
 
 def test_rules_carry_their_compute_class_and_onnx_aliases_take_it():
     tf = name_table("tensorflow")
-    assert set(COMPUTE_CLASS_OF) <= set(tf) and set(COMPUTE_CLASS_OF.values()) == set(COMPUTE_CLASSES)
+    # norm is not a rule's class: op_compute_class gives it to a batch norm in training mode
+    assert set(COMPUTE_CLASS_OF) <= set(tf) and set(COMPUTE_CLASS_OF.values()) == set(COMPUTE_CLASSES) - {
+        "norm"
+    }
     for op_type, entry in tf.items():
         assert entry.compute_class == COMPUTE_CLASS_OF.get(op_type, "")
     expected = {
@@ -681,7 +689,36 @@ def test_real_quick_cpu_calibration(tmp_path):
     (d,) = parse_devices(str(out)).devices
     assert d.name == "/device:CPU:0" and d.memory_bytes > 2**30
     assert d.flops > 1e8 and d.memory_bandwidth > 1e8 and 0 < d.launch_overhead_us < 1e4
-    assert [name for name, _ in d.efficiency] == ["conv", "depthwise", "gemm"]
+    assert [name for name, _ in d.efficiency] == ["conv", "depthwise", "gemm", "norm"]
     # a real depthwise kernel moves a few bytes per FLOP: it never reaches the dense convolutions' rate
     assert d.flops_for("depthwise") < d.flops_for("conv")
     assert "with torch " in out.read_text()
+
+
+def test_batch_norms_in_training_run_at_norms_rate():
+    """efficiency.norm applies to a batch norm in training mode, in every op set, and nowhere else;
+    --training puts an ONNX export's batch norms (exported in eval mode) in training mode."""
+    from baechi_cli.costs.registry import op_compute_class
+
+    bn = rule_for("BatchNormalization", "onnx")
+    assert op_compute_class(bn, {"training_mode": 1}) == "norm" and op_compute_class(bn, {}) != "norm"
+    fused = rule_for("FusedBatchNormV3", "tensorflow")
+    assert op_compute_class(fused, {}) == "norm" and op_compute_class(fused, {"is_training": False}) != "norm"
+    aten = rule_for("aten._native_batch_norm_legit_functional", "aten")
+    assert op_compute_class(aten, {"_args": {"training": True}}) == "norm"
+    assert op_compute_class(rule_for("Relu", "onnx"), {"training_mode": 1}) != "norm"
+
+    from baechi_cli.app.place import place_model
+    from baechi_cli.core.devices import parse_devices
+    from baechi_cli.search.candidates import PlaceOptions
+
+    model = os.path.join(os.path.dirname(__file__), "..", "testdata", "torch_resnet.onnx")
+    plain = parse_devices("1x1GB")
+    slow_norms = DeviceSpec((replace(plain.devices[0], efficiency=(("norm", 0.001),)),), plain.interconnect)
+    options = PlaceOptions(algo="single", training=True)
+    times = [place_model(model, spec, options).sim.step_time_us for spec in (plain, slow_norms)]
+    assert times[1] > 1.5 * times[0]
+    inference = PlaceOptions(algo="single")
+    assert place_model(model, slow_norms, inference).sim.step_time_us == pytest.approx(
+        place_model(model, plain, inference).sim.step_time_us
+    )

@@ -57,6 +57,7 @@ from baechi_cli.core.devices import (
     CONV,
     DEPTHWISE,
     GEMM,
+    NORM,
     Device,
     DeviceSpec,
     Interconnect,
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
     from baechi_cli.costs.comm import CommFit
 
 #: The stages :func:`calibrate` reports to its ``progress`` callback, in order (per device, then pairs).
-CALIBRATE_STAGES = ("gemm", "conv", "depthwise", "bandwidth", "launch", "transfers")
+CALIBRATE_STAGES = ("gemm", "conv", "depthwise", "norm", "bandwidth", "launch", "transfers")
 _FLOAT32_BYTES = 4
 
 
@@ -226,6 +227,35 @@ class Add:
     elements: int
 
 
+@dataclass(frozen=True)
+class Norm:
+    """A batch norm in training mode (batch statistics, running statistics updated) of an NCHW
+    float32 tensor of ``shape``: the forward pass."""
+
+    shape: tuple[int, int, int, int]
+
+
+def norm_count(shape: tuple[int, int, int, int]) -> OpCount:
+    """What baechi's rule counts for :class:`Norm`: an ONNX BatchNormalization in training mode.
+
+    >>> norm_count((2, 4, 8, 8)).flops
+    3072.0
+    """
+    from baechi_cli.costs.registry import ONNX, count_view, rule_for
+    from baechi_cli.costs.rules_onnx import onnx_view
+
+    channels = (shape[1],)
+    view = onnx_view(
+        "BatchNormalization",
+        {"training_mode": 1, "_input_shapes": [shape, *[channels] * 4], "_input_dtypes": ["float32"] * 5},
+        [shape],
+        ["float32"],
+        [math.prod(shape) * _FLOAT32_BYTES],
+    )
+    count, _ = count_view(rule_for("BatchNormalization", ONNX), view)
+    return count
+
+
 #: The width of :class:`Launch`'s layers: small enough that its kernels cost nothing.
 LAUNCH_WIDTH = 8
 
@@ -256,7 +286,7 @@ class Copy:
     nbytes: int
 
 
-Kernel = Gemm | Matmul | Conv | Add | Launch | Copy
+Kernel = Gemm | Matmul | Conv | Norm | Add | Launch | Copy
 
 
 def describe_kernel(kernel: Kernel) -> str:
@@ -275,6 +305,8 @@ def describe_kernel(kernel: Kernel) -> str:
         return f"a conv2d {'backward' if kernel.backward else 'forward'} ({kernel.shape})"
     if isinstance(kernel, Add):
         return f"a + b of {kernel.elements} elements"
+    if isinstance(kernel, Norm):
+        return f"a training batch norm of {'x'.join(map(str, kernel.shape))}"
     if isinstance(kernel, Launch):
         return f"a training step of {kernel.layers} tiny layers"
     return f"a copy of {kernel.nbytes} bytes to {kernel.dst}"
@@ -312,6 +344,7 @@ class Plan:
     pool_bytes: int
     conv: tuple[ConvShape, ...]
     depthwise: tuple[ConvShape, ...]
+    norms: tuple[tuple[int, int, int, int], ...]
     elements: int
     layers: int
     transfer_exps: tuple[int, ...]
@@ -329,6 +362,8 @@ _RESNET_CONVS = (
     (64, 256, 56, 1),
     (1024, 256, 14, 1),
 )
+# ResNet-50's batch norms, one per stage: (channels, size).
+_RESNET_NORMS = ((64, 56), (128, 28), (256, 14), (512, 7))
 # MobileNetV2's depthwise 3x3 convolutions at stride 1: (channels, size).
 _MOBILENET_DEPTHWISE = ((32, 112), (144, 56), (192, 28), (384, 14), (576, 14), (960, 7))
 
@@ -361,6 +396,7 @@ def plan_for(target: str, quick: bool = False) -> Plan:
             pool_bytes=2**24,
             conv=(ConvShape(1, 32, 32, 28, 3), ConvShape(1, 64, 32, 28, 1)),
             depthwise=(ConvShape(1, 32, 32, 28, 3, depthwise=True),),
+            norms=((1, 32, 28, 28),),
             elements=2**22,
             layers=20,
             transfer_exps=tuple(range(0, 21, 4)),
@@ -378,6 +414,7 @@ def plan_for(target: str, quick: bool = False) -> Plan:
         pool_bytes=2**30 if cuda else 2**28,  # well past the last-level cache (an H100's L2: 50 MB)
         conv=tuple(ConvShape(batch, *shape) for shape in _RESNET_CONVS),
         depthwise=tuple(ConvShape(batch, c, c, size, 3, depthwise=True) for c, size in _MOBILENET_DEPTHWISE),
+        norms=tuple((batch, c, size, size) for c, size in _RESNET_NORMS),
         elements=2**26,
         layers=200,
         transfer_exps=tuple(range(29)),
@@ -474,6 +511,7 @@ class Raw:
     conv_backward: tuple[Timed, ...]
     depthwise: tuple[Timed, ...]
     add: Timed
+    norm: tuple[Timed, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -490,6 +528,7 @@ class Rates:
     conv_backward_flops: float
     depthwise_flops: float  # forward and backward together
     bandwidth: float  # bytes/s
+    norm_flops: float = 0.0  # training batch norms' compute rate; 0: not measured
 
 
 def _rate(kernels: Sequence[Timed], bandwidth: float, overlap: bool) -> float:
@@ -520,6 +559,7 @@ def derive(raw: Raw, overlap: bool) -> Rates:
         conv_backward_flops=_rate(raw.conv_backward, bandwidth, overlap),
         depthwise_flops=_rate(raw.depthwise, bandwidth, overlap),
         bandwidth=bandwidth,
+        norm_flops=_rate(raw.norm, bandwidth, overlap) if raw.norm else 0.0,
     )
 
 
@@ -566,6 +606,11 @@ class Measured:
     def conv_efficiency(self) -> float:
         """Conv FLOP/s as a fraction of GEMM FLOP/s: the ``efficiency.conv`` factor."""
         return self.rates.conv_flops / self.rates.gemm_flops
+
+    @property
+    def norm_efficiency(self) -> float:
+        """Training batch norms' FLOP/s as a fraction of GEMM FLOP/s: the ``efficiency.norm`` factor."""
+        return self.rates.norm_flops / self.rates.gemm_flops
 
     @property
     def depthwise_efficiency(self) -> float:
@@ -796,6 +841,12 @@ def measure_device(
     progress("depthwise")
     depthwise = _convs(runner, target, plan.depthwise, plan, steps, spreads)
 
+    progress("norm")
+    norms = []
+    for i, shape in enumerate(plan.norms, 1):
+        norms.append(Timed.of(norm_count(shape), _median_s(runner, target, Norm(shape), plan, spreads)))
+        steps(i, len(plan.norms))
+
     progress("bandwidth")
     add_count = OpCount(  # read a and b, write the sum: one FLOP an element
         flops=float(plan.elements),
@@ -811,7 +862,15 @@ def measure_device(
     memory = runner.memory_bytes(target)
     if not memory > 0:
         raise InputError(f"{target}: the device reports {memory} bytes of memory")
-    raw = Raw(tuple(squares), tuple(matmuls), conv_forward, conv_backward, depthwise[0] + depthwise[1], add)
+    raw = Raw(
+        tuple(squares),
+        tuple(matmuls),
+        conv_forward,
+        conv_backward,
+        depthwise[0] + depthwise[1],
+        add,
+        tuple(norms),
+    )
     rates, other = best_rates(raw)
     return Measured(
         target=target,
@@ -952,6 +1011,7 @@ def _spec(measured: Sequence[Measured], fits: Sequence[CommFit], count: int) -> 
                 (CONV, _sig(m.conv_efficiency, 3)),
                 (DEPTHWISE, _sig(m.depthwise_efficiency, 3)),
                 (GEMM, _sig(m.gemm_efficiency, 3)),
+                *([(NORM, _sig(m.norm_efficiency, 3))] if m.rates.norm_flops > 0 else []),
             ),
             overlap=m.overlap,
         )
@@ -1016,6 +1076,14 @@ def _header(
             f"{rate(r.conv_forward_flops, 'FLOP/s')}, backward {rate(r.conv_backward_flops, 'FLOP/s')})",
             f"  efficiency.depthwise: depthwise 3x3 conv2d forward + backward over {len(plan.depthwise)} "
             f"MobileNetV2 shapes ({plan.depthwise[0]}, ...): {rate(r.depthwise_flops, 'FLOP/s')}",
+            *(
+                [
+                    f"  efficiency.norm: training-mode batch norm forward over {len(plan.norms)} ResNet-50 "
+                    f"shapes ({'x'.join(map(str, plan.norms[0]))}, ...): {rate(r.norm_flops, 'FLOP/s')}"
+                ]
+                if r.norm_flops > 0
+                else []
+            ),
             f"  memory_bandwidth: a + b into a preallocated output, {_power_of_2(plan.elements)} float32 "
             "elements" + ("" if r.overlap else " (less its FLOPs at flops)"),
             f"  overlap: {str(r.overlap).lower()}: the matmuls' compute rates spread "
@@ -1194,6 +1262,15 @@ class TorchRunner:
 
                 def work() -> Any:
                     return torch.nn.functional.conv2d(x, w, padding=pad, groups=s.groups)
+
+        elif isinstance(kernel, Norm):
+            x = randn(*kernel.shape)
+            channels = kernel.shape[1]
+            weight, bias = torch.ones(channels, device=device), torch.zeros(channels, device=device)
+            mean, var = torch.zeros(channels, device=device), torch.ones(channels, device=device)
+
+            def work() -> Any:
+                return torch.nn.functional.batch_norm(x, mean, var, weight, bias, training=True)
 
         elif isinstance(kernel, Add):
             a, b, out = randn(kernel.elements), randn(kernel.elements), randn(kernel.elements)

@@ -192,6 +192,11 @@ def cost(
     elif FORMATS[fmt].op_set is not None:  # else the file carries its own measured costs
         from baechi_cli.costs.analytic import estimate_costs
 
+        if options.training and FORMATS[fmt].op_set == "onnx":  # the step runs batch norms in train()
+            from baechi_cli.costs.rules_onnx import in_training_mode
+
+            graph = in_training_mode(graph)
+
         graph, cost_report = estimate_costs(graph, devices, op_set=FORMATS[fmt].op_set)
         if cost_report.uncovered:
             notes.append(uncovered_note(cost_report.coverage["uncovered"]))

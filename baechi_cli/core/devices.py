@@ -74,7 +74,8 @@ GEMM = "gemm"
 # Depthwise (grouped) convolutions: a few FLOPs per byte, and kernels far below the dense
 # ones' rate (on 2 CPU cores, 3-15 GFLOP/s against 110 for ResNet's 3x3 convs).
 DEPTHWISE = "depthwise"
-COMPUTE_CLASSES = (CONV, GEMM, DEPTHWISE)
+NORM = "norm"  # a batch norm in training mode (batch statistics), forward and gradient
+COMPUTE_CLASSES = (CONV, GEMM, DEPTHWISE, NORM)
 # A class a device's table leaves out runs at the factor of the class it refines, if any:
 # a spec calibrated before depthwise was measured keeps timing depthwise ops as convolutions.
 _REFINES = {DEPTHWISE: CONV}

@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from baechi_cli.core.devices import CONV, DEPTHWISE, GEMM
+from baechi_cli.core.devices import CONV, DEPTHWISE, GEMM, NORM
 
 Shape = tuple[int, ...]
 
@@ -217,11 +217,49 @@ def op_compute_class(entry: RuleEntry, attrs: Mapping[str, Any]) -> str:
     >>> op_compute_class(conv, {"group": 4, "_input_shapes": [(8, 32, 14, 14), (32, 8, 3, 3)]})
     'grouped/8'
     """
+    if entry.op_type in TRAINING_NORMS and _norm_in_training(entry.op_type, attrs):
+        return NORM
     groups = max(int(attrs.get("group", 1) or 1), int((attrs.get("_args") or {}).get("groups", 1) or 1))
     if entry.compute_class != CONV or groups == 1:
         return entry.compute_class
     per_group = _channels_per_group(attrs)
     return DEPTHWISE if per_group in (1, None) else f"grouped/{per_group}"
+
+
+#: Batch norms (forward and gradient, every op set) that run at ``norm``'s rate when in training
+#: mode: with batch statistics they make two more passes over the data, which a CPU runs far
+#: below its bandwidth (``baechi devices calibrate`` measures ``efficiency.norm``).
+TRAINING_NORMS = frozenset(
+    {
+        "FusedBatchNorm",
+        "FusedBatchNormV2",
+        "FusedBatchNormV3",
+        "FusedBatchNormGrad",
+        "FusedBatchNormGradV2",
+        "FusedBatchNormGradV3",
+        "BatchNormalization",
+        "aten.native_batch_norm",
+        "aten._native_batch_norm_legit",
+        "aten._native_batch_norm_legit_functional",
+        "aten._batch_norm_with_update",
+        "aten._batch_norm_with_update_functional",
+        "aten.native_batch_norm_backward",
+        "aten.batch_norm_backward",
+    }
+)
+
+
+def _norm_in_training(op_type: str, attrs: Mapping[str, Any]) -> bool:
+    """Whether a batch norm op runs in training mode: TensorFlow's ``is_training`` (default true),
+    ONNX's ``training_mode``, aten's ``training``/``train`` argument (with-update ops always)."""
+    if op_type.startswith("Fused"):
+        return bool(attrs.get("is_training", True))
+    if op_type == "BatchNormalization":
+        return bool(attrs.get("training_mode", 0))
+    if op_type.startswith("aten._batch_norm_with_update"):
+        return True
+    args = attrs.get("_args") or {}
+    return bool(args.get("training", args.get("train", False)))
 
 
 def _channels_per_group(attrs: Mapping[str, Any]) -> int | None:

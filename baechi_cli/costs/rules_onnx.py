@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 
 # The aliases below adapt the TensorFlow rules: importing rules_tf registers them into RULES first.
 import baechi_cli.costs.rules_tf  # noqa: F401
+from baechi_cli.core.graph import OpGraph
 from baechi_cli.costs.registry import (
     BYTES,
     FLOPS,
@@ -405,6 +406,17 @@ def _fused_matmul_view(view: OpView) -> OpView:
     """transA/transB as adj_x/adj_y (alpha folded into the product, not counted)"""
     adj = {"adj_x": bool(view.attrs.get("transA", 0)), "adj_y": bool(view.attrs.get("transB", 0))}
     return _matmul_view(view)._replace(attrs=adj)
+
+
+def in_training_mode(graph: OpGraph) -> OpGraph:
+    """``graph`` with every BatchNormalization in training mode (``training_mode`` 1): the step
+    ``--training`` places runs the model in ``train()`` mode, batch statistics and all, whatever
+    mode the export was made in. O(V)."""
+    attrs = [
+        {**a, "training_mode": 1} if t == "BatchNormalization" else a
+        for t, a in zip(graph.op_types, graph.attrs, strict=True)
+    ]
+    return graph.replace(attrs=attrs)
 
 
 def _batch_norm_view(view: OpView) -> OpView:
