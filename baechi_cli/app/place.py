@@ -319,6 +319,7 @@ def traced_training(graph: OpGraph, optimizer: str) -> TrainingInfo:
         loss_ops=phases["loss"],
         update_ops=phases["update"],
         optimizer_state_bytes=state,
+        traced=True,
     )
 
 

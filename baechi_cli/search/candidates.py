@@ -226,19 +226,23 @@ class TrainingInfo:
     loss_ops: int
     update_ops: int
     optimizer_state_bytes: int
+    traced: bool = False  # the step is the framework's own trace (a .pt2's autograd), not synthesized
 
     def to_json(self) -> dict[str, Any]:
         from baechi_cli.passes.training import BACKWARD_MULTIPLIER, OPTIMIZER_SLOTS
 
-        return {
+        out: dict[str, Any] = {
             "optimizer": self.optimizer,
+            "source": "traced by autograd" if self.traced else "synthesized",
             "backward_ops": self.backward_ops,
             "loss_ops": self.loss_ops,
             "update_ops": self.update_ops,
             "optimizer_slots": OPTIMIZER_SLOTS[self.optimizer],
             "optimizer_state_bytes": self.optimizer_state_bytes,
-            "backward_multipliers": BACKWARD_MULTIPLIER,
         }
+        if not self.traced:  # a traced step's backward ops are costed by their own rules
+            out["backward_multipliers"] = BACKWARD_MULTIPLIER
+        return out
 
 
 @dataclass
