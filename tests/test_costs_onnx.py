@@ -1028,3 +1028,20 @@ def test_torch_resnet_flops_are_twice_its_multiply_adds(tmp_path):
 
 if __name__ == "__main__":
     print(onnx_coverage_markdown(), end="")
+
+
+def test_a_pooling_window_larger_than_its_input_is_clipped():
+    """transformers' EfficientNet pools with nn.AvgPool2d(1280, ceil_mode=True) over 7x7: 49
+    elements an output, not 1280^2 (which priced the pool at 72 ms of a 374 ms step)."""
+    from baechi_cli.costs.registry import count_view, rule_for
+    from baechi_cli.costs.rules_onnx import onnx_view
+
+    def flops(kernel, pads=None):
+        attrs = {"kernel_shape": kernel, "_input_shapes": [(8, 1280, 7, 7)], "_input_dtypes": ["float32"]}
+        if pads:
+            attrs["pads"] = pads
+        view = onnx_view("AveragePool", attrs, [(8, 1280, 1, 1)], ["float32"], [8 * 1280 * 4])
+        return count_view(rule_for("AveragePool", "onnx"), view)[0].flops
+
+    assert flops([1280, 1280]) == flops([7, 7]) == 49 * 8 * 1280
+    assert flops([9, 9], pads=[1, 1, 1, 1]) == 81 * 8 * 1280

@@ -777,7 +777,13 @@ def _nll_loss(view: OpView) -> OpCount:
 
 
 def _window(view: OpView, rank: int) -> int:
-    return numel(_ints(_arg(view, "kernel_size"), rank, 0))
+    """The pooling window's area, each dim at most the padded input's (a window is clipped there)."""
+    kernel = list(_ints(_arg(view, "kernel_size"), rank, 0))
+    x = view.input_shapes[0] if view.input_shapes else None
+    if x is not None and known(x) and len(x) >= rank:
+        padding = list(_ints(_arg(view, "padding", 0), rank, 0))
+        kernel = [min(k, size + 2 * p) for k, size, p in zip(kernel, x[-rank:], padding)]
+    return numel(tuple(kernel))
 
 
 _POOL_RANK = {"1d": 1, "2d": 2, "3d": 3}

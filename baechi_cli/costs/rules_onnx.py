@@ -427,10 +427,18 @@ def _batch_norm_view(view: OpView) -> OpView:
 
 
 def _pool_view(view: OpView) -> OpView:
-    """kernel_shape as ksize"""
+    """kernel_shape as ksize, each dim clipped to the padded input's
+
+    A window is clipped at the input: ``nn.AvgPool2d(1280, ceil_mode=True)`` on 7x7 averages
+    49 elements, not 1280^2."""
     kernel = view.attrs.get("kernel_shape")
     if not kernel:
         raise CannotCount("kernel_shape attr missing")
+    x = view.input_shapes[0] if view.input_shapes else None
+    if x is not None and len(x) == len(kernel) + 2:
+        pads = list(view.attrs.get("pads") or [0] * (2 * len(kernel)))
+        rank = len(kernel)
+        kernel = [min(k, size + pads[i] + pads[i + rank]) for i, (k, size) in enumerate(zip(kernel, x[2:]))]
     return view._replace(attrs={"ksize": [1, 1, *kernel]})
 
 
