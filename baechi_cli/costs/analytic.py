@@ -237,21 +237,23 @@ def _count_tensorflow(graph: OpGraph) -> Counted:
     return Counted(counts, kinds, fallbacks, [])
 
 
-def _count_onnx(graph: OpGraph) -> Counted:
-    """ONNX op types; inputs (initializers included) from the reader's attrs; control flow's subgraph nodes."""
+def _count_viewed(graph: OpGraph, op_set: str, view_of: Callable[..., OpView]) -> Counted:
+    """Op types of a reader that records each op's inputs in its attrs (ONNX, aten): each op's
+    :class:`OpView` by ``view_of``, counted by its rule; control flow keeps what each subgraph
+    node was counted as."""
     n = graph.num_ops
     counts: list[OpCount] = [OpCount()] * n
     kinds: list[str] = [UNCOVERED] * n
     fallbacks: list[int] = []
     inner: list[tuple[int, InnerCount]] = []
-    rules = name_table(ONNX)
+    rules = name_table(op_set)
     for v in range(n):
         t = graph.op_types[v]
         entry = rules.get(t, NO_RULE)
         kinds[v] = entry.kind
         if entry.kind == ZERO:
             continue
-        view = onnx_view(
+        view = view_of(
             t, graph.attrs[v], graph.output_shapes[v], graph.output_dtypes[v], graph.output_bytes[v]
         )
         if t in CONTROL_FLOW:  # the rule's count, keeping what each subgraph node was counted as
@@ -264,32 +266,10 @@ def _count_onnx(graph: OpGraph) -> Counted:
     return Counted(counts, kinds, fallbacks, inner)
 
 
-def _count_aten(graph: OpGraph) -> Counted:
-    """aten op types (a PyTorch program): inputs from the reader's attrs (rules_aten.aten_view)."""
-    n = graph.num_ops
-    counts: list[OpCount] = [OpCount()] * n
-    kinds: list[str] = [UNCOVERED] * n
-    fallbacks: list[int] = []
-    rules = name_table(ATEN)
-    for v in range(n):
-        t = graph.op_types[v]
-        entry = rules.get(t, NO_RULE)
-        kinds[v] = entry.kind
-        if entry.kind == ZERO:
-            continue
-        view = aten_view(
-            t, graph.attrs[v], graph.output_shapes[v], graph.output_dtypes[v], graph.output_bytes[v]
-        )
-        counts[v], fell_back = count_view(entry, view)
-        if fell_back:
-            fallbacks.append(v)
-    return Counted(counts, kinds, fallbacks, [])
-
-
 _COUNTERS: dict[str, Callable[[OpGraph], Counted]] = {
     TENSORFLOW: _count_tensorflow,
-    ONNX: _count_onnx,
-    ATEN: _count_aten,
+    ONNX: lambda graph: _count_viewed(graph, ONNX, onnx_view),  # inputs incl. initializers; If/Loop/Scan
+    ATEN: lambda graph: _count_viewed(graph, ATEN, aten_view),  # a PyTorch program's ops
 }
 # Op sets whose reader already put the weights' bytes on the ops (ONNX initializers, a PyTorch
 # program's parameters).
