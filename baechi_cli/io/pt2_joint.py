@@ -141,9 +141,11 @@ def _empty(torch: Any, shape: Sequence[int], code: int, grad: bool) -> Any:
     return torch.empty(tuple(shape), dtype=dtype, requires_grad=grad and dtype.is_floating_point)
 
 
+_DTYPE_NAMES = {code: name for name, code in _SCALAR_TYPES.items()}
+
+
 def _torch_dtype(torch: Any, code: int) -> Any:
-    names = {v: k for k, v in _SCALAR_TYPES.items()}
-    name = names.get(code)
+    name = _DTYPE_NAMES.get(code)
     if name is None:
         raise InputError(f"--training: dtype {code} cannot be traced")
     return getattr(torch, name)
