@@ -18,6 +18,7 @@ from baechi_cli.io.files import write_atomic
 
 if TYPE_CHECKING:
     from baechi_cli.app.outcome import PlaceOutcome
+    from baechi_cli.core.graph import OpGraph
     from baechi_cli.evaluator.sim import SimResult
     from baechi_cli.search.candidates import Candidate, PlaceOptions, Prepared
 
@@ -164,7 +165,10 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
     chosen = outcome.chosen.placement
     pipeline = None if chosen is None else chosen.info.get("pipeline")
     if pipeline is not None:
-        report["pipeline"] = {k: v for k, v in pipeline.items() if k != "split_points"}
+        report["pipeline"] = {k: v for k, v in pipeline.items() if k not in ("split_points", "stage_of")}
+        graph_stages = program_stages(g, pipeline.get("stage_of"))
+        if graph_stages is not None:
+            report["pipeline"]["graph_stages"] = graph_stages
     modules = outcome.module_map
     if modules is not None:
         from baechi_cli.io.torch_modules import torch_device
@@ -176,3 +180,17 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
         if pipeline is not None and pipeline.get("split_points") is not None:
             report["module_map"]["pipeline"] = {"split_points": pipeline["split_points"]}
     return report
+
+
+def program_stages(graph: OpGraph, stage_of: list[int] | None) -> dict[str, int] | None:
+    """``{program node: pipeline stage}`` for a PyTorch program's forward nodes (ops with a
+    ``_source``), which :mod:`baechi_cli.runtime` cuts; None for other graphs. A node traced into
+    several ops (``linear`` into ``t`` and ``addmm``) takes the stage of its last. O(ops)."""
+    if stage_of is None or len(stage_of) < graph.num_ops:
+        return None
+    stages: dict[str, int] = {}
+    for v, attrs in enumerate(graph.attrs):
+        source = attrs.get("_source")
+        if source is not None and not graph.is_backward[v]:
+            stages[source] = stage_of[v]
+    return stages or None

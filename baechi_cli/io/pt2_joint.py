@@ -77,11 +77,12 @@ def joint_program(
         ]
         examples += [_empty(torch, sizes[p], values[p]["dtype"], False) for _, p in state_names]
     marks: dict[str, int] = {}
+    sources: list[tuple[int, Mapping[str, Any]]] = []  # (traced nodes so far, the program node run)
 
     def step(*flat: Any) -> Any:
         env = dict(zip(placeholders, flat[: len(placeholders)], strict=True))
         state = dict(zip((s for s, _ in state_names), flat[len(placeholders) :], strict=True))
-        outputs = _run(torch, graph, env)
+        outputs = _run(torch, graph, env, lambda node: sources.append((_count(), node)))
         marks["forward"] = _count()
         loss = _loss(torch, outputs)
         marks["loss"] = _count()
@@ -97,7 +98,7 @@ def joint_program(
             traced = make_fx(step, tracing_mode="fake")(*examples)
     except Exception as err:  # an op torch cannot run on these sizes, or a missing operator
         raise InputError(f"--training: tracing the step with torch failed: {one_line(err, 300)}") from None
-    return _as_program(torch, traced, placeholders, params, state_names, marks, specs)
+    return _as_program(torch, traced, placeholders, params, state_names, marks, specs, sources)
 
 
 def _label_backward(loss: Any) -> None:
@@ -166,8 +167,11 @@ def _resolve(torch: Any, target: str) -> Any:
         raise InputError(f"--training: torch has no operator {target} (a custom op not loaded?)") from None
 
 
-def _run(torch: Any, graph: Mapping[str, Any], env: dict[str, Any]) -> list[Any]:
-    """Interpret the program's nodes on ``env``; the user outputs."""
+def _run(
+    torch: Any, graph: Mapping[str, Any], env: dict[str, Any], ran: Any = None
+) -> list[Any]:
+    """Interpret the program's nodes on ``env``; the user outputs. ``ran(node)`` is called after
+    each node runs."""
     for node in graph["nodes"]:
         op = _resolve(torch, str(node["target"]))
         args, kwargs = [], {}
@@ -178,6 +182,8 @@ def _run(torch: Any, graph: Mapping[str, Any], env: dict[str, Any]) -> list[Any]
             else:
                 args.append(value)
         result = op(*args, **kwargs)
+        if ran is not None:
+            ran(node)
         outs = node.get("outputs") or []
         if not outs or result is None:
             continue  # an assertion: nothing to bind
@@ -305,8 +311,14 @@ def _as_program(
     state_names: Sequence[tuple[str, str]],
     marks: Mapping[str, int],
     specs: Sequence[tuple[str, str]],
+    sources: Sequence[tuple[int, Mapping[str, Any]]] = (),
 ) -> dict[str, Any]:
-    """The traced GraphModule as a program of the export schema (the module docstring's metadata)."""
+    """The traced GraphModule as a program of the export schema (the module docstring's metadata).
+
+    ``sources``: (traced nodes counted after it ran, program node) in program order; a forward
+    node's ``baechi_source`` is the program node it was traced from, and it keeps that node's
+    ``nn_module_stack``."""
+    import bisect
     import operator
 
     nodes = list(traced.graph.nodes)
@@ -317,6 +329,7 @@ def _as_program(
     multi: dict[str, list[str]] = {}  # a multi-output node -> its outputs' names, by getitem index
     kinds = dict(specs)
     phase_edges = [marks.get("forward", 0), marks.get("loss", 0), marks.get("backward", 0)]
+    counts = [count for count, _ in sources]
     placeholder_nodes = [n for n in nodes if n.op == "placeholder"]
     for node, name in zip(placeholder_nodes, inputs, strict=True):
         rename[node.name] = name
@@ -344,6 +357,13 @@ def _as_program(
             "outputs": [],
             "metadata": {"baechi_phase": phase, "seq_nr": str(node.meta.get("seq_nr", -1))},
         }
+        at = bisect.bisect_right(counts, index)
+        if phase == "forward" and at < len(sources):
+            program_node = sources[at][1]
+            record["metadata"]["baechi_source"] = str(program_node.get("name", ""))
+            stack = (program_node.get("metadata") or {}).get("nn_module_stack")
+            if stack:
+                record["metadata"]["nn_module_stack"] = stack
         if isinstance(val, torch.Tensor):
             record["outputs"] = [{"as_tensor": {"name": node.name}}]
             values[node.name] = _tensor_value(torch, val)

@@ -123,6 +123,7 @@ def _place_for_throughput(graph: OpGraph, devices: DeviceSpec, options: Pipeline
             info["schedule"]["compared_minibatch_us"] = minibatch_us
     if cuts is not None:
         info["split_points"] = _split_points(graph, split)
+    info["stage_of"] = _stage_of(split)  # per node of this graph; the report maps it to the program
     devices_used = info.get("schedule", {}).get("devices")
     if devices_used is None:
         return Placement(split.device_of_op, info={"pipeline": info})
@@ -155,8 +156,9 @@ SOLVERS = {
 
 
 def _program_cuts(graph: OpGraph) -> tuple[list[int] | None, dict[int, str] | None]:
-    """A PyTorch export's program order and the ops a stage may start at (None, None otherwise)."""
-    if not any("_module" in a for a in graph.attrs):
+    """An ONNX PyTorch export's program order and the ops a stage may start at (None, None
+    otherwise: a PyTorch program's stages are cut by baechi_cli.runtime, anywhere)."""
+    if not any("_module" in a and "_onnx_node" in a for a in graph.attrs):
         return None, None
     from baechi_cli.io.onnx import onnx_node_ops
     from baechi_cli.pipeline.torch_split import graph_boundaries
@@ -473,6 +475,9 @@ def _info(
         "bubble_fraction": [round(b, 6) for b in timing.device_bubble_fraction],
         "peak_in_flight": list(timing.peak_in_flight),
         "peak_bytes": list(timing.device_peak_bytes),
+        # One microbatch's forward and backward compute, per stage (µs): what a stage's measured
+        # compute is compared with (baechi verify --torch).
+        "stage_compute_us": [round(f + b, 6) for f, b in zip(costs.forward_us, costs.backward_us)],
         "within_memory": within,
         "timeline": render_timeline(timing).splitlines(),
     }

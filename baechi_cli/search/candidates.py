@@ -462,11 +462,16 @@ def expand(placement: Placement, pgraph: OpGraph, graph: OpGraph, with_sequence:
     sequence = None
     if with_sequence and placement.sequence is not None:
         sequence = sequence_of(pgraph, placement.sequence, graph)
+    info = placement.info
+    pipeline = info.get("pipeline") if info else None
+    if pipeline is not None and "stage_of" in pipeline:  # a pipeline stage per node: per op
+        stage_of = placement_of(pgraph, pipeline["stage_of"], graph.num_ops)
+        info = {**info, "pipeline": {**pipeline, "stage_of": stage_of}}
     return Placement(
         placement_of(pgraph, placement.device_of, graph.num_ops),
         sequence,
         schedule=placement.schedule,
-        info=placement.info,
+        info=info,
     )
 
 

@@ -1,0 +1,271 @@
+"""Cut a ``torch.export`` program into pipeline stages that run: one ``GraphModule`` per stage.
+
+Contract. :func:`cut_program` takes an ``ExportedProgram`` (training IR, ``torch.export.export``)
+and each node's stage, and returns one :class:`StageModule` per stage. Stage ``s`` is a
+``torch.fx.GraphModule`` holding copies of the parameters, buffers and constants its nodes read,
+whose ``forward(*inputs)`` takes the previous stage's outputs (stage 0: the program's user
+inputs) and returns a tuple. Every value a stage after ``s + 1`` reads is **threaded**: it is an
+output of each stage from the one that makes it up to the one before its last reader, so no value
+skips a stage and ``torch.distributed.pipelining.PipelineStage`` runs every backward (a value
+crossing several boundaries is sent across each, as the cost model charges it). The last stage
+returns the program's user outputs.
+
+Nodes not named in the plan take the stage of their latest input (``getitem`` always its
+source's); a node planned before one of its inputs is moved to that input's stage, and the move is
+counted (``CutProgram.moved``). A parameter read by several stages (a tied embedding and head) is
+copied into each, and named in ``CutProgram.tied`` with the stages holding it: their gradients
+must be summed before the optimizer steps. Buffers the program mutates (batch norm's running
+statistics) are updated in place by the stage that computes the new value.
+
+Needs torch. Deterministic; O(nodes + edges) plus the copies of the tensors.
+
+Example:
+    >>> import torch
+    >>> class Two(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    ...     def forward(self, x):
+    ...         h = self.a(x).relu()
+    ...         return (self.b(h) + x).pow(2).mean()
+    >>> model, x = Two(), torch.randn(2, 4)
+    >>> program = torch.export.export(model, (x,))
+    >>> cut = cut_program(program, {"linear_1": 1, "add": 1, "pow_1": 1, "mean": 1})
+    >>> [s.inputs for s in cut.stages], [s.outputs for s in cut.stages]
+    ([['x'], ['x', 'relu']], [['x', 'relu'], ['mean']])
+    >>> out = cut.stages[1].module(*cut.stages[0].module(x))[0]
+    >>> torch.allclose(out, model(x))
+    True
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from baechi_cli.core.errors import InputError
+
+
+@dataclass
+class StageModule:
+    """One stage: its module and the values it receives and sends, by program node name."""
+
+    index: int
+    module: Any  # torch.fx.GraphModule
+    inputs: list[str]
+    outputs: list[str]
+    nodes: list[str]  # the program's call_function nodes it runs, in program order
+    parameters: dict[str, str] = field(default_factory=dict)  # attribute -> the model's FQN
+
+
+@dataclass
+class CutProgram:
+    """The stages of a program and what spans them."""
+
+    stages: list[StageModule]
+    tied: dict[str, list[int]]  # parameter FQN -> the stages holding a copy (two or more)
+    moved: list[str]  # nodes planned before an input they read, moved to its stage
+    unplanned: list[str]  # call_function nodes the plan did not name
+
+    def threaded(self) -> list[dict[str, Any]]:
+        """The values sent across more than one boundary: ``{value, from_stage, to_stage}``."""
+        made: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for stage in self.stages:
+            for v in stage.outputs:
+                made.setdefault(v, stage.index)
+                last[v] = stage.index + 1
+        return [
+            {"value": v, "from_stage": made[v], "to_stage": last[v]}
+            for v in made
+            if last[v] - made[v] > 1 and last[v] < len(self.stages)
+        ]
+
+
+def cut_program(
+    program: Any, stage_of: Mapping[str, int], num_stages: int | None = None, copy_outputs: bool = False
+) -> CutProgram:
+    """The stages of ``program`` with node ``n`` in stage ``stage_of[n]`` (module docstring).
+
+    ``copy_outputs``: every stage sends copies of its values (:func:`owned`), which a schedule
+    that splits the backward (zbv) needs: it detaches a stage's outputs in place after the input
+    gradient, while the weight gradient may still read them."""
+
+    graph = program.graph
+    sig = program.graph_signature
+    state = {**program.state_dict, **dict(program.constants)}
+    params = dict(sig.inputs_to_parameters)
+    buffers = dict(sig.inputs_to_buffers)
+    constants = dict(sig.inputs_to_lifted_tensor_constants)
+    for kind in ("inputs_to_lifted_custom_objs",):
+        if getattr(sig, kind, None):
+            raise InputError("the program holds custom objects (torchbind): a stage cannot copy them")
+    if getattr(sig, "user_inputs_to_mutate", None):
+        raise InputError(
+            f"the program mutates its input {next(iter(sig.user_inputs_to_mutate.values()))!r} "
+            "in place: a pipeline stage receives a copy, so the change would be lost"
+        )
+    mutated = dict(sig.buffers_to_mutate)  # output value -> buffer FQN
+    user_inputs = list(sig.user_inputs)
+    user_outputs = list(sig.user_outputs)
+    S = num_stages if num_stages is not None else max(stage_of.values(), default=0) + 1
+    if S < 1:
+        raise InputError("a pipeline needs at least one stage")
+
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    names = {n.name for n in nodes}
+    stranger = sorted(set(stage_of) - names - set(user_inputs))
+    if stranger:
+        raise InputError(
+            f"the plan names {len(stranger)} node(s) this program does not have ({', '.join(stranger[:3])}"
+            f"{', ...' if len(stranger) > 3 else ''}): a plan made for another model"
+        )
+    bad = sorted({s for s in stage_of.values() if not 0 <= s < S})
+    if bad:
+        raise InputError(f"the plan puts nodes in stage {bad[0]}, but there are {S} stages")
+
+    # -- each node's stage: planned, else its latest input's; never before an input
+    stage: dict[str, int] = {name: 0 for name in user_inputs}
+    moved: list[str] = []
+    unplanned: list[str] = []
+    for node in nodes:
+        made = [stage[a.name] for a in node.all_input_nodes if a.name in stage]
+        earliest = max(made, default=0)
+        if node.target is operator.getitem:
+            stage[node.name] = earliest
+            continue
+        planned = stage_of.get(node.name)
+        if planned is None:
+            unplanned.append(node.name)
+            planned = earliest
+        elif planned < earliest:
+            moved.append(node.name)
+            planned = earliest
+        stage[node.name] = planned
+
+    # -- where each value is last needed
+    last: dict[str, int] = {}
+    for node in nodes:
+        for a in node.all_input_nodes:
+            if a.name in stage:
+                last[a.name] = max(last.get(a.name, -1), stage[node.name])
+    for name in user_outputs:
+        if name in stage:
+            last[name] = S  # the last stage returns it
+        elif name is not None:
+            raise InputError(f"the program's output {name!r} is not a node's: cannot place it")
+    order = {name: i for i, name in enumerate(user_inputs + [n.name for n in nodes])}
+
+    def crossing(s: int) -> list[str]:  # values made at or before stage s, read after it
+        values = [v for v, made in stage.items() if made <= s and last.get(v, -1) > s]
+        return sorted(values, key=order.__getitem__)
+
+    readers: dict[str, set[int]] = {}
+    for node in nodes:
+        for a in node.all_input_nodes:
+            if a.op == "placeholder" and a.name not in stage:
+                readers.setdefault(a.name, set()).add(stage[node.name])
+
+    lifted = _Lifted(params, buffers, constants, state)
+    out: list[StageModule] = []
+    for s in range(S):
+        inputs = list(user_inputs) if s == 0 else crossing(s - 1)
+        outputs = [v for v in user_outputs if v is not None] if s == S - 1 else crossing(s)
+        mine = [n for n in nodes if stage[n.name] == s]
+        out.append(_stage(s, graph, mine, inputs, outputs, lifted, mutated, copy_outputs))
+
+    tied: dict[str, list[int]] = {}
+    for placeholder, held in readers.items():
+        if placeholder in params and len(held) > 1:
+            tied[params[placeholder]] = sorted(held)
+    return CutProgram(out, tied, moved, unplanned)
+
+
+@dataclass
+class _Lifted:
+    """The program's parameters, buffers and constants: placeholder -> FQN, and FQN -> tensor."""
+
+    params: dict[str, str]
+    buffers: dict[str, str]
+    constants: dict[str, str]
+    state: dict[str, Any]
+
+
+def _stage(
+    s: int,
+    graph: Any,
+    mine: list[Any],
+    inputs: list[str],
+    outputs: list[str],
+    lifted: _Lifted,
+    mutated: Mapping[str, str],
+    copy_outputs: bool,
+) -> StageModule:
+    """Stage ``s``: a GraphModule running ``mine`` on ``inputs``, returning ``outputs``."""
+    import torch
+    import torch.fx
+
+    g = torch.fx.Graph()
+    root = torch.nn.Module()
+    env: dict[str, Any] = {v: g.placeholder(v) for v in inputs}
+    attrs: dict[str, str] = {}
+
+    def value(node: Any) -> Any:
+        if node.name in env:
+            return env[node.name]
+        name = node.name
+        fqn = lifted.params.get(name) or lifted.buffers.get(name) or lifted.constants.get(name)
+        if fqn is None:
+            raise InputError(f"node {name!r} is read by stage {s} but made by no stage before it")
+        attr = _attr_name(fqn, attrs)
+        tensor = lifted.state[fqn]
+        if name in lifted.params:
+            root.register_parameter(attr, torch.nn.Parameter(tensor.detach().clone(), tensor.requires_grad))
+        elif name in lifted.buffers:
+            root.register_buffer(attr, tensor.detach().clone())
+        else:
+            setattr(root, attr, tensor.detach().clone() if isinstance(tensor, torch.Tensor) else tensor)
+        attrs[attr] = fqn
+        env[name] = g.get_attr(attr)
+        return env[name]
+
+    for node in mine:
+        for a in node.all_input_nodes:
+            value(a)
+        env[node.name] = g.node_copy(node, lambda a: env[a.name])
+        if node.name in mutated:  # write the new running statistics into the buffer
+            fqn = mutated[node.name]
+            target = next((n for n, f in lifted.buffers.items() if f == fqn), None)
+            if target is None:
+                raise InputError(f"node {node.name!r} mutates {fqn!r}, which is no buffer")
+            new = g.call_function(torch.ops.aten.detach.default, (env[node.name],))
+            g.call_function(torch.ops.aten.copy_.default, (value(_placeholder(graph, target)), new))
+    if copy_outputs:
+        g.output(tuple(g.call_function(owned, (env[v],)) for v in outputs))
+    else:
+        g.output(tuple(env[v] for v in outputs))
+    module = torch.fx.GraphModule(root, g)
+    parameters = {a: f for a, f in attrs.items() if isinstance(getattr(module, a, None), torch.nn.Parameter)}
+    return StageModule(s, module, inputs, outputs, [n.name for n in mine], parameters)
+
+
+def owned(value: Any) -> Any:
+    """A copy of ``value`` (a tensor), for a stage to send (``copy_outputs``)."""
+    return value.clone()
+
+
+def _placeholder(graph: Any, name: str) -> Any:
+    return next(n for n in graph.nodes if n.op == "placeholder" and n.name == name)
+
+
+def _attr_name(fqn: str, taken: Mapping[str, str]) -> str:
+    """A flat attribute name for ``fqn`` (``layers.0.fc.weight`` -> ``layers_0_fc_weight``)."""
+    base = "".join(c if c.isalnum() or c == "_" else "_" for c in fqn) or "t"
+    if base[0].isdigit():
+        base = "_" + base
+    name, k = base, 1
+    while name in taken and taken[name] != fqn:
+        name, k = f"{base}_{k}", k + 1
+    return name

@@ -1,0 +1,424 @@
+"""Run a pipeline plan in PyTorch on gloo ranks and hold it to one process: ``baechi verify --torch``.
+
+Contract. :func:`verify_torch` takes a model, its example inputs (one minibatch) and a report.
+It prepares the stages (:mod:`~baechi_cli.runtime.stages`), trains ``steps`` SGD steps in one
+process (the reference: the same microbatches, gradients averaged, as torch's schedules do), then
+spawns one process per rank (gloo on CPU, one ``PipelineStage`` per stage the plan puts on the
+rank, the plan's torch schedule) and trains the same steps. It returns a JSON-able dict:
+
+* ``ran``: every rank finished every step; ``error``: the first rank's failure in one line;
+* ``gradients_match``: every parameter's gradient, at every step, within ``RTOL`` relative L2 of
+  the reference's (tied copies summed first), and the losses likewise; ``worst``: the largest;
+* ``threaded``: values passed through stages between their maker and reader; ``tied``: weights
+  copied into several stages, their gradients all-reduced; ``cut_by``: program nodes or modules;
+* per rank: the stages it ran, its measured peak (bytes held at once during a step: its stages'
+  weights and buffers plus what the step allocates, from torch's profiler) beside the report's
+  ``pipeline.schedule.peak_bytes``, and per stage the measured forward-and-backward time of one
+  microbatch beside ``pipeline.schedule.stage_compute_us``.
+
+Nothing read from the report runs; the model is the caller's. Needs torch. A rank that has not
+finished after ``timeout_s`` is stopped and named.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from baechi_cli.core.errors import InputError, one_line
+from baechi_cli.runtime.plan import Plan, read_plan
+from baechi_cli.runtime.stages import Prepared, loss_of, prepare, reload
+
+RTOL = 1e-5  # relative L2 of a gradient against one process's
+LR = 0.01
+
+
+def verify_torch(
+    model: Any,
+    example_args: Sequence[Any],
+    report: Mapping[str, Any],
+    steps: int = 1,
+    timeout_s: float = 600.0,
+    measure: bool = True,
+) -> dict[str, Any]:
+    """Run ``report``'s plan for ``model`` on ranks and compare with one process (module docstring)."""
+    import torch
+
+    if steps < 1:
+        raise InputError(f"--steps must be at least 1, got {steps}")
+    plan = read_plan(report)
+    prepared = prepare(model, tuple(example_args), plan)
+    reference = _reference(model, prepared, steps)
+    ctx = torch.multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    threads = max(1, (os.cpu_count() or 1) // plan.ranks)
+    with tempfile.TemporaryDirectory(prefix="baechi-verify-") as tmp:
+        jobs = []
+        payload_path = os.path.join(tmp, "payload.pt")
+        program_path = os.path.join(tmp, "program.pt2")
+        torch.save({"reference": reference, "microbatches": prepared.microbatches}, payload_path)
+        torch.export.save(prepared.program, program_path)
+        for rank in range(plan.ranks):
+            job = ctx.Process(
+                target=_rank_main,
+                args=(
+                    rank,
+                    port,
+                    plan,
+                    program_path,
+                    prepared.stage_of,
+                    payload_path,
+                    steps,
+                    threads,
+                    measure,
+                    queue,
+                ),
+                daemon=True,
+            )
+            job.start()
+            jobs.append(job)
+        results, error = _collect(queue, jobs, plan.ranks, timeout_s)
+    return _summary(prepared, reference, results, error, steps)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _reference(model: Any, prepared: Prepared, steps: int) -> dict[str, Any]:
+    """One process: ``steps`` SGD steps over the microbatches; losses and gradients by FQN."""
+    import torch
+
+    ref = copy.deepcopy(model)
+    names: dict[int, list[str]] = {}
+    for name, p in ref.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    params = [p for p in ref.parameters()]
+    m = len(prepared.microbatches)
+    losses, grads = [], []
+    for _ in range(steps):
+        for p in params:
+            p.grad = None
+        total = 0.0
+        for mb in prepared.microbatches:
+            loss = loss_of(ref(*mb))
+            (loss / m).backward()
+            total += float(loss.detach())
+        losses.append(total / m)
+        step_grads: dict[str, Any] = {}
+        for p in params:
+            if p.grad is not None:
+                for name in names[id(p)]:
+                    step_grads[name] = p.grad.detach().clone()
+        grads.append(step_grads)
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-LR)
+    return {"losses": losses, "grads": grads, "aliases": [v for v in names.values() if len(v) > 1]}
+
+
+def _collect(queue: Any, jobs: list[Any], ranks: int, timeout_s: float) -> tuple[dict[int, Any], str | None]:
+    import queue as queues
+
+    results: dict[int, Any] = {}
+    error = None
+    deadline = time.monotonic() + timeout_s
+    while len(results) < ranks:
+        try:
+            rank, result = queue.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+        except queues.Empty:
+            dead = [r for r, j in enumerate(jobs) if not j.is_alive() and r not in results]
+            if dead:
+                error = error or f"rank {dead[0]} exited with code {jobs[dead[0]].exitcode} and said nothing"
+                break
+            if time.monotonic() >= deadline:
+                waiting = [r for r in range(ranks) if r not in results]
+                error = error or f"ranks {waiting} did not finish within {timeout_s:.0f} s"
+                break
+            continue
+        results[rank] = result
+        if result.get("error") and error is None:
+            error = f"rank {rank}: {result['error']}"
+            # the other ranks wait on this one: stop them
+            break
+    for job in jobs:
+        job.join(timeout=5 if error is None else 0.5)
+        if job.is_alive():
+            job.kill()
+            job.join()
+    return results, error
+
+
+def _rank_main(
+    rank: int,
+    port: int,
+    plan: Plan,
+    program_path: str,
+    stage_of: dict[str, int],
+    payload_path: str,
+    steps: int,
+    threads: int,
+    measure: bool,
+    queue: Any,
+) -> None:
+    """One rank: its stages under the plan's schedule, ``steps`` steps, gradients compared."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=plan.ranks
+        )
+        payload = torch.load(payload_path, weights_only=True)
+        prepared = reload(program_path, payload["microbatches"], plan, stage_of)
+        result = _run_rank(rank, prepared, payload["reference"], steps, measure)
+    except Exception as err:  # a stage or torch failing: said in one line, and the run stops
+        if os.environ.get("BAECHI_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        cause = err.__cause__
+        said = one_line(err, 300) if cause is None else f"{one_line(cause, 300)} ({one_line(err, 120)})"
+        result = {"error": said}
+    queue.put((rank, result))
+    try:
+        if "error" not in result:
+            dist.barrier()
+        dist.destroy_process_group()
+    except Exception:  # noqa: S110 - the group may be gone already
+        pass
+
+
+def _run_rank(
+    rank: int, prepared: Prepared, reference: Mapping[str, Any], steps: int, measure: bool
+) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from baechi_cli.runtime.stages import build
+
+    plan, cut = prepared.plan, prepared.cut
+    device = torch.device("cpu")
+    stages, schedule = build(prepared, rank, device)
+    local = [s.stage_index for s in stages]
+    modules = {s: cut.stages[s].module for s in local}
+    # Tied weights: one gloo group per weight held on several ranks, made in one order everywhere.
+    syncs = []
+    for fqn, held in sorted(cut.tied.items()):
+        ranks = sorted({plan.stage_rank[s] for s in held})
+        group = dist.new_group(ranks) if len(ranks) > 1 else None
+        if rank in ranks:
+            copies = [
+                getattr(modules[s], _attr_of(cut.stages[s].parameters, fqn)) for s in held if s in modules
+            ]
+            syncs.append((fqn, copies, group))
+    first, last = 0 in local, plan.num_stages - 1 in local
+    m = plan.microbatches
+    batch = tuple(
+        torch.cat([mb[i] for mb in prepared.microbatches]) for i in range(len(prepared.microbatches[0]))
+    )
+    target = torch.zeros(m)
+    losses: list[float] = []
+    worst: dict[str, float] = {}
+    for step in range(steps):
+        for module in modules.values():
+            for p in module.parameters():
+                p.grad = None
+        step_losses: list[Any] = []
+        args = batch if first else ()
+        if last:
+            schedule.step(*args, target=target, losses=step_losses, return_outputs=False)
+            losses.append(sum(float(x.detach()) for x in step_losses) / m)
+        else:
+            schedule.step(*args)
+        _sync_tied(syncs)
+        grads = reference["grads"][step]
+        for s, module in modules.items():
+            for attr, fqn in cut.stages[s].parameters.items():
+                expected = grads.get(fqn)
+                got = getattr(module, attr).grad
+                if expected is None and got is None:
+                    continue
+                worst[fqn] = max(worst.get(fqn, 0.0), _relative_l2(got, expected))
+        with torch.no_grad():
+            for module in modules.values():
+                for p in module.parameters():
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-LR)
+    out: dict[str, Any] = {"stages": local, "losses": losses, "worst": worst}
+    if measure:
+        out.update(
+            _measure(rank, prepared, schedule, modules, batch if first else (), target if last else None)
+        )
+    return out
+
+
+def _sync_tied(syncs: list[tuple[str, list[Any], Any]]) -> None:
+    """Sum a tied weight's gradient over its copies (local ones, then across ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    for _fqn, copies, group in syncs:
+        grads = [p.grad for p in copies if p.grad is not None]
+        total = torch.stack(grads).sum(0) if grads else torch.zeros_like(copies[0])
+        if group is not None:
+            dist.all_reduce(total, group=group)
+        for p in copies:
+            p.grad = total.clone()
+
+
+def _attr_of(parameters: Mapping[str, str], fqn: str) -> str:
+    return next(attr for attr, f in parameters.items() if f == fqn)
+
+
+def _relative_l2(got: Any, expected: Any) -> float:
+    if got is None or expected is None:
+        return math.inf
+    if got.shape != expected.shape:
+        return math.inf
+    ref = float(expected.double().norm())
+    diff = float((got.double() - expected.double()).norm())
+    return 0.0 if diff == 0.0 else diff / max(ref, 1e-30)
+
+
+def _measure(
+    rank: int, prepared: Prepared, schedule: Any, modules: Mapping[int, Any], args: tuple, target: Any
+) -> dict[str, Any]:
+    """This rank's peak bytes over one more step, and each stage's compute time per microbatch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    resident = sum(
+        t.numel() * t.element_size()
+        for module in modules.values()
+        for t in [*module.parameters(), *module.buffers()]
+    )
+    for module in modules.values():
+        for p in module.parameters():
+            p.grad = None
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        if target is not None:
+            schedule.step(*args, target=target, losses=[], return_outputs=False)
+        else:
+            schedule.step(*args)
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")
+    )
+    level = peak = 0
+    for _, nbytes in events:
+        level += nbytes
+        peak = max(peak, level)
+    return {
+        "peak_bytes": resident + peak,
+        "resident_bytes": resident,
+        "stage_compute_us": _stage_times(prepared, modules),
+    }
+
+
+def _stage_times(prepared: Prepared, modules: Mapping[int, Any], reps: int = 5) -> dict[int, float]:
+    """Median forward-and-backward time of one microbatch through each local stage (µs)."""
+    import torch
+
+    inputs: list[Any] = list(prepared.microbatches[0])
+    values: dict[int, tuple] = {}
+    with torch.no_grad():  # every stage's inputs for microbatch 0, from the stages before it
+        for stage in prepared.cut.stages:
+            values[stage.index] = tuple(inputs)
+            inputs = list(stage.module(*inputs))
+    times = {}
+    for s, module in modules.items():
+        samples = []
+        for _ in range(reps):
+            args = [
+                a.detach().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+                for a in values[s]
+            ]
+            t0 = time.perf_counter()
+            outs = [o for o in module(*args) if isinstance(o, torch.Tensor) and o.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            samples.append((time.perf_counter() - t0) * 1e6)
+            for p in module.parameters():
+                p.grad = None
+        times[s] = sorted(samples)[len(samples) // 2]
+    return times
+
+
+def _summary(
+    prepared: Prepared,
+    reference: Mapping[str, Any],
+    results: Mapping[int, Any],
+    error: str | None,
+    steps: int,
+) -> dict[str, Any]:
+    plan, cut = prepared.plan, prepared.cut
+    held = {fqn for stage in cut.stages for fqn in stage.parameters.values()}
+    aliases = {name: group for group in reference["aliases"] for name in group}
+    missing = [
+        fqn
+        for fqn in sorted(reference["grads"][0])
+        if fqn not in held and not any(a in held for a in aliases.get(fqn, ()))
+    ]
+    worst: dict[str, float] = {}
+    losses: list[float] = []
+    for result in results.values():
+        for fqn, value in (result.get("worst") or {}).items():
+            worst[fqn] = max(worst.get(fqn, 0.0), value)
+        losses = result.get("losses") or losses
+    ran = error is None and len(results) == plan.ranks and len(losses) == steps
+    loss_error = max(
+        (abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, reference["losses"])), default=math.inf
+    )
+    worst_param = max(worst, key=worst.__getitem__, default=None)
+    worst_value = max([*worst.values(), loss_error]) if worst or losses else math.inf
+    matches = ran and not missing and bool(worst) and worst_value <= RTOL
+    out: dict[str, Any] = {
+        "ran": ran,
+        "error": error,
+        "gradients_match": matches,
+        "rtol": RTOL,
+        "worst": {
+            "parameter": worst_param,
+            "relative_l2": _finite(worst.get(worst_param, math.inf)) if worst_param else None,
+        },
+        "loss": {"pipeline": losses, "one_process": reference["losses"], "relative": _finite(loss_error)},
+        "parameters_compared": len(worst),
+        "parameters_missing": missing,
+        "schedule": plan.schedule,
+        "torch_schedule": plan.torch_schedule,
+        "stages": plan.num_stages,
+        "ranks": plan.ranks,
+        "microbatches": plan.microbatches,
+        "steps": steps,
+        "cut_by": plan.cut_by,
+        "threaded": cut.threaded(),
+        "tied": [{"parameter": fqn, "stages": stages} for fqn, stages in sorted(cut.tied.items())],
+        "moved_nodes": cut.moved,
+        "unplanned_nodes": len(cut.unplanned),
+        "per_rank": [
+            {
+                "rank": r,
+                "stages": results[r].get("stages"),
+                "peak_bytes": results[r].get("peak_bytes"),
+                "stage_compute_us": results[r].get("stage_compute_us"),
+            }
+            for r in sorted(results)
+        ],
+    }
+    return out
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isinf(x) or math.isnan(x) else x

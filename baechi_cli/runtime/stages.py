@@ -1,0 +1,131 @@
+"""torch's pipeline objects for a plan: the model exported, cut, and wrapped as ``PipelineStage``\\ s.
+
+Contract. :func:`prepare` exports ``model`` on one microbatch of ``example_args`` (the args split
+along dim 0 as torch's schedules split them), finds each node's stage from the plan
+(:mod:`~baechi_cli.runtime.plan`) and cuts the program (:mod:`~baechi_cli.runtime.cut`).
+:func:`build` then makes, on one rank, the ``PipelineStage`` of each stage that rank runs and the
+schedule the plan chose (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
+``ScheduleZBVZeroBubble``), ready for ``schedule.step(...)``. The loss is the model's own output,
+one floating-point scalar per microbatch; torch's schedules average the microbatches' gradients.
+
+A model torch.export cannot export is an InputError with torch's reason in one line. Needs torch.
+O(nodes) plus torch's export.
+
+Example (one process, stages run in turn; launch.py runs them on ranks)::
+
+    prepared = prepare(model, (x,), plan)
+    h = prepared.microbatches[0]
+    for stage in prepared.cut.stages:
+        h = stage.module(*h)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from baechi_cli.core.errors import InputError, one_line
+from baechi_cli.runtime.cut import CutProgram, cut_program
+from baechi_cli.runtime.plan import Plan, stages_from_modules
+
+
+@dataclass
+class Prepared:
+    """A model ready to build on ranks: its program, its microbatches and its stages."""
+
+    program: Any  # torch.export.ExportedProgram
+    microbatches: list[tuple[Any, ...]]
+    cut: CutProgram
+    plan: Plan
+    stage_of: dict[str, int]  # what the program was cut by
+
+
+def reload(
+    program_path: str, microbatches: list[tuple[Any, ...]], plan: Plan, stage_of: dict[str, int]
+) -> Prepared:
+    """The same stages in another process, from the program ``torch.export.save`` wrote there
+    (fx modules cannot be pickled without being traced again, which loses calls like ``owned``)."""
+    import torch
+
+    program = torch.export.load(program_path)
+    cut = cut_program(program, stage_of, plan.num_stages, copy_outputs=plan.schedule == "zbv")
+    return Prepared(program, microbatches, cut, plan, stage_of)
+
+
+def split_microbatches(args: Sequence[Any], count: int) -> list[tuple[Any, ...]]:
+    """``args`` as ``count`` microbatches, split along dim 0 as torch's schedules split them."""
+    import torch
+    from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
+
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and (a.dim() == 0 or a.shape[0] % count):
+            raise InputError(
+                f"input {i} of shape {tuple(a.shape)} does not split into {count} equal microbatches "
+                "along dim 0"
+            )
+    chunks, _ = split_args_kwargs_into_chunks(tuple(args), {}, count)
+    return [tuple(c) for c in chunks]
+
+
+def export(model: Any, args: tuple[Any, ...]) -> Any:
+    """``torch.export.export(model, args)``; torch's refusal as a one-line InputError."""
+    import torch
+
+    try:
+        return torch.export.export(model, args)
+    except Exception as err:  # torch's many export errors: the user's model, said in one line
+        raise InputError(f"torch.export cannot export the model: {one_line(err, 300)}") from None
+
+
+def prepare(model: Any, example_args: Sequence[Any], plan: Plan) -> Prepared:
+    """Export, find each node's stage and cut (module docstring)."""
+    microbatches = split_microbatches(example_args, plan.microbatches)
+    program = export(model, microbatches[0])
+    stage_of = node_stages(program, plan)
+    cut = cut_program(program, stage_of, plan.num_stages, copy_outputs=plan.schedule == "zbv")
+    return Prepared(program, microbatches, cut, plan, stage_of)
+
+
+def node_stages(program: Any, plan: Plan) -> dict[str, int]:
+    """``{node: stage}`` for the program's call_function nodes under ``plan``."""
+    nodes = [n for n in program.graph.nodes if n.op == "call_function"]
+    if plan.graph_stages is not None:
+        return {n.name: plan.graph_stages[n.name] for n in nodes if n.name in plan.graph_stages}
+    paths = [_module_path(n) for n in nodes]
+    stages = stages_from_modules(paths, plan.split_points or [])
+    return {n.name: s for n, s in zip(nodes, stages)}
+
+
+def _module_path(node: Any) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [path for path, _ in stack.values()]
+    return max(paths, key=len, default="")
+
+
+def loss_of(output: Any, _target: Any = None) -> Any:
+    """The schedule's loss: the last stage's output, one floating-point scalar."""
+    value = output[0] if isinstance(output, tuple | list) and len(output) == 1 else output
+    if not hasattr(value, "dim") or value.dim() != 0 or not value.is_floating_point():
+        raise InputError(
+            "the model's forward must return one floating-point scalar (its loss, e.g. out.pow(2).mean())"
+        )
+    return value
+
+
+def build(
+    prepared: Prepared, rank: int, device: Any, group: Any = None, loss_fn: Callable[..., Any] = loss_of
+) -> tuple[list[Any], Any]:
+    """The ``PipelineStage``\\ s rank ``rank`` runs and the plan's torch schedule over them."""
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    plan = prepared.plan
+    local = [s for s in range(plan.num_stages) if plan.stage_rank[s] == rank]
+    stages = [
+        PipelineStage(prepared.cut.stages[s].module.to(device), s, plan.num_stages, device, group=group)
+        for s in local
+    ]
+    cls = getattr(schedules, plan.torch_schedule)
+    if len(stages) == 1 and plan.schedule in ("gpipe", "1f1b"):
+        return stages, cls(stages[0], plan.microbatches, loss_fn=loss_fn)
+    return stages, cls(stages, plan.microbatches, loss_fn=loss_fn)
