@@ -85,7 +85,7 @@ def verify_torch(
             job.start()
             jobs.append(job)
         results, error = _collect(queue, jobs, plan.ranks, timeout_s)
-    return _summary(prepared, reference, results, error, steps)
+    return _summary(prepared, reference, results, error, steps, report)
 
 
 def _free_port() -> int:
@@ -362,8 +362,14 @@ def _summary(
     results: Mapping[int, Any],
     error: str | None,
     steps: int,
+    report: Mapping[str, Any],
 ) -> dict[str, Any]:
     plan, cut = prepared.plan, prepared.cut
+    predicted_peak, predicted_compute = _predictions(report, plan)
+    measured: dict[int, float] = {}
+    for result in results.values():
+        for s, us in (result.get("stage_compute_us") or {}).items():
+            measured[int(s)] = round(us, 3)
     held = {fqn for stage in cut.stages for fqn in stage.parameters.values()}
     aliases = {name: group for group in reference["aliases"] for name in group}
     missing = [
@@ -412,12 +418,66 @@ def _summary(
                 "rank": r,
                 "stages": results[r].get("stages"),
                 "peak_bytes": results[r].get("peak_bytes"),
-                "stage_compute_us": results[r].get("stage_compute_us"),
+                "predicted_peak_bytes": predicted_peak[r] if r < len(predicted_peak) else None,
             }
             for r in sorted(results)
         ],
+        "per_stage": [
+            {
+                "stage": s,
+                "rank": plan.stage_rank[s],
+                "compute_us": measured.get(s),
+                "predicted_compute_us": predicted_compute[s] if s < len(predicted_compute) else None,
+            }
+            for s in range(plan.num_stages)
+        ],
+    }
+    out["compute_imbalance"] = {
+        "measured": _imbalance(measured.values()),
+        "predicted": _imbalance(predicted_compute),
     }
     return out
+
+
+def _predictions(report: Mapping[str, Any], plan: Any) -> tuple[list[Any], list[float]]:
+    """The report's peak bytes per rank and compute per stage (one microbatch, µs)."""
+    from baechi_cli.pipeline.schedules import REGISTRY
+
+    schedule = (report.get("pipeline") or {}).get("schedule") or {}
+    peaks = list(schedule.get("peak_bytes") or [])
+    if REGISTRY.find(plan.schedule).stages_per_device == 1 and len(peaks) == plan.num_stages:
+        by_rank = [0] * plan.ranks  # one entry per stage: put each on its rank
+        for s, b in enumerate(peaks):
+            by_rank[plan.stage_rank[s]] = b
+        peaks = by_rank
+    return peaks, [float(x) for x in schedule.get("stage_compute_us") or []]
+
+
+def _imbalance(values: Any) -> float | None:
+    """The slowest stage's time over the mean stage's."""
+    xs = [float(x) for x in values if x is not None]
+    return round(max(xs) / (sum(xs) / len(xs)), 4) if xs and sum(xs) > 0 else None
+
+
+def load_model_function(spec: str) -> tuple[Any, tuple[Any, ...]]:
+    """``FILE.py:FUNC``: run the user's FILE.py (their own code, on purpose) and call FUNC(), which
+    returns ``(model, example_args)``. One-line InputErrors for a missing file or function."""
+    import runpy
+
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name.isidentifier():
+        raise InputError(f"--torch takes FILE.py:FUNC, got {spec!r}")
+    if not os.path.isfile(path):
+        raise InputError("no such file", path=path)
+    namespace = runpy.run_path(path, run_name="__baechi_model__")
+    func = namespace.get(name)
+    if not callable(func):
+        raise InputError(f"defines no function {name!r}", path=path)
+    made = func()
+    if not isinstance(made, tuple) or len(made) != 2:
+        raise InputError(f"{name}() must return (model, example_args)", path=path)
+    model, args = made
+    return model, tuple(args) if isinstance(args, tuple | list) else (args,)
 
 
 def _finite(x: float) -> float | None:

@@ -179,3 +179,68 @@ def _onnx_run_summary(run: OnnxRunResult, has_original: bool) -> str:
     same = sum(o.identical for o in run.outputs)
     reference = f"{run.reference}'s" if has_original else "the unannotated model's"
     return f"{where}: {same} of {len(run.outputs)} outputs identical to {reference}"
+
+
+def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
+    """Print ``baechi verify --torch``'s result: the plan as built, the run, the gradients, then each
+    rank's peak and each stage's compute beside the report's predictions."""
+    from rich.markup import escape
+
+    from baechi_cli.cli.render.common import fmt_bytes
+
+    printer = SummaryPrinter(console)
+    say, verdict = printer.say, printer.verdict
+    tied = ", ".join(escape(t["parameter"]) for t in doc["tied"]) or "none"
+    say(
+        f"plan: {doc['schedule']} ({doc['torch_schedule']}), {doc['stages']} stages on {doc['ranks']} "
+        f"gloo ranks, {doc['microbatches']} microbatches, cut by {doc['cut_by']}"
+    )
+    say(f"threaded: {len(doc['threaded'])} value(s) passed through the stages between; tied weights: {tied}")
+    if doc.get("moved_nodes"):
+        say(f"moved: {len(doc['moved_nodes'])} node(s) planned before an input they read")
+    verdict(
+        bool(doc["ran"]),
+        f"ran {doc['steps']} step(s)" if doc["ran"] else f"did not run: {escape(str(doc['error']))}",
+    )
+    loss = doc["loss"]
+    if loss["pipeline"]:
+        rel = loss["relative"]
+        say(
+            f"loss: {loss['pipeline'][-1]:.6g} (one process {loss['one_process'][-1]:.6g}"
+            + (f", relative {rel:.1e})" if rel is not None else ")")
+        )
+    worst = doc["worst"]
+    if doc["parameters_missing"]:
+        verdict(False, f"parameters in no stage: {', '.join(map(escape, doc['parameters_missing'][:5]))}")
+    if worst["parameter"] is not None:
+        value = worst["relative_l2"]
+        shown = "inf" if value is None else f"{value:.1e}"
+        verdict(
+            bool(doc["gradients_match"]),
+            f"gradients: {doc['parameters_compared']} parameters, worst {escape(worst['parameter'])} "
+            f"{shown} relative L2 (within {doc['rtol']:g})",
+        )
+    for r in doc["per_rank"]:
+        measured, predicted = r.get("peak_bytes"), r.get("predicted_peak_bytes")
+        if measured is None:
+            continue
+        ratio = f" ({measured / predicted:.2f}x)" if predicted else ""
+        say(
+            f"rank {r['rank']} (stages {', '.join(map(str, r['stages']))}): peak {fmt_bytes(measured)}, "
+            f"predicted {fmt_bytes(predicted) if predicted else '-'}{ratio}"
+        )
+    for s in doc["per_stage"]:
+        if s["compute_us"] is None:
+            continue
+        predicted = s["predicted_compute_us"]
+        say(
+            f"stage {s['stage']}: forward+backward {s['compute_us'] / 1e3:.3f} ms a microbatch"
+            + (f", predicted {predicted / 1e3:.3f} ms" if predicted else "")
+        )
+    imbalance = doc.get("compute_imbalance") or {}
+    if imbalance.get("measured") is not None:
+        say(
+            f"slowest stage / mean: measured {imbalance['measured']:.2f}, predicted "
+            + (f"{imbalance['predicted']:.2f}" if imbalance.get("predicted") is not None else "-")
+        )
+    say("[bold green]verified[/]" if doc["ok"] and printer.fancy else "verified" if doc["ok"] else "FAILED")
