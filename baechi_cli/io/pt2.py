@@ -12,13 +12,12 @@ tensor, in node order, of type ``aten.<op>`` (the overload packet: ``aten.addmm`
 namespace likewise, ``mylib.fused``), named as the node. ``attrs``: ``_target`` (the full target,
 ``torch.ops.aten.add.Tensor``), ``_input_shapes``/``_input_dtypes`` (one entry per tensor
 argument, in schema order), ``_args`` (the other arguments by schema name), ``_module`` (the
-innermost ``nn_module_stack`` path), ``_source`` (the program node it runs: its own name, or for a
-traced step's forward op the node it was traced from). Parameters, buffers and constants are not ops: their bytes
+innermost ``nn_module_stack`` path), ``_source`` (the program node it runs; a traced step's forward
+op: the node it was traced from). Parameters, buffers and constants are not ops: their bytes
 are persistent bytes of their first reader, and readers of one share a colocation group, as for
 ONNX initializers. Sizes are the program's own; a symbolic size is bound by ``--dim NAME=VALUE``
 (the program's symbol, ``s77``) or, on axis 0 of a user input, ``--batch-size``, and left unbound
-it is an InputError naming the tensor. The caller holds the user inputs and outputs.
-Deterministic; O(size of the program's JSON).
+it is an InputError naming the tensor. The caller holds the user inputs and outputs. Deterministic.
 
 Example:
     >>> import io, json, zipfile, tempfile, os

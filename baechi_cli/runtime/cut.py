@@ -41,7 +41,7 @@ Example:
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,13 +85,18 @@ class CutProgram:
 
 
 def cut_program(
-    program: Any, stage_of: Mapping[str, int], num_stages: int | None = None, copy_outputs: bool = False
+    program: Any,
+    stage_of: Mapping[str, int],
+    num_stages: int | None = None,
+    copy_outputs: bool = False,
+    only: Collection[int] | None = None,
 ) -> CutProgram:
     """The stages of ``program`` with node ``n`` in stage ``stage_of[n]`` (module docstring).
 
     ``copy_outputs``: every stage sends copies of its values (:func:`owned`), which a schedule
     that splits the backward (zbv) needs: it detaches a stage's outputs in place after the input
-    gradient, while the weight gradient may still read them."""
+    gradient, while the weight gradient may still read them. ``only``: build the modules of these
+    stages alone (a rank's); the others get ``module`` None."""
 
     graph = program.graph
     sig = program.graph_signature
@@ -174,6 +179,11 @@ def cut_program(
         inputs = list(user_inputs) if s == 0 else crossing(s - 1)
         outputs = [v for v in user_outputs if v is not None] if s == S - 1 else crossing(s)
         mine = [n for n in nodes if stage[n.name] == s]
+        if only is not None and s not in only:
+            out.append(
+                StageModule(s, None, inputs, outputs, [n.name for n in mine], _params_read(mine, params))
+            )
+            continue
         out.append(_stage(s, graph, mine, inputs, outputs, lifted, mutated, copy_outputs))
 
     tied: dict[str, list[int]] = {}
@@ -249,6 +259,15 @@ def _stage(
     module = torch.fx.GraphModule(root, g)
     parameters = {a: f for a, f in attrs.items() if isinstance(getattr(module, a, None), torch.nn.Parameter)}
     return StageModule(s, module, inputs, outputs, [n.name for n in mine], parameters)
+
+
+def _params_read(nodes: list[Any], params: Mapping[str, str]) -> dict[str, str]:
+    taken: dict[str, str] = {}
+    for node in nodes:
+        for a in node.all_input_nodes:
+            if a.name in params and params[a.name] not in taken.values():
+                taken[_attr_name(params[a.name], taken)] = params[a.name]
+    return taken
 
 
 def owned(value: Any) -> Any:

@@ -63,7 +63,15 @@ def verify_torch(
         jobs = []
         payload_path = os.path.join(tmp, "payload.pt")
         program_path = os.path.join(tmp, "program.pt2")
-        torch.save({"reference": reference, "microbatches": prepared.microbatches}, payload_path)
+        torch.save(
+            {
+                "reference": reference,
+                "microbatches": prepared.microbatches,
+                "metas": prepared.metas,
+                "inputs": prepared.inputs,
+            },
+            payload_path,
+        )
         torch.export.save(prepared.program, program_path)
         for rank in range(plan.ranks):
             job = ctx.Process(
@@ -181,7 +189,9 @@ def _rank_main(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=plan.ranks
         )
         payload = torch.load(payload_path, weights_only=True)
-        prepared = reload(program_path, payload["microbatches"], plan, stage_of)
+        prepared = reload(
+            program_path, payload["microbatches"], plan, stage_of, payload["metas"], payload["inputs"], rank
+        )
         result = _run_rank(rank, prepared, payload["reference"], steps, measure)
     except Exception as err:  # a stage or torch failing: said in one line, and the run stops
         if os.environ.get("BAECHI_DEBUG"):
@@ -331,19 +341,14 @@ def _stage_times(prepared: Prepared, modules: Mapping[int, Any], reps: int = 5) 
     """Median forward-and-backward time of one microbatch through each local stage (µs)."""
     import torch
 
-    inputs: list[Any] = list(prepared.microbatches[0])
-    values: dict[int, tuple] = {}
-    with torch.no_grad():  # every stage's inputs for microbatch 0, from the stages before it
-        for stage in prepared.cut.stages:
-            values[stage.index] = tuple(inputs)
-            inputs = list(stage.module(*inputs))
+    assert prepared.inputs is not None and prepared.metas is not None
     times = {}
     for s, module in modules.items():
         samples = []
         for _ in range(reps):
             args = [
-                a.detach().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
-                for a in values[s]
+                a.detach().requires_grad_(grad)
+                for a, (_, _, grad) in zip(prepared.inputs[s], prepared.metas[s][0], strict=True)
             ]
             t0 = time.perf_counter()
             outs = [o for o in module(*args) if isinstance(o, torch.Tensor) and o.requires_grad]

@@ -39,18 +39,52 @@ class Prepared:
     cut: CutProgram
     plan: Plan
     stage_of: dict[str, int]  # what the program was cut by
+    # per stage, (inputs, outputs) as (shape, dtype name, requires_grad): one microbatch's values
+    metas: list[tuple[list[Meta], list[Meta]]] | None = None
+    inputs: list[tuple[Any, ...]] | None = None  # each stage's inputs on microbatch 0 (detached)
+
+
+Meta = tuple[tuple[int, ...], str, bool]
+
+
+def stage_metas(prepared: Prepared) -> list[tuple[list[Meta], list[Meta]]]:
+    """Each stage's inputs and outputs on microbatch 0, run stage after stage as the pipeline runs
+    them (a received float value that carries a gradient is a leaf that requires one); the inputs
+    themselves go to ``prepared.inputs``."""
+    import torch
+
+    def meta(t: Any) -> Meta:
+        return tuple(t.shape), str(t.dtype).removeprefix("torch."), bool(t.requires_grad)
+
+    values = tuple(prepared.microbatches[0])
+    out = []
+    prepared.inputs = []
+    with torch.enable_grad():
+        for stage in prepared.cut.stages:
+            prepared.inputs.append(tuple(v.detach() for v in values))
+            outputs = stage.module(*values)
+            out.append(([meta(v) for v in values], [meta(v) for v in outputs]))
+            values = tuple(v.detach().requires_grad_(v.requires_grad) for v in outputs)
+    return out
 
 
 def reload(
-    program_path: str, microbatches: list[tuple[Any, ...]], plan: Plan, stage_of: dict[str, int]
+    program_path: str,
+    microbatches: list[tuple[Any, ...]],
+    plan: Plan,
+    stage_of: dict[str, int],
+    metas: list[tuple[list[Meta], list[Meta]]],
+    inputs: list[tuple[Any, ...]],
+    rank: int,
 ) -> Prepared:
-    """The same stages in another process, from the program ``torch.export.save`` wrote there
+    """Rank ``rank``'s stages in another process, from the program ``torch.export.save`` wrote
     (fx modules cannot be pickled without being traced again, which loses calls like ``owned``)."""
     import torch
 
     program = torch.export.load(program_path)
-    cut = cut_program(program, stage_of, plan.num_stages, copy_outputs=plan.schedule == "zbv")
-    return Prepared(program, microbatches, cut, plan, stage_of)
+    local = {s for s in range(plan.num_stages) if plan.stage_rank[s] == rank}
+    cut = cut_program(program, stage_of, plan.num_stages, copy_outputs=plan.schedule == "zbv", only=local)
+    return Prepared(program, microbatches, cut, plan, stage_of, metas, inputs)
 
 
 def split_microbatches(args: Sequence[Any], count: int) -> list[tuple[Any, ...]]:
@@ -84,17 +118,42 @@ def prepare(model: Any, example_args: Sequence[Any], plan: Plan) -> Prepared:
     program = export(model, microbatches[0])
     stage_of = node_stages(program, plan)
     cut = cut_program(program, stage_of, plan.num_stages, copy_outputs=plan.schedule == "zbv")
-    return Prepared(program, microbatches, cut, plan, stage_of)
+    prepared = Prepared(program, microbatches, cut, plan, stage_of)
+    prepared.metas = stage_metas(prepared)
+    return prepared
 
 
 def node_stages(program: Any, plan: Plan) -> dict[str, int]:
     """``{node: stage}`` for the program's call_function nodes under ``plan``."""
     nodes = [n for n in program.graph.nodes if n.op == "call_function"]
     if plan.graph_stages is not None:
+        import operator
+
+        import torch
+
+        names = {n.name for n in nodes}
+        placed = [
+            n.name
+            for n in nodes
+            if n.target is not operator.getitem and isinstance(n.meta.get("val"), torch.Tensor)
+        ]
+        strangers = sorted(set(plan.graph_stages) - names)
+        missing = [n for n in placed if n not in plan.graph_stages]
+        if strangers or missing:
+            said = []
+            if strangers:
+                said.append(f"names {len(strangers)} node(s) this program lacks ({_few(strangers)})")
+            if missing:
+                said.append(f"misses {len(missing)} of its nodes ({_few(missing)})")
+            raise InputError(f"the plan was made for another model: it {' and '.join(said)}")
         return {n.name: plan.graph_stages[n.name] for n in nodes if n.name in plan.graph_stages}
     paths = [_module_path(n) for n in nodes]
     stages = stages_from_modules(paths, plan.split_points or [])
     return {n.name: s for n, s in zip(nodes, stages)}
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _module_path(node: Any) -> str:
@@ -121,8 +180,27 @@ def build(
 
     plan = prepared.plan
     local = [s for s in range(plan.num_stages) if plan.stage_rank[s] == rank]
+    import torch
+
+    def examples(metas: list[Meta]) -> tuple[Any, ...]:  # what the stage receives or sends: sizes only
+        return tuple(
+            torch.empty(shape, dtype=getattr(torch, dtype), device=device).requires_grad_(grad)
+            for shape, dtype, grad in metas
+        )
+
+    # Given the sizes, torch does not run a stage on uninitialised inputs to find them (which
+    # fails on indices: embedding, gather).
+    assert prepared.metas is not None
     stages = [
-        PipelineStage(prepared.cut.stages[s].module.to(device), s, plan.num_stages, device, group=group)
+        PipelineStage(
+            prepared.cut.stages[s].module.to(device),
+            s,
+            plan.num_stages,
+            device,
+            input_args=examples(prepared.metas[s][0]),
+            output_args=examples(prepared.metas[s][1]),
+            group=group,
+        )
         for s in local
     ]
     cls = getattr(schedules, plan.torch_schedule)

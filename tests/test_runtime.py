@@ -1,0 +1,347 @@
+"""baechi's PyTorch runtime: programs cut into stages that compute the model, and plans that train.
+
+In one process (fast): any monotone assignment of a real model's ``torch.export`` nodes to stages,
+cut by :func:`cut_program` and run stage after stage, gives the model's loss and, with a tied
+weight's copies summed, every parameter's gradient; values read past the next stage are threaded;
+a batch norm's running statistics are updated; a plan naming another model's nodes is refused.
+On gloo ranks: a plan baechi makes for a ``.pt2`` trains under torch's schedules with gradients
+equal to one process (1F1B here; every schedule and an ONNX export's module plan in the slow tier),
+and ``baechi verify --torch`` says so with exit 0, and refuses bad input with exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from baechi_cli.cli.commands import main
+from baechi_cli.core.errors import InputError
+from baechi_cli.runtime.plan import read_plan, stages_from_modules
+
+torch = pytest.importorskip("torch")
+
+from baechi_cli.runtime.cut import cut_program  # noqa: E402
+
+# ------------------------------------------------------------------ models (module level: ranks import them)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.fc1 = torch.nn.Linear(d, 2 * d)
+        self.fc2 = torch.nn.Linear(2 * d, d)
+
+    def forward(self, x, mask):
+        return x + self.fc2(torch.relu(self.fc1(self.ln(x)))) * mask
+
+
+class TiedDecoder(torch.nn.Module):
+    """A mask and positions made from the input and read by every layer, a tied embedding and
+    head, and the input ids read again by the last op (as an encoder-decoder's labels are)."""
+
+    def __init__(self, vocab: int = 64, d: int = 32, layers: int = 3, seq: int = 8) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Embedding(seq, d)
+        self.layers = torch.nn.ModuleList(Block(d) for _ in range(layers))
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        mask = (ids > 0).float().unsqueeze(-1)
+        x = self.emb(ids) + self.pos(torch.arange(ids.shape[1]))
+        for layer in self.layers:
+            x = layer(x, mask)
+        logits = self.head(x)
+        return logits.pow(2).mean() + logits.gather(-1, ids.unsqueeze(-1)).mean()
+
+
+class ConvNet(torch.nn.Module):
+    """Batch norm in training mode (buffers the program mutates) and a residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.bn2 = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.bn1(self.conv1(x)))
+        h = torch.relu(self.bn2(self.conv2(h)) + h)
+        return self.fc(h.mean((2, 3))).pow(2).mean()
+
+
+def make_decoder():
+    torch.manual_seed(0)
+    return TiedDecoder(), (torch.randint(0, 64, (8, 8)),)
+
+
+def make_convnet():
+    torch.manual_seed(0)
+    return ConvNet(), (torch.randn(4, 3, 8, 8),)
+
+
+def call_nodes(program) -> list[str]:
+    return [n.name for n in program.graph.nodes if n.op == "call_function"]
+
+
+def run_stages(cut, args):
+    values = tuple(args)
+    for stage in cut.stages:
+        values = stage.module(*values)
+    (loss,) = values
+    return loss
+
+
+def stage_gradients(cut) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient by FQN, a tied weight's copies summed."""
+    grads: dict[str, torch.Tensor] = {}
+    for stage in cut.stages:
+        for attr, fqn in stage.parameters.items():
+            g = getattr(stage.module, attr).grad
+            grads[fqn] = g.clone() if fqn not in grads else grads[fqn] + g
+    return grads
+
+
+# ------------------------------------------------------------------ cut, in one process
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_monotone_cut_computes_the_model_and_its_gradients(data):
+    model, args = make_decoder()
+    program = torch.export.export(model, args)
+    nodes = call_nodes(program)
+    stages = data.draw(st.integers(1, 5))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(nodes)), min_size=stages - 1, max_size=stages - 1)))
+    stage_of = {n: sum(i >= c for c in cuts) for i, n in enumerate(nodes)}
+    cut = cut_program(program, stage_of, stages)
+    assert len(cut.stages) == stages
+
+    loss = run_stages(cut, args)
+    loss.backward()
+    expected = model(*args)
+    expected.backward()
+    assert torch.allclose(loss, expected, rtol=1e-6)
+    grads = stage_gradients(cut)
+    for name, p in model.named_parameters():
+        if name == "emb.weight":  # the tied weight: torch.export keeps one name, head.weight
+            name = "head.weight"
+        assert torch.allclose(grads[name], p.grad, rtol=1e-5, atol=1e-7), name
+    # every value a stage reads comes from the stage before it: stage s's inputs are stage s-1's outputs
+    for before, after in zip(cut.stages, cut.stages[1:]):
+        assert before.outputs == after.inputs
+
+
+def test_values_read_past_the_next_stage_are_threaded_and_tied_weights_copied():
+    model, args = make_decoder()
+    program = torch.export.export(model, args)
+    nodes = call_nodes(program)
+    stage_of = {n: min(4 * i // len(nodes), 3) for i, n in enumerate(nodes)}
+    cut = cut_program(program, stage_of, 4)
+    threaded = {t["value"]: (t["from_stage"], t["to_stage"]) for t in cut.threaded()}
+    assert "ids" in threaded and threaded["ids"][1] == 3  # the input ids, read by the last op
+    assert any(v.startswith("unsqueeze") for v in threaded)  # the mask, read by every layer
+    assert cut.tied == {"head.weight": [0, 3]}
+    assert all("ids" in s.inputs for s in cut.stages)
+
+
+def test_batch_norm_running_statistics_are_updated_by_the_stage_computing_them():
+    model, args = make_convnet()
+    program = torch.export.export(model, args)
+    nodes = call_nodes(program)
+    cut = cut_program(program, {n: int(i >= len(nodes) // 2) for i, n in enumerate(nodes)}, 2)
+    run_stages(cut, args)
+    model(*args)
+    for stage in cut.stages:
+        for name, buf in stage.module.named_buffers():
+            fqn = name.replace("bn1_", "bn1.").replace("bn2_", "bn2.")
+            assert torch.allclose(buf.float(), model.get_buffer(fqn).float()), fqn
+
+
+def test_a_plan_for_another_model_is_refused_naming_its_nodes():
+    model, args = make_convnet()
+    program = torch.export.export(model, args)
+    with pytest.raises(InputError, match="does not have .*another model"):
+        cut_program(program, {"embedding": 0, "layer_norm_7": 1})
+    with pytest.raises(InputError, match="stage 5, but there are 2 stages"):
+        cut_program(program, {call_nodes(program)[0]: 5}, 2)
+
+
+def test_a_node_planned_before_its_input_is_moved_and_counted():
+    model, args = make_convnet()
+    program = torch.export.export(model, args)
+    nodes = call_nodes(program)
+    stage_of = {n: 1 for n in nodes}
+    stage_of[nodes[-1]] = 0  # the loss before what it reads
+    cut = cut_program(program, stage_of, 2)
+    assert cut.moved == [nodes[-1]]
+    assert torch.allclose(run_stages(cut, args), model(*args))
+
+
+# ------------------------------------------------------------------ plans read from reports
+
+
+def _report(**pipeline):
+    return {"schema": "baechi.report/v1", "pipeline": {"objective": "throughput", **pipeline}}
+
+
+@pytest.mark.parametrize(
+    ("report", "problem"),
+    [
+        ({"schema": "other"}, "not a baechi report"),
+        ({"schema": "baechi.report/v1"}, "no pipeline plan"),
+        (_report(stages=[{"device": 0}]), "no schedule"),
+        (_report(stages=[{"device": 0}], schedule={"name": "1f1b", "microbatches": 2}), "names neither"),
+        (
+            _report(
+                stages=[{"device": d} for d in (0, 1, 0, 1)],
+                graph_stages={},
+                schedule={"name": "zbv", "microbatches": 2},
+            ),
+            "not where zbv runs them",
+        ),
+    ],
+)
+def test_a_report_without_a_runnable_plan_is_refused(report, problem):
+    with pytest.raises(InputError, match=problem):
+        read_plan(report)
+
+
+def test_stages_from_modules_begin_at_each_split_modules_first_node():
+    paths = ["", "emb", "layers.0.fc", "layers.0", "layers.1.fc", "layers.1.ln", "head", ""]
+    assert stages_from_modules(paths, ["layers.1", "head"]) == [0, 0, 0, 0, 1, 1, 2, 2]
+    with pytest.raises(InputError, match="module 'layers.7'"):
+        stages_from_modules(paths, ["layers.7"])
+
+
+# ------------------------------------------------------------------ plans baechi makes, trained on gloo ranks
+
+
+MODEL_FILE = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_runtime import make_decoder, make_convnet
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def decoder_pt2(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("runtime")
+    model, args = make_decoder()
+    path = folder / "decoder.pt2"
+    torch.export.save(torch.export.export(model, args), str(path))
+    (folder / "models.py").write_text(MODEL_FILE.format(tests=os.path.dirname(__file__)))
+    return folder
+
+
+# Slow devices on a fast interconnect: splitting pays, so the plans have several stages.
+DEVICES = """devices: {{count: {count}, memory: 1GiB, flops: 100M, memory_bandwidth: 100MB/s}}
+interconnect: {{mode: parallel, latency: 1us, bandwidth: 100GB/s}}
+"""
+
+
+def _place(folder, schedule: str, count: int = 4) -> dict:
+    report = folder / f"{schedule}.json"
+    devices = folder / f"devices{count}.yaml"
+    devices.write_text(DEVICES.format(count=count))
+    result = CliRunner().invoke(
+        main,
+        [
+            "place",
+            str(folder / "decoder.pt2"),
+            "--devices",
+            str(devices),
+            "--training",
+            "--objective",
+            "throughput",
+            "--microbatches",
+            "4",
+            "--schedule",
+            schedule,
+            "--report",
+            str(report),
+            "-q",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(report.read_text())
+
+
+def test_a_pt2_plan_names_the_program_nodes_it_cuts(decoder_pt2):
+    report = _place(decoder_pt2, "1f1b")
+    program = torch.export.load(str(decoder_pt2 / "decoder.pt2"))
+    stages = report["pipeline"]["graph_stages"]
+    assert set(stages) <= set(call_nodes(program))
+    assert len(report["pipeline"]["stages"]) > 1, "the devices are meant to make a split pay"
+    assert sorted(set(stages.values())) == list(range(len(report["pipeline"]["stages"])))
+
+
+def _verify(folder, report_name: str, func: str = "make_decoder") -> tuple[int, dict]:
+    out = folder / f"{report_name}.verify.json"
+    out.unlink(missing_ok=True)
+    result = CliRunner().invoke(
+        main,
+        [
+            "verify",
+            str(folder / f"{report_name}.json"),
+            "--torch",
+            f"{folder / 'models.py'}:{func}",
+            "--steps",
+            "2",
+            "--json",
+            str(out),
+        ],
+    )
+    return result.exit_code, (json.loads(out.read_text()) if out.exists() else {"output": result.output})
+
+
+def test_verify_torch_trains_a_1f1b_plan_with_gradients_equal_to_one_process(decoder_pt2):
+    _place(decoder_pt2, "1f1b", 2)
+    code, doc = _verify(decoder_pt2, "1f1b")
+    assert code == 0, doc
+    assert doc["ran"] and doc["gradients_match"] and not doc["parameters_missing"]
+    assert doc["worst"]["relative_l2"] <= 1e-5
+    assert doc["parameters_compared"] == sum(1 for _ in make_decoder()[0].parameters())
+    assert doc["cut_by"] == "program nodes"
+    assert all(r["peak_bytes"] > 0 for r in doc["per_rank"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("schedule", "count"), [("gpipe", 4), ("interleaved", 2), ("zbv", 2)])
+def test_verify_torch_trains_every_schedule(decoder_pt2, schedule, count):
+    report = _place(decoder_pt2, schedule, count)
+    assert report["pipeline"]["schedule"]["name"] == schedule
+    code, doc = _verify(decoder_pt2, schedule)
+    assert code == 0, doc
+    assert doc["schedule"] == schedule and doc["gradients_match"]
+
+
+def test_verify_torch_refuses_a_report_for_another_model(decoder_pt2):
+    _place(decoder_pt2, "1f1b")
+    code, doc = _verify(decoder_pt2, "1f1b", func="make_convnet")
+    assert code == 2, doc
+    assert "another model" in doc["output"] and doc["output"].count("\n") == 1
+    assert "misses" in doc["output"] and "lacks" in doc["output"]
+
+
+def test_verify_torch_bad_function_is_one_line_exit_2(decoder_pt2, tmp_path):
+    report = _place(decoder_pt2, "1f1b")
+    assert report
+    for spec, problem in [
+        ("nofile.py:make", "no such file"),
+        (f"{decoder_pt2 / 'models.py'}:nothing", "no function"),
+    ]:
+        result = CliRunner().invoke(main, ["verify", str(decoder_pt2 / "1f1b.json"), "--torch", spec])
+        assert result.exit_code == 2 and problem in result.output and result.output.count("\n") == 1
