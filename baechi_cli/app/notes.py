@@ -44,34 +44,15 @@ def race_note(races: list[Race], sidecar: str) -> str:
 
 
 def pipeline_notes(pipeline: dict[str, Any]) -> list[str]:
-    """What a pipeline plan asks of the user beyond its split points (the report's ``pipeline``)."""
+    """What a pipeline plan holds beyond its stages (the report's ``pipeline``): weights copied
+    into several stages, whose gradients the runtime sums."""
     notes = []
-    skips = [s for s in pipeline.get("skips") or [] if not s["torch_runs_it"]]
-    if skips:
-        first = skips[0]
-        more = f" (and {len(skips) - 1} more)" if len(skips) > 1 else ""
-        why = (
-            "cannot run the backward of such a value"
-            if first["needs_gradient"]
-            else "sends no value past a stage under interleaved or zbv"
-        )
-        notes.append(
-            f"{first['value']} (stage {first['from_stage']}) is read by stage {first['to_stage']}{more}: "
-            f"torch.distributed.pipelining {why}; pass it through the stages between (what the cost "
-            "model charges) or compute it in each stage that reads it"
-        )
     for tied in pipeline.get("tied_weights") or []:
         if tied["allreduce_us"] > 0:
             notes.append(
                 f"stages {', '.join(map(str, tied['stages']))} each hold a copy of the weight "
-                f"{tied['weight']} reads ({tied['bytes']:,} bytes): sum their gradients before "
-                "optimizer.step() (torch.distributed.all_reduce over those ranks)"
-            )
-        else:
-            notes.append(
-                f"stages {', '.join(map(str, tied['stages']))} share a device and the weight "
-                f"{tied['weight']} reads: make their copies one parameter after build_stage() "
-                "so that one tensor gathers both gradients"
+                f"{tied['weight']} reads ({tied['bytes']:,} bytes), their gradients summed before the "
+                "optimizer steps (baechi verify --torch builds both)"
             )
     return notes
 

@@ -169,6 +169,8 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
         graph_stages = program_stages(g, pipeline.get("stage_of"))
         if graph_stages is not None:
             report["pipeline"]["graph_stages"] = graph_stages
+            untraced = [name for attrs in g.attrs for name in attrs.get("_untraced", ())]
+            report["pipeline"]["graph_untraced"] = untraced
     modules = outcome.module_map
     if modules is not None:
         from baechi_cli.io.torch_modules import torch_device

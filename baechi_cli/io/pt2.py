@@ -337,6 +337,8 @@ class _Reader:
         source = metadata.get("baechi_source") if "baechi_phase" in metadata else name
         if source:
             attrs["_source"] = str(source)
+        if metadata.get("baechi_untraced"):
+            attrs["_untraced"] = str(metadata["baechi_untraced"]).split(",")
         if "baechi_phase" in metadata:
             attrs["_phase"] = phase
             self.phase_of[v] = phase

@@ -82,6 +82,7 @@ def joint_program(
     def step(*flat: Any) -> Any:
         env = dict(zip(placeholders, flat[: len(placeholders)], strict=True))
         state = dict(zip((s for s, _ in state_names), flat[len(placeholders) :], strict=True))
+        marks["start"] = _count()
         outputs = _run(torch, graph, env, lambda node: sources.append((_count(), node)))
         marks["forward"] = _count()
         loss = _loss(torch, outputs)
@@ -317,7 +318,8 @@ def _as_program(
 
     ``sources``: (traced nodes counted after it ran, program node) in program order; a forward
     node's ``baechi_source`` is the program node it was traced from, and it keeps that node's
-    ``nn_module_stack``."""
+    ``nn_module_stack``; the first forward node's ``baechi_untraced`` lists the program nodes that
+    traced no op."""
     import bisect
     import operator
 
@@ -330,6 +332,10 @@ def _as_program(
     kinds = dict(specs)
     phase_edges = [marks.get("forward", 0), marks.get("loss", 0), marks.get("backward", 0)]
     counts = [count for count, _ in sources]
+    # Program nodes that traced no op (a dtype cast to the same dtype, dropout with p=0): named on
+    # the first forward op, so a plan accounts for every node of the program.
+    before = [marks.get("start", 0), *counts[:-1]]
+    untraced = [str(node.get("name", "")) for (count, node), b in zip(sources, before) if count == b]
     placeholder_nodes = [n for n in nodes if n.op == "placeholder"]
     for node, name in zip(placeholder_nodes, inputs, strict=True):
         rename[node.name] = name
@@ -364,6 +370,9 @@ def _as_program(
             stack = (program_node.get("metadata") or {}).get("nn_module_stack")
             if stack:
                 record["metadata"]["nn_module_stack"] = stack
+            if untraced:
+                record["metadata"]["baechi_untraced"] = ",".join(untraced)
+                untraced = []
         if isinstance(val, torch.Tensor):
             record["outputs"] = [{"as_tensor": {"name": node.name}}]
             values[node.name] = _tensor_value(torch, val)

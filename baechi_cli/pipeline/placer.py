@@ -293,26 +293,21 @@ class _Found:
         self.within_memory: bool = self.info["schedule"]["within_memory"]
         finder = per_op.skip_finder
         skips = finder.skips(_stage_of(split)) if finder is not None else []
-        # torch's multi-stage schedules send nothing past a stage; 1F1B and GPipe no gradient.
-        several = schedules.get(options.schedule).stages_per_device > 1
-        self.blocking = sum(1 for skip in skips if several or skip.needs_gradient)
         if skips:
+            # Values read past the next stage: baechi's runtime passes them through the stages
+            # between (what the cost model charges), so they run under every schedule.
             self.info["skips"] = [
                 {
                     "value": skip.op,
                     "from_stage": skip.from_stage,
                     "to_stage": skip.to_stage,
                     "needs_gradient": skip.needs_gradient,
-                    "torch_runs_it": not (several or skip.needs_gradient),
                 }
                 for skip in skips
             ]
 
     def beats(self, other: _Found) -> bool:
-        """Fewer values that torch's runtime cannot send past a stage, then faster (one stage count:
-        the skips a split can avoid)."""
-        if self.blocking != other.blocking:
-            return self.blocking < other.blocking
+        """Faster (on a tie the first)."""
         return self.rate > other.rate * (1 + 1e-9)
 
     def moved(self, split: Split) -> _Found:

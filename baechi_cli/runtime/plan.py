@@ -23,6 +23,8 @@ Example:
     ([0, 1], '1f1b', 4, 'program nodes')
     >>> stages_from_modules(["", "a", "a.fc", "b", "b.fc"], ["b"])
     [0, 0, 0, 1, 1]
+    >>> stages_from_modules(["", "inner.a", "inner.b.fc"], ["b"])  # the model wrapped in a loss
+    [0, 0, 1]
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Plan:
     microbatches: int
     graph_stages: dict[str, int] | None  # program node -> stage (a plan on the program)
     split_points: list[str] | None  # modules a stage begins at (a plan on an ONNX export)
+    graph_untraced: tuple[str, ...] = ()  # program nodes the traced step ran as no op: unplaced
 
     @property
     def ranks(self) -> int:
@@ -110,6 +113,7 @@ def read_plan(report: Mapping[str, Any]) -> Plan:
         microbatches=int(schedule["microbatches"]),
         graph_stages=graph_stages,
         split_points=None if split is None else list(split),
+        graph_untraced=tuple(str(n) for n in pipeline.get("graph_untraced") or ()),
     )
 
 
@@ -118,22 +122,34 @@ def stages_from_modules(paths: Sequence[str], split_points: Sequence[str]) -> li
 
     ``paths[i]`` is the deepest module path of node i in program order ("" the root); a node
     is inside module M when its path is M or starts with ``M + "."``. Stages are numbered in
-    program order; a split module no node runs in is an InputError. O(nodes x depth).
+    program order; a split module no node runs in is an InputError. When the model was wrapped
+    after the plan was made (a loss module around it), the wrapper's attribute prefixes every
+    module (``inner.layers.1``). O(nodes x depth).
     """
     first: dict[str, int] = {}
     for i, path in enumerate(paths):
         parts = path.split(".") if path else []
         for k in range(1, len(parts) + 1):
             first.setdefault(".".join(parts[:k]), i)
-    missing = [m for m in split_points if m not in first]
+    prefix = _wrapper_prefix(first, split_points)
+    missing = [m for m in split_points if prefix + m not in first]
     if missing:
         raise InputError(
             f"the plan begins a stage at module {missing[0]!r}, which runs no node of this program"
         )
-    starts = sorted({first[m] for m in split_points})
+    starts = sorted({first[prefix + m] for m in split_points})
     stage, out = 0, []
     for i in range(len(paths)):
         while stage < len(starts) and starts[stage] <= i:
             stage += 1
         out.append(stage)
     return out
+
+
+def _wrapper_prefix(first: Mapping[str, int], modules: Sequence[str]) -> str:
+    """``""``, or the shortest ``P.`` under which every one of ``modules`` is a module path."""
+    if not modules or all(m in first for m in modules):
+        return ""
+    m = modules[0]
+    prefixes = sorted((k[: -len(m)] for k in first if k.endswith("." + m)), key=len)
+    return next((p for p in prefixes if all(p + x in first for x in modules)), "")

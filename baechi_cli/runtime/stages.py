@@ -137,8 +137,9 @@ def node_stages(program: Any, plan: Plan) -> dict[str, int]:
             for n in nodes
             if n.target is not operator.getitem and isinstance(n.meta.get("val"), torch.Tensor)
         ]
-        strangers = sorted(set(plan.graph_stages) - names)
-        missing = [n for n in placed if n not in plan.graph_stages]
+        strangers = sorted((set(plan.graph_stages) | set(plan.graph_untraced)) - names)
+        untraced = set(plan.graph_untraced)
+        missing = [n for n in placed if n not in plan.graph_stages and n not in untraced]
         if strangers or missing:
             said = []
             if strangers:

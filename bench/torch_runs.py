@@ -1,0 +1,268 @@
+"""Plans that run: every pipeline plan baechi makes for real models, trained in PyTorch on gloo ranks.
+
+For each of the bench harness's seven models (framework.py, --quick sizes) and the model zoo's
+(zoo.py, --quick sizes), at batch 8, with the loss ``out.float().pow(2).mean()``:
+
+1. the model is exported with ``torch.export`` and saved as a ``.pt2``;
+2. ``baechi place MODEL.pt2 --training --objective throughput --microbatches 4`` plans it under
+   each schedule (``gpipe``, ``1f1b`` on 4 devices; ``interleaved``, ``zbv`` on 2 devices, 4
+   stages) and under the default (``--schedule`` left out), on devices slow enough beside their
+   interconnect that splitting pays (``DEVICES``), so the plans have several stages;
+3. ``baechi verify --torch`` builds each plan (:mod:`baechi_cli.runtime`), trains one step on one
+   gloo process per device and compares the loss and every gradient with one process.
+
+It writes ``torch_runs.json`` and ``torch_runs.md``: per model and plan, the stages, whether it
+trained, the worst gradient's relative L2, the values threaded and weights tied, each rank's
+measured peak against the predicted one and the slowest stage's compute over the mean, measured
+and predicted. Nothing here is timed against a target.
+
+    python bench/torch_runs.py [--models a,b] [--plans 1f1b,zbv] [--out bench/torch_runs.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+# Slow devices on a fast interconnect: a split pays, so plans have several stages.
+DEVICES = """devices: {{count: {count}, memory: 64GiB, flops: 100M, memory_bandwidth: 100MB/s}}
+interconnect: {{mode: parallel, latency: 1us, bandwidth: 100GB/s}}
+"""
+PLANS = (("1f1b", 4), ("gpipe", 4), ("interleaved", 2), ("zbv", 2), ("auto", 4))
+BATCH = 8
+MICROBATCHES = 4
+
+
+def log(text: str) -> None:
+    print(f"[torch_runs {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def models(names: set[str] | None) -> list[tuple[str, str, Any]]:
+    """(name, family, builder) for the harness's and the zoo's models."""
+    import framework as fw
+    import zoo
+
+    out: list[tuple[str, str, Any]] = []
+    for case in fw.CASES:
+        out.append((f"{case.name} (harness)", f"harness {case.kind}", lambda case=case: harness_model(case)))
+    for case in zoo.CASES:
+        out.append((case.name, case.family, lambda case=case: zoo_model(case)))
+    return [m for m in out if names is None or m[0] in names or m[0].split(" ")[0] in names]
+
+
+
+def with_loss(model: Any) -> Any:
+    import torch
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            return self.inner(*inputs).float().pow(2).mean()
+
+    return WithLoss(model)
+
+
+def harness_model(case: Any) -> tuple[Any, tuple[Any, ...]]:
+    import framework as fw
+    import torch
+
+    model, x = fw.build(case, quick=True)
+    generator = torch.Generator().manual_seed(1)
+    shape = (BATCH, *case.quick_input[1:])
+    if case.kind == "image":
+        x = torch.randn(shape, generator=generator)
+    else:
+        x = torch.randint(0, int(x.max()) + 1, shape, generator=generator)
+    return with_loss(model), (x,)
+
+
+def zoo_model(case: Any) -> tuple[Any, tuple[Any, ...]]:
+    import zoo
+
+    model, _ = zoo.build(case, quick=True)
+    shape = (BATCH, *zoo.input_shape(case, quick=True)[1:])
+    config = model.model.config
+    return with_loss(model), zoo.make_inputs(case, config, shape)
+
+
+def run_plan(pt2: str, folder: str, schedule: str, count: int, model: Any, inputs: tuple) -> dict[str, Any]:
+    from baechi_cli.app.place import place_model
+    from baechi_cli.app.report import build_report
+    from baechi_cli.core.devices import parse_devices
+    from baechi_cli.runtime.launch import verify_torch
+    from baechi_cli.search.candidates import PlaceOptions
+
+    spec = os.path.join(folder, f"devices{count}.yaml")
+    with open(spec, "w") as f:
+        f.write(DEVICES.format(count=count))
+    options = PlaceOptions(
+        training=True, objective="throughput", microbatches=MICROBATCHES, schedule=schedule
+    )
+    t0 = time.perf_counter()
+    try:
+        outcome = place_model(pt2, parse_devices(spec), options)
+    except Exception as err:  # noqa: BLE001 - a plan baechi cannot make is a row too
+        return {"placed": False, "error": f"place: {str(err).splitlines()[0]}"}
+    report = build_report(outcome, options)
+    placed_s = time.perf_counter() - t0
+    pipeline = report["pipeline"]
+    row: dict[str, Any] = {
+        "placed": True,
+        "schedule": pipeline["schedule"]["name"],
+        "stages": len(pipeline["stages"]),
+        "predicted_speedup": pipeline["schedule"]["speedup_vs_one_device"],
+        "place_s": round(placed_s, 3),
+    }
+    t0 = time.perf_counter()
+    try:
+        result = verify_torch(model, inputs, report, steps=1, timeout_s=600)
+    except Exception as err:  # noqa: BLE001
+        row.update(ran=False, error=f"verify: {str(err).splitlines()[0]}")
+        return row
+    row.update(
+        ran=result["ran"],
+        gradients_match=result["gradients_match"],
+        worst=result["worst"],
+        error=result["error"],
+        threaded=len(result["threaded"]),
+        tied=[t["parameter"] for t in result["tied"]],
+        per_rank=result["per_rank"],
+        compute_imbalance=result["compute_imbalance"],
+        verify_s=round(time.perf_counter() - t0, 3),
+    )
+    return row
+
+
+def run_model(name: str, builder: Any, plans: list[tuple[str, int]], folder: str) -> dict[str, Any]:
+    import torch
+
+    model, inputs = builder()
+    entry: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters()), "plans": {}}
+    pt2 = os.path.join(folder, f"{name}.pt2")
+    try:
+        torch.export.save(torch.export.export(model, inputs), pt2)
+    except Exception as err:  # noqa: BLE001
+        entry["error"] = f"export: {str(err).splitlines()[0]}"
+        return entry
+    for schedule, count in plans:
+        log(f"{name}: {schedule} on {count} devices")
+        try:
+            entry["plans"][schedule] = run_plan(pt2, folder, schedule, count, model, inputs)
+        except Exception:  # noqa: BLE001 - a bench bug must not lose the other rows
+            entry["plans"][schedule] = {"placed": False, "error": traceback.format_exc().splitlines()[-1]}
+        row = entry["plans"][schedule]
+        log(f"{name}: {schedule}: ran {row.get('ran')} match {row.get('gradients_match')} {row.get('error') or ''}")
+    return entry
+
+
+def cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    if not row.get("placed"):
+        return "not placed"
+    if not row.get("ran"):
+        return f"**fails** ({row['stages']} st)"
+    worst = row["worst"]["relative_l2"]
+    mark = "ok" if row["gradients_match"] else "**differs**"
+    return f"{mark} {row['stages']} st, {worst:.0e}" if worst is not None else f"{mark} {row['stages']} st"
+
+
+def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
+    lines = [
+        "# Plans that run: baechi's pipeline plans trained in PyTorch",
+        "",
+        "Made by `python bench/torch_runs.py` (docstring: the method). Each cell: whether the plan",
+        "trained one step on gloo ranks with every gradient within 1e-5 (relative L2) of one",
+        "process's, its stage count, and the worst gradient's relative L2.",
+        "",
+        f"Machine: {os.cpu_count()} cores; load at the start {results['load']}; torch {results['torch']}.",
+        "",
+    ]
+    total = ok = 0
+    for entry in results["models"].values():
+        for row in entry.get("plans", {}).values():
+            if row.get("placed"):
+                total += 1
+                ok += bool(row.get("gradients_match"))
+    lines += [f"**{ok} of {total} plans train with gradients equal to one process.**", ""]
+    header = "| model | family | params | " + " | ".join(f"{s} ({c} dev)" for s, c in plans) + " |"
+    lines += [header, "|" + "---|" * (3 + len(plans))]
+    for name, entry in results["models"].items():
+        if "error" in entry:
+            lines.append(f"| {name} | {entry['family']} | - | {entry['error']} |")
+            continue
+        cells = [cell(entry["plans"].get(s)) for s, _ in plans]
+        lines.append(f"| {name} | {entry['family']} | {entry['params']:,} | " + " | ".join(cells) + " |")
+    lines += ["", "## Memory and balance (the default plan)", ""]
+    lines += [
+        "| model | stages | threaded | tied | peak measured / predicted, per rank | slowest / mean stage, measured | predicted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in results["models"].items():
+        row = entry.get("plans", {}).get("auto")
+        if not row or not row.get("ran"):
+            continue
+        peaks = ", ".join(
+            f"{r['peak_bytes'] / r['predicted_peak_bytes']:.2f}"
+            for r in row["per_rank"]
+            if r.get("peak_bytes") and r.get("predicted_peak_bytes")
+        )
+        imb = row["compute_imbalance"]
+        lines.append(
+            f"| {name} | {row['stages']} ({row['schedule']}) | {row['threaded']} | {len(row['tied'])} | {peaks} | "
+            f"{imb['measured']} | {imb['predicted']} |"
+        )
+    failures = [
+        f"- {name} {s}: {row.get('error')}"
+        for name, entry in results["models"].items()
+        for s, row in entry.get("plans", {}).items()
+        if row.get("placed") and not row.get("gradients_match")
+    ]
+    if failures:
+        lines += ["", "## Failures", "", *failures]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", help="comma-separated names (default: all)")
+    parser.add_argument("--plans", help="comma-separated schedules of " + ",".join(s for s, _ in PLANS))
+    parser.add_argument("--out", default=os.path.join(HERE, "torch_runs.md"))
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("torch_runs: needs torch (pip install -e '.[bench]'); skipped", file=sys.stderr)
+        return 0
+    names = set(args.models.split(",")) if args.models else None
+    plans = [p for p in PLANS if not args.plans or p[0] in args.plans.split(",")]
+    results: dict[str, Any] = {"load": os.getloadavg()[0], "torch": torch.__version__, "models": {}}
+    with tempfile.TemporaryDirectory(prefix="baechi-torch-runs-") as folder:
+        for name, family, builder in models(names):
+            t0 = time.perf_counter()
+            entry = run_model(name, builder, plans, folder)
+            entry["family"] = family
+            entry["seconds"] = round(time.perf_counter() - t0, 1)
+            results["models"][name] = entry
+            with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+                json.dump(results, f, indent=1)
+            with open(args.out, "w") as f:
+                f.write(render(results, plans))
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
