@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -219,7 +220,9 @@ def _stage(
 
     g = torch.fx.Graph()
     root = torch.nn.Module()
-    env: dict[str, Any] = {v: g.placeholder(v) for v in inputs}
+    env: dict[str, Any] = {}
+    for v in inputs:  # a received value's gradient goes back to the stage before: contiguous
+        env[v] = g.placeholder(v) if s == 0 else g.call_function(grad_contiguous, (g.placeholder(v),))
     attrs: dict[str, str] = {}
 
     def value(node: Any) -> Any:
@@ -252,10 +255,8 @@ def _stage(
                 raise InputError(f"node {node.name!r} mutates {fqn!r}, which is no buffer")
             new = g.call_function(torch.ops.aten.detach.default, (env[node.name],))
             g.call_function(torch.ops.aten.copy_.default, (value(_placeholder(graph, target)), new))
-    if copy_outputs:
-        g.output(tuple(g.call_function(owned, (env[v],)) for v in outputs))
-    else:
-        g.output(tuple(env[v] for v in outputs))
+    send = owned if copy_outputs else contiguous
+    g.output(tuple(g.call_function(send, (env[v],)) for v in outputs))
     module = torch.fx.GraphModule(root, g)
     parameters = {a: f for a, f in attrs.items() if isinstance(getattr(module, a, None), torch.nn.Parameter)}
     return StageModule(s, module, inputs, outputs, [n.name for n in mine], parameters)
@@ -271,8 +272,39 @@ def _params_read(nodes: list[Any], params: Mapping[str, str]) -> dict[str, str]:
 
 
 def owned(value: Any) -> Any:
-    """A copy of ``value`` (a tensor), for a stage to send (``copy_outputs``)."""
-    return value.clone()
+    """A contiguous copy of ``value`` (a tensor), for a stage to send (``copy_outputs``)."""
+    import torch
+
+    return value.clone(memory_format=torch.contiguous_format)
+
+
+def grad_contiguous(value: Any) -> Any:
+    """``value`` (a view of it), whose gradient is made contiguous: gloo sends only those."""
+    if not getattr(value, "requires_grad", False):
+        return value
+    return _grad_contiguous_class().apply(value)
+
+
+@functools.cache
+def _grad_contiguous_class() -> Any:
+    """The identity as an autograd Function whose backward makes the gradient contiguous."""
+    import torch
+
+    class GradContiguous(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad.contiguous()
+
+    return GradContiguous
+
+
+def contiguous(value: Any) -> Any:
+    """``value`` in contiguous memory (itself when it is): what gloo sends."""
+    return value.contiguous()
 
 
 def _placeholder(graph: Any, name: str) -> Any:
