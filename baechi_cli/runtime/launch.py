@@ -29,6 +29,7 @@ import os
 import socket
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -212,6 +213,7 @@ def _rank_main(
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own, on loading a program
     try:
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=plan.ranks
