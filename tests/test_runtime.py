@@ -345,3 +345,22 @@ def test_verify_torch_bad_function_is_one_line_exit_2(decoder_pt2, tmp_path):
     ]:
         result = CliRunner().invoke(main, ["verify", str(decoder_pt2 / "1f1b.json"), "--torch", spec])
         assert result.exit_code == 2 and problem in result.output and result.output.count("\n") == 1
+
+
+def test_the_plan_in_other_tools_formats_lies_beside_the_report(decoder_pt2):
+    """torch's schedule CSV beside the report, torchtitan's module lists and Megatron's layout in it:
+    every layer in exactly one stage, in order."""
+    report = _place(decoder_pt2, "zbv", 2)
+    formats = report["pipeline"]["formats"]
+    csv = (decoder_pt2 / "zbv.schedule.csv").read_text()
+    assert csv == formats["schedule_csv"] and len(csv.splitlines()) == report["pipeline"]["schedule"]["devices"]
+    lists = formats["torchtitan_module_fqns"]
+    flat = [m for stage in lists for m in stage]
+    assert len(flat) == len(set(flat)) and len(lists) == len(report["pipeline"]["stages"])
+    layers = [int(m.split(".")[1]) for m in flat if m.startswith("layers.")]
+    assert layers == sorted(layers) and set(layers) == {0, 1, 2}
+    model = make_decoder()[0]
+    for name, _ in model.named_parameters():  # every weight in a listed module (the tied one: head)
+        assert name == "emb.weight" or any(name.startswith(m + ".") for m in flat), name
+    layout = formats["megatron_layout"]
+    assert layout is None or layout.count("|") == len(lists) - 1  # None: a stage cut inside a layer

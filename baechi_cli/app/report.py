@@ -31,7 +31,19 @@ def dumps(report: dict[str, Any]) -> str:
 
 
 def write_report(path: str, report: dict[str, Any]) -> None:
+    """The report, and beside a pipeline plan's its schedule as torch's CSV (``<stem>.schedule.csv``:
+    ``_PipelineScheduleRuntime._load_csv`` reads it)."""
     write_atomic(path, dumps(report).encode("utf-8"))
+    csv = ((report.get("pipeline") or {}).get("formats") or {}).get("schedule_csv")
+    if csv is not None:
+        write_atomic(schedule_csv_path(path), csv.encode("utf-8"))
+
+
+def schedule_csv_path(report_path: str) -> str:
+    """Where :func:`write_report` writes a plan's schedule CSV: ``r.json`` -> ``r.schedule.csv``."""
+    import os
+
+    return os.path.splitext(report_path)[0] + ".schedule.csv"
 
 
 def input_json(prepared: Prepared) -> dict[str, Any]:
@@ -171,6 +183,9 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
             report["pipeline"]["graph_stages"] = graph_stages
             untraced = [name for attrs in g.attrs for name in attrs.get("_untraced", ())]
             report["pipeline"]["graph_untraced"] = untraced
+        formats = plan_formats(g, n, pipeline)
+        if formats:
+            report["pipeline"]["formats"] = formats
     modules = outcome.module_map
     if modules is not None:
         from baechi_cli.io.torch_modules import torch_device
@@ -196,3 +211,40 @@ def program_stages(graph: OpGraph, stage_of: list[int] | None) -> dict[str, int]
         if source is not None and not graph.is_backward[v]:
             stages[source] = stage_of[v]
     return stages or None
+
+
+def plan_formats(graph: OpGraph, model_ops: int, pipeline: dict[str, Any]) -> dict[str, Any]:
+    """A PyTorch pipeline plan in the formats other tools read (:mod:`baechi_cli.pipeline.exports`):
+    ``schedule_csv`` (torch's), and for a plan whose stages follow program order
+    ``torchtitan_module_fqns`` (torchtitan's ``module_fqns_per_model_part``) and
+    ``megatron_layout`` (None when the model is no stack of identical layers). Empty for a graph
+    with no module paths or a plan with no schedule."""
+    from baechi_cli.core.errors import InputError
+    from baechi_cli.pipeline import exports
+
+    schedule, stage_of = pipeline.get("schedule"), pipeline.get("stage_of")
+    if not schedule or stage_of is None or not any("_module" in a for a in graph.attrs):
+        return {}
+    stages = len(pipeline["stages"])
+    devices = schedule.get("devices") or stages
+    out: dict[str, Any] = {
+        "schedule_csv": exports.schedule_csv(schedule["name"], stages, devices, schedule["microbatches"])
+    }
+    onnx = [v for v in range(model_ops) if "_onnx_node" in graph.attrs[v]]
+    order = sorted(onnx, key=lambda v: graph.attrs[v]["_onnx_node"]) if onnx else range(model_ops)
+    ops = [v for v in order if not graph.is_backward[v]]
+    # A program node traced into several ops (linear: t, addmm) is in the stage of its last.
+    program = program_stages(graph, stage_of)
+    path_of: dict[str, str | None] = {}
+    if program is not None:
+        for v in ops:
+            path_of.setdefault(graph.attrs[v].get("_source", graph.names[v]), graph.attrs[v].get("_module"))
+        paths, stages = list(path_of.values()), [program.get(k, 0) for k in path_of]
+    else:
+        paths, stages = [graph.attrs[v].get("_module") for v in ops], [stage_of[v] for v in ops]
+    try:
+        out["torchtitan_module_fqns"] = exports.torchtitan_module_lists(paths, stages)
+        out["megatron_layout"] = exports.megatron_layout(paths, stages)
+    except InputError:  # stages that do not follow program order: no module lists
+        out["torchtitan_module_fqns"] = out["megatron_layout"] = None
+    return out
