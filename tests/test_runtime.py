@@ -199,7 +199,7 @@ def _report(**pipeline):
     ("report", "problem"),
     [
         ({"schema": "other"}, "not a baechi report"),
-        ({"schema": "baechi.report/v1"}, "no pipeline plan"),
+        ({"schema": "baechi.report/v1"}, "no plan the runtime builds"),
         (_report(stages=[{"device": 0}]), "no schedule"),
         (_report(stages=[{"device": 0}], schedule={"name": "1f1b", "microbatches": 2}), "names neither"),
         (
@@ -353,7 +353,9 @@ def test_the_plan_in_other_tools_formats_lies_beside_the_report(decoder_pt2):
     report = _place(decoder_pt2, "zbv", 2)
     formats = report["pipeline"]["formats"]
     csv = (decoder_pt2 / "zbv.schedule.csv").read_text()
-    assert csv == formats["schedule_csv"] and len(csv.splitlines()) == report["pipeline"]["schedule"]["devices"]
+    assert (
+        csv == formats["schedule_csv"] and len(csv.splitlines()) == report["pipeline"]["schedule"]["devices"]
+    )
     lists = formats["torchtitan_module_fqns"]
     flat = [m for stage in lists for m in stage]
     assert len(flat) == len(set(flat)) and len(lists) == len(report["pipeline"]["stages"])
@@ -364,3 +366,32 @@ def test_the_plan_in_other_tools_formats_lies_beside_the_report(decoder_pt2):
         assert name == "emb.weight" or any(name.startswith(m + ".") for m in flat), name
     layout = formats["megatron_layout"]
     assert layout is None or layout.count("|") == len(lists) - 1  # None: a stage cut inside a layer
+
+
+def test_verify_torch_runs_a_makespan_plan_op_for_op(decoder_pt2):
+    """A makespan plan on the program (every node on its device) runs as runs of consecutive ops,
+    each value sent straight to the runs that read it, with gradients equal to one process."""
+    devices = decoder_pt2 / "devices4.yaml"
+    devices.write_text(DEVICES.format(count=4))
+    report = decoder_pt2 / "makespan.json"
+    result = CliRunner().invoke(
+        main,
+        [
+            "place",
+            str(decoder_pt2 / "decoder.pt2"),
+            "--devices",
+            str(devices),
+            "--training",
+            "--algo",
+            "etf",
+            "--report",
+            str(report),
+            "-q",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    placed = json.loads(report.read_text())
+    assert "pipeline" not in placed and len(set(placed["graph_devices"].values())) > 1
+    code, doc = _verify(decoder_pt2, "makespan")
+    assert code == 0, doc
+    assert doc["schedule"] == "makespan" and doc["gradients_match"] and doc["ranks"] > 1

@@ -186,6 +186,11 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
         formats = plan_formats(g, n, pipeline)
         if formats:
             report["pipeline"]["formats"] = formats
+    if pipeline is None:  # a makespan plan of a PyTorch program: each node's device, for the runtime
+        graph_devices = program_stages(g, list(sim.device_of))
+        if graph_devices is not None:
+            report["graph_devices"] = graph_devices
+            report["graph_untraced"] = [name for attrs in g.attrs for name in attrs.get("_untraced", ())]
     modules = outcome.module_map
     if modules is not None:
         from baechi_cli.io.torch_modules import torch_device

@@ -69,6 +69,7 @@ class CutProgram:
     tied: dict[str, list[int]]  # parameter FQN -> the stages holding a copy (two or more)
     moved: list[str]  # nodes planned before an input they read, moved to its stage
     unplanned: list[str]  # call_function nodes the plan did not name
+    made_in: dict[str, int] = field(default_factory=dict)  # value -> its stage (-1: a user input)
 
     def threaded(self) -> list[dict[str, Any]]:
         """The values sent across more than one boundary: ``{value, from_stage, to_stage}``."""
@@ -91,13 +92,16 @@ def cut_program(
     num_stages: int | None = None,
     copy_outputs: bool = False,
     only: Collection[int] | None = None,
+    thread: bool = True,
 ) -> CutProgram:
     """The stages of ``program`` with node ``n`` in stage ``stage_of[n]`` (module docstring).
 
     ``copy_outputs``: every stage sends copies of its values (:func:`owned`), which a schedule
     that splits the backward (zbv) needs: it detaches a stage's outputs in place after the input
     gradient, while the weight gradient may still read them. ``only``: build the modules of these
-    stages alone (a rank's); the others get ``module`` None."""
+    stages alone (a rank's); the others get ``module`` None. ``thread`` False: a stage receives
+    just what its nodes read, from the stage that made it (user inputs: from the caller), and
+    sends what later stages read (a makespan plan's parts, :mod:`~baechi_cli.runtime.makespan`)."""
 
     graph = program.graph
     sig = program.graph_signature
@@ -177,9 +181,14 @@ def cut_program(
     lifted = _Lifted(params, buffers, constants, state)
     out: list[StageModule] = []
     for s in range(S):
-        inputs = list(user_inputs) if s == 0 else crossing(s - 1)
-        outputs = [v for v in user_outputs if v is not None] if s == S - 1 else crossing(s)
         mine = [n for n in nodes if stage[n.name] == s]
+        if thread:
+            inputs = list(user_inputs) if s == 0 else crossing(s - 1)
+            outputs = [v for v in user_outputs if v is not None] if s == S - 1 else crossing(s)
+        else:
+            read = {a.name for n in mine for a in n.all_input_nodes if a.name in stage}
+            inputs = sorted((v for v in read if v in user_inputs or stage[v] < s), key=order.__getitem__)
+            outputs = [n.name for n in mine if last.get(n.name, -1) > s]
         if only is not None and s not in only:
             out.append(
                 StageModule(s, None, inputs, outputs, [n.name for n in mine], _params_read(mine, params))
@@ -191,7 +200,8 @@ def cut_program(
     for placeholder, held in readers.items():
         if placeholder in params and len(held) > 1:
             tied[params[placeholder]] = sorted(held)
-    return CutProgram(out, tied, moved, unplanned)
+    made = {v: (-1 if v in user_inputs else m) for v, m in stage.items()}
+    return CutProgram(out, tied, moved, unplanned, made)
 
 
 @dataclass
@@ -221,8 +231,13 @@ def _stage(
     g = torch.fx.Graph()
     root = torch.nn.Module()
     env: dict[str, Any] = {}
+    mutated_here = _mutated_in_place(mine)
     for v in inputs:  # a received value's gradient goes back to the stage before: contiguous
-        env[v] = g.placeholder(v) if s == 0 else g.call_function(grad_contiguous, (g.placeholder(v),))
+        if s == 0:
+            env[v] = g.placeholder(v)
+        else:  # a value an op here changes in place is copied first (a view of it cannot be)
+            wrap = grad_contiguous_copy if v in mutated_here else grad_contiguous
+            env[v] = g.call_function(wrap, (g.placeholder(v),))
     attrs: dict[str, str] = {}
 
     def value(node: Any) -> Any:
@@ -278,6 +293,26 @@ def owned(value: Any) -> Any:
     return value.clone(memory_format=torch.contiguous_format)
 
 
+def _mutated_in_place(nodes: list[Any]) -> set[str]:
+    """The values ``nodes`` change in place (an argument their schema writes to)."""
+    out: set[str] = set()
+    for node in nodes:
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            continue
+        for arg, value in zip(schema.arguments, node.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and hasattr(value, "name"):
+                out.add(value.name)
+    return out
+
+
+def grad_contiguous_copy(value: Any) -> Any:
+    """A copy of ``value`` whose gradient is made contiguous (:func:`grad_contiguous`)."""
+    if not getattr(value, "requires_grad", False):
+        return value.clone()
+    return _grad_contiguous_class(copy=True).apply(value)
+
+
 def grad_contiguous(value: Any) -> Any:
     """``value`` (a view of it), whose gradient is made contiguous: gloo sends only those."""
     if not getattr(value, "requires_grad", False):
@@ -286,14 +321,15 @@ def grad_contiguous(value: Any) -> Any:
 
 
 @functools.cache
-def _grad_contiguous_class() -> Any:
-    """The identity as an autograd Function whose backward makes the gradient contiguous."""
+def _grad_contiguous_class(copy: bool = False) -> Any:
+    """The identity (``copy``: a copy) as an autograd Function whose backward makes the gradient
+    contiguous."""
     import torch
 
     class GradContiguous(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: Any) -> Any:
-            return x.view_as(x)
+            return x.clone() if copy else x.view_as(x)
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:

@@ -62,6 +62,7 @@ def verify_torch(
         raise InputError(f"--steps must be at least 1, got {steps}")
     plan = read_plan(report)
     prepared = prepare(model, tuple(example_args), plan)
+    plan = prepared.plan  # a makespan plan knows its runs once cut
     threads = max(1, (os.cpu_count() or 1) // plan.ranks)
     # One process, with the threads a rank has (a kernel's summation order follows its threads):
     # the reference, and fp32's own noise, the same steps by the exported program (other kernels;
@@ -123,7 +124,9 @@ def _reference(model: Any, prepared: Prepared, steps: int) -> dict[str, Any]:
     """One process: ``steps`` SGD steps over the microbatches; losses and gradients by FQN."""
     import torch
 
-    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():  # torch's own deprecation, copying an exported module's specs
+        warnings.simplefilter("ignore", FutureWarning)
+        ref = copy.deepcopy(model)
     names: dict[int, list[str]] = {}
     for name, p in ref.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
@@ -246,12 +249,10 @@ def _run_rank(
     import torch
     import torch.distributed as dist
 
-    from baechi_cli.runtime.stages import build
-
     plan, cut = prepared.plan, prepared.cut
     device = torch.device("cpu")
-    stages, schedule = build(prepared, rank, device)
-    local = [s.stage_index for s in stages]
+    run_step = _stepper(prepared, rank, device)
+    local = [s for s in range(plan.num_stages) if plan.stage_rank[s] == rank]
     modules = {s: cut.stages[s].module for s in local}
     # Tied weights: one gloo group per weight held on several ranks, made in one order everywhere.
     syncs = []
@@ -263,25 +264,15 @@ def _run_rank(
                 getattr(modules[s], _attr_of(cut.stages[s].parameters, fqn)) for s in held if s in modules
             ]
             syncs.append((fqn, copies, group))
-    first, last = 0 in local, plan.num_stages - 1 in local
-    m = plan.microbatches
-    batch = tuple(
-        torch.cat([mb[i] for mb in prepared.microbatches]) for i in range(len(prepared.microbatches[0]))
-    )
-    target = torch.zeros(m)
     losses: list[float] = []
     worst: dict[str, float] = {}
     for step in range(steps):
         for module in modules.values():
             for p in module.parameters():
                 p.grad = None
-        step_losses: list[Any] = []
-        args = batch if first else ()
-        if last:
-            schedule.step(*args, target=target, losses=step_losses, return_outputs=False)
-            losses.append(sum(float(x.detach()) for x in step_losses) / m)
-        else:
-            schedule.step(*args)
+        step_losses = run_step()
+        if step_losses:
+            losses.append(sum(float(x.detach()) for x in step_losses) / len(step_losses))
         _sync_tied(syncs)
         grads = reference["grads"][step]
         scale = FLOOR * max((float(g.double().norm()) for g in grads.values()), default=0.0)
@@ -299,10 +290,49 @@ def _run_rank(
                         p.add_(p.grad, alpha=-LR)
     out: dict[str, Any] = {"stages": local, "losses": losses, "worst": worst}
     if measure:
-        out.update(
-            _measure(rank, prepared, schedule, modules, batch if first else (), target if last else None)
-        )
+        out.update(_measure(prepared, run_step, modules))
     return out
+
+
+def _stepper(prepared: Prepared, rank: int, device: Any) -> Any:
+    """A function running one training step of ``rank``'s part of the plan, returning the losses
+    of its microbatches where this rank computes them (else an empty list)."""
+    import torch
+
+    plan = prepared.plan
+    batch = tuple(
+        torch.cat([mb[i] for mb in prepared.microbatches]) for i in range(len(prepared.microbatches[0]))
+    )
+    if plan.kind == "makespan":
+        from baechi_cli.runtime.makespan import MakespanStep
+
+        assert prepared.metas is not None
+        runner = MakespanStep(
+            prepared.cut, plan.stage_rank, rank, prepared.metas, prepared.program.graph_signature.user_inputs
+        )
+
+        def makespan_step() -> list[Any]:
+            loss = runner.step(batch)
+            return [] if loss is None else [loss]
+
+        return makespan_step
+    from baechi_cli.runtime.stages import build
+
+    stages, schedule = build(prepared, rank, device)
+    local = [s.stage_index for s in stages]
+    first, last = 0 in local, plan.num_stages - 1 in local
+    target = torch.zeros(plan.microbatches)
+
+    def pipeline_step() -> list[Any]:
+        losses: list[Any] = []
+        args = batch if first else ()
+        if last:
+            schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        else:
+            schedule.step(*args)
+        return losses
+
+    return pipeline_step
 
 
 def _sync_tied(syncs: list[tuple[str, list[Any], Any]]) -> None:
@@ -334,9 +364,7 @@ def _relative_l2(got: Any, expected: Any, floor: float = 0.0) -> float:
     return 0.0 if diff == 0.0 else diff / max(ref, floor, 1e-30)
 
 
-def _measure(
-    rank: int, prepared: Prepared, schedule: Any, modules: Mapping[int, Any], args: tuple, target: Any
-) -> dict[str, Any]:
+def _measure(prepared: Prepared, run_step: Any, modules: Mapping[int, Any]) -> dict[str, Any]:
     """This rank's peak bytes over one more step, and each stage's compute time per microbatch."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -349,10 +377,7 @@ def _measure(
         for p in module.parameters():
             p.grad = None
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        if target is not None:
-            schedule.step(*args, target=target, losses=[], return_outputs=False)
-        else:
-            schedule.step(*args)
+        run_step()
     events = sorted(
         (e.start_ns(), e.nbytes())
         for e in prof.profiler.kineto_results.events()
@@ -483,6 +508,10 @@ def _predictions(report: Mapping[str, Any], plan: Any) -> tuple[list[Any], list[
     """The report's peak bytes per rank and compute per stage (one microbatch, µs)."""
     from baechi_cli.pipeline.schedules import REGISTRY
 
+    if plan.kind == "makespan":  # the devices used, in device order: the ranks
+        used = sorted({d for d in (plan.graph_devices or {}).values()})
+        per_device = report.get("per_device") or []
+        return [per_device[d]["peak_bytes"] if d < len(per_device) else None for d in used], []
     schedule = (report.get("pipeline") or {}).get("schedule") or {}
     peaks = list(schedule.get("peak_bytes") or [])
     if REGISTRY.find(plan.schedule).stages_per_device == 1 and len(peaks) == plan.num_stages:

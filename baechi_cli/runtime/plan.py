@@ -56,10 +56,15 @@ class Plan:
     graph_stages: dict[str, int] | None  # program node -> stage (a plan on the program)
     split_points: list[str] | None  # modules a stage begins at (a plan on an ONNX export)
     graph_untraced: tuple[str, ...] = ()  # program nodes the traced step ran as no op: unplaced
+    graph_devices: dict[str, int] | None = None  # a makespan plan: program node -> device
+
+    @property
+    def kind(self) -> str:
+        return "makespan" if self.graph_devices is not None else "pipeline"
 
     @property
     def ranks(self) -> int:
-        return max(self.stage_rank) + 1
+        return max(self.stage_rank) + 1 if self.stage_rank else 0
 
     @property
     def cut_by(self) -> str:
@@ -67,7 +72,7 @@ class Plan:
 
     @property
     def torch_schedule(self) -> str:
-        return TORCH_SCHEDULES[self.schedule]
+        return TORCH_SCHEDULES.get(self.schedule, "baechi makespan runs")
 
 
 def read_plan(report: Mapping[str, Any]) -> Plan:
@@ -75,9 +80,22 @@ def read_plan(report: Mapping[str, Any]) -> Plan:
     if not isinstance(report, Mapping) or report.get("schema") != "baechi.report/v1":
         raise InputError("not a baechi report (no schema baechi.report/v1)")
     pipeline = report.get("pipeline")
+    devices_of = report.get("graph_devices")
+    if not isinstance(pipeline, Mapping) and isinstance(devices_of, Mapping):
+        return Plan(  # a makespan plan on a PyTorch program: its runs are found when it is cut
+            num_stages=0,
+            stage_rank=[],
+            schedule="makespan",
+            microbatches=1,
+            graph_stages=None,
+            split_points=None,
+            graph_untraced=tuple(str(n) for n in report.get("graph_untraced") or ()),
+            graph_devices={str(k): int(v) for k, v in devices_of.items()},
+        )
     if not isinstance(pipeline, Mapping):
         raise InputError(
-            "the report has no pipeline plan: place with --objective throughput --microbatches M"
+            "the report has no plan the runtime builds: a pipeline plan (--objective throughput "
+            "--microbatches M) or a makespan plan of a PyTorch program (.pt2)"
         )
     if pipeline.get("objective") != "throughput":
         raise InputError(f"a {pipeline.get('objective')} plan has no schedule to run: need a throughput plan")

@@ -56,15 +56,18 @@ def stage_metas(prepared: Prepared) -> list[tuple[list[Meta], list[Meta]]]:
     def meta(t: Any) -> Meta:
         return tuple(t.shape), str(t.dtype).removeprefix("torch."), bool(t.requires_grad)
 
-    values = tuple(prepared.microbatches[0])
+    user = prepared.program.graph_signature.user_inputs
+    env = dict(zip(user, prepared.microbatches[0], strict=True))
     out = []
     prepared.inputs = []
     with torch.enable_grad():
         for stage in prepared.cut.stages:
+            values = tuple(env[v] for v in stage.inputs)
             prepared.inputs.append(tuple(v.detach() for v in values))
             outputs = stage.module(*values)
             out.append(([meta(v) for v in values], [meta(v) for v in outputs]))
-            values = tuple(v.detach().requires_grad_(v.requires_grad) for v in outputs)
+            for v, t in zip(stage.outputs, outputs, strict=True):
+                env[v] = t.detach().requires_grad_(t.requires_grad)
     return out
 
 
@@ -83,8 +86,32 @@ def reload(
 
     program = torch.export.load(program_path)
     local = {s for s in range(plan.num_stages) if plan.stage_rank[s] == rank}
-    cut = cut_program(program, stage_of, plan.num_stages, copy_outputs=plan.schedule == "zbv", only=local)
+    cut = cut_program(
+        program,
+        stage_of,
+        plan.num_stages,
+        copy_outputs=plan.schedule == "zbv",
+        only=local,
+        thread=plan.kind == "pipeline",
+    )
     return Prepared(program, microbatches, cut, plan, stage_of, metas, inputs)
+
+
+def _with_runs(program: Any, plan: Plan) -> Plan:
+    """A makespan plan with its runs as stages: (nodes of one device in a row), each on the rank of
+    its device (the devices used, in device order)."""
+    import dataclasses
+
+    from baechi_cli.runtime.makespan import segments
+
+    assert plan.graph_devices is not None
+    order = [n.name for n in program.graph.nodes if n.op == "call_function"]
+    _check_names(program, set(plan.graph_devices), plan.graph_untraced)
+    stage_of, run_device = segments(order, plan.graph_devices)
+    rank = {d: r for r, d in enumerate(sorted(set(run_device)))}
+    return dataclasses.replace(
+        plan, num_stages=len(run_device), stage_rank=[rank[d] for d in run_device], graph_stages=stage_of
+    )
 
 
 def split_microbatches(args: Sequence[Any], count: int) -> list[tuple[Any, ...]]:
@@ -116,8 +143,16 @@ def prepare(model: Any, example_args: Sequence[Any], plan: Plan) -> Prepared:
     """Export, find each node's stage and cut (module docstring)."""
     microbatches = split_microbatches(example_args, plan.microbatches)
     program = export(model, microbatches[0])
+    if plan.kind == "makespan":
+        plan = _with_runs(program, plan)
     stage_of = node_stages(program, plan)
-    cut = cut_program(program, stage_of, plan.num_stages, copy_outputs=plan.schedule == "zbv")
+    cut = cut_program(
+        program,
+        stage_of,
+        plan.num_stages,
+        copy_outputs=plan.schedule == "zbv",
+        thread=plan.kind == "pipeline",
+    )
     prepared = Prepared(program, microbatches, cut, plan, stage_of)
     prepared.metas = stage_metas(prepared)
     return prepared
@@ -127,30 +162,36 @@ def node_stages(program: Any, plan: Plan) -> dict[str, int]:
     """``{node: stage}`` for the program's call_function nodes under ``plan``."""
     nodes = [n for n in program.graph.nodes if n.op == "call_function"]
     if plan.graph_stages is not None:
-        import operator
-
-        import torch
-
-        names = {n.name for n in nodes}
-        placed = [
-            n.name
-            for n in nodes
-            if n.target is not operator.getitem and isinstance(n.meta.get("val"), torch.Tensor)
-        ]
-        strangers = sorted((set(plan.graph_stages) | set(plan.graph_untraced)) - names)
-        untraced = set(plan.graph_untraced)
-        missing = [n for n in placed if n not in plan.graph_stages and n not in untraced]
-        if strangers or missing:
-            said = []
-            if strangers:
-                said.append(f"names {len(strangers)} node(s) this program lacks ({_few(strangers)})")
-            if missing:
-                said.append(f"misses {len(missing)} of its nodes ({_few(missing)})")
-            raise InputError(f"the plan was made for another model: it {' and '.join(said)}")
+        if plan.kind == "pipeline":
+            _check_names(program, set(plan.graph_stages), plan.graph_untraced)
         return {n.name: plan.graph_stages[n.name] for n in nodes if n.name in plan.graph_stages}
     paths = [_module_path(n) for n in nodes]
     stages = stages_from_modules(paths, plan.split_points or [])
     return {n.name: s for n, s in zip(nodes, stages)}
+
+
+def _check_names(program: Any, planned: set[str], untraced: Sequence[str]) -> None:
+    """InputError unless the plan names this program's nodes: none it lacks, all it places."""
+    import operator
+
+    import torch
+
+    nodes = [n for n in program.graph.nodes if n.op == "call_function"]
+    names = {n.name for n in nodes}
+    placed = [
+        n.name
+        for n in nodes
+        if n.target is not operator.getitem and isinstance(n.meta.get("val"), torch.Tensor)
+    ]
+    strangers = sorted((planned | set(untraced)) - names)
+    missing = [n for n in placed if n not in planned and n not in set(untraced)]
+    if strangers or missing:
+        said = []
+        if strangers:
+            said.append(f"names {len(strangers)} node(s) this program lacks ({_few(strangers)})")
+        if missing:
+            said.append(f"misses {len(missing)} of its nodes ({_few(missing)})")
+        raise InputError(f"the plan was made for another model: it {' and '.join(said)}")
 
 
 def _few(names: list[str]) -> str:

@@ -191,11 +191,18 @@ def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
     printer = SummaryPrinter(console)
     say, verdict = printer.say, printer.verdict
     tied = ", ".join(escape(t["parameter"]) for t in doc["tied"]) or "none"
-    say(
-        f"plan: {doc['schedule']} ({doc['torch_schedule']}), {doc['stages']} stages on {doc['ranks']} "
-        f"gloo ranks, {doc['microbatches']} microbatches, cut by {doc['cut_by']}"
-    )
-    say(f"threaded: {len(doc['threaded'])} value(s) passed through the stages between; tied weights: {tied}")
+    if doc["schedule"] == "makespan":
+        say(
+            f"plan: makespan, op for op: {doc['stages']} runs of consecutive ops on {doc['ranks']} gloo "
+            "ranks, each value sent straight to the runs that read it"
+        )
+        say(f"tied weights: {tied}")
+    else:
+        say(
+            f"plan: {doc['schedule']} ({doc['torch_schedule']}), {doc['stages']} stages on {doc['ranks']} "
+            f"gloo ranks, {doc['microbatches']} microbatches, cut by {doc['cut_by']}"
+        )
+        say(f"threaded: {len(doc['threaded'])} value(s) passed through the stages between; tied weights: {tied}")
     if doc.get("moved_nodes"):
         say(f"moved: {len(doc['moved_nodes'])} node(s) planned before an input they read")
     verdict(
@@ -234,7 +241,8 @@ def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
             continue
         predicted = s["predicted_compute_us"]
         say(
-            f"stage {s['stage']}: forward+backward {s['compute_us'] / 1e3:.3f} ms a microbatch"
+            f"{'run' if doc['schedule'] == 'makespan' else 'stage'} {s['stage']} (rank {s['rank']}): "
+            f"forward+backward {s['compute_us'] / 1e3:.3f} ms a microbatch"
             + (f", predicted {predicted / 1e3:.3f} ms" if predicted else "")
         )
     imbalance = doc.get("compute_imbalance") or {}
