@@ -1312,16 +1312,21 @@ def calibrate_torch(
     count: int = 1,
     quick: bool = False,
     allow_noisy: bool = False,
+    threads: int | None = None,
     command: str = "",
     progress: Callable[[str], None] = lambda stage: None,
     steps: Callable[[int, int], None] = lambda done, total: None,
 ) -> Calibration:
     """``baechi devices calibrate --torch DEVICES``: :func:`calibrate` with PyTorch and the default
-    (or ``quick``) plan of the first device; a noisy one refused unless ``allow_noisy``
-    (:func:`refuse_noise`). Errors as in the module docstring."""
+    (or ``quick``) plan of the first device, on ``threads`` CPU threads (None: torch's); a noisy
+    one refused unless ``allow_noisy`` (:func:`refuse_noise`). Errors as in the module docstring."""
     targets = parse_targets(devices)
     _check_count(count, targets)  # before torch's import, which takes seconds
     runner = TorchRunner.open(targets)
+    if threads is not None:  # a rank of baechi verify --torch runs with its share of the cores
+        import torch
+
+        torch.set_num_threads(threads)
     result = calibrate(
         targets,
         runner,

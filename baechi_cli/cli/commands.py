@@ -876,9 +876,21 @@ def devices_group() -> None:
     help="Write the numbers even when the machine was busy or the repeats spread wide (by default "
     "such a calibration is refused, exit 6); the warning and the YAML header say so.",
 )
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="CPU: measure with N threads, as a process given N threads runs (default: torch's).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary.")
 def devices_calibrate(
-    torch_devices: str, output: str | None, count: int, quick: bool, allow_noisy: bool, quiet: bool
+    torch_devices: str,
+    output: str | None,
+    count: int,
+    quick: bool,
+    allow_noisy: bool,
+    threads: int | None,
+    quiet: bool,
 ) -> None:
     """Measure a device with PyTorch and write a device spec for --devices.
 
@@ -908,6 +920,7 @@ def devices_calibrate(
             + ([f"--count {count}"] if count > 1 else [])
             + (["--quick"] if quick else [])
             + (["--allow-noisy"] if allow_noisy else [])
+            + ([f"--threads {threads}"] if threads else [])
         )
         with StageProgress(enabled=not quiet, stages=CALIBRATE_STAGES) as progress:
             result = calibrate_torch(
@@ -915,6 +928,7 @@ def devices_calibrate(
                 count=count,
                 quick=quick,
                 allow_noisy=allow_noisy,
+                threads=threads,
                 command=command,
                 progress=progress.stage,
                 steps=progress.steps,

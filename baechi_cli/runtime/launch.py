@@ -54,6 +54,7 @@ def verify_torch(
     steps: int = 1,
     timeout_s: float = 600.0,
     measure: bool = True,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Run ``report``'s plan for ``model`` on ranks and compare with one process (module docstring)."""
     import torch
@@ -63,7 +64,7 @@ def verify_torch(
     plan = read_plan(report)
     prepared = prepare(model, tuple(example_args), plan)
     plan = prepared.plan  # a makespan plan knows its runs once cut
-    threads = max(1, (os.cpu_count() or 1) // plan.ranks)
+    threads = threads or max(1, (os.cpu_count() or 1) // plan.ranks)
     # One process, with the threads a rank has (a kernel's summation order follows its threads):
     # the reference, and fp32's own noise, the same steps by the exported program (other kernels;
     # a deep network with batch norm on small batches amplifies rounding past RTOL).
@@ -111,7 +112,7 @@ def verify_torch(
             job.start()
             jobs.append(job)
         results, error = _collect(queue, jobs, plan.ranks, timeout_s)
-    return _summary(prepared, reference, results, error, steps, report)
+    return _summary(prepared, reference, results, error, steps, report, threads)
 
 
 def _free_port() -> int:
@@ -266,11 +267,15 @@ def _run_rank(
             syncs.append((fqn, copies, group))
     losses: list[float] = []
     worst: dict[str, float] = {}
+    step_s: list[float] = []
     for step in range(steps):
         for module in modules.values():
             for p in module.parameters():
                 p.grad = None
+        dist.barrier()  # every rank starts the step together: its time is the minibatch's
+        t0 = time.perf_counter()
         step_losses = run_step()
+        step_s.append(time.perf_counter() - t0)
         if step_losses:
             losses.append(sum(float(x.detach()) for x in step_losses) / len(step_losses))
         _sync_tied(syncs)
@@ -288,7 +293,7 @@ def _run_rank(
                 for p in module.parameters():
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-LR)
-    out: dict[str, Any] = {"stages": local, "losses": losses, "worst": worst}
+    out: dict[str, Any] = {"stages": local, "losses": losses, "worst": worst, "step_s": step_s}
     if measure:
         out.update(_measure(prepared, run_step, modules))
     return out
@@ -425,6 +430,7 @@ def _summary(
     error: str | None,
     steps: int,
     report: Mapping[str, Any],
+    threads: int,
 ) -> dict[str, Any]:
     plan, cut = prepared.plan, prepared.cut
     predicted_peak, predicted_compute = _predictions(report, plan)
@@ -496,6 +502,17 @@ def _summary(
             }
             for s in range(plan.num_stages)
         ],
+    }
+    # A step's time is its slowest rank's (they start together); the first step warms up.
+    per_step = [max(r.get("step_s", [0])[i] for r in results.values()) for i in range(steps)] if ran else []
+    timed = sorted(per_step[1:] or per_step)
+    predicted_step = ((report.get("pipeline") or {}).get("schedule") or {}).get("minibatch_us")
+    if predicted_step is None and plan.kind == "makespan":
+        predicted_step = (report.get("result") or {}).get("step_time_us")
+    out["minibatch_us"] = {
+        "measured": round(timed[len(timed) // 2] * 1e6, 3) if timed else None,
+        "predicted": predicted_step,
+        "threads_per_rank": threads,
     }
     out["compute_imbalance"] = {
         "measured": _imbalance(measured.values()),

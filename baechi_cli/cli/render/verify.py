@@ -202,7 +202,9 @@ def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
             f"plan: {doc['schedule']} ({doc['torch_schedule']}), {doc['stages']} stages on {doc['ranks']} "
             f"gloo ranks, {doc['microbatches']} microbatches, cut by {doc['cut_by']}"
         )
-        say(f"threaded: {len(doc['threaded'])} value(s) passed through the stages between; tied weights: {tied}")
+        say(
+            f"threaded: {len(doc['threaded'])} value(s) passed through the stages between; tied weights: {tied}"
+        )
     if doc.get("moved_nodes"):
         say(f"moved: {len(doc['moved_nodes'])} node(s) planned before an input they read")
     verdict(
@@ -244,6 +246,18 @@ def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
             f"{'run' if doc['schedule'] == 'makespan' else 'stage'} {s['stage']} (rank {s['rank']}): "
             f"forward+backward {s['compute_us'] / 1e3:.3f} ms a microbatch"
             + (f", predicted {predicted / 1e3:.3f} ms" if predicted else "")
+        )
+    minibatch = doc.get("minibatch_us") or {}
+    if minibatch.get("measured") is not None:
+        predicted = minibatch.get("predicted")
+        say(
+            f"{'step' if doc['schedule'] == 'makespan' else 'minibatch'}: {minibatch['measured'] / 1e3:.3f} ms "
+            f"measured ({minibatch['threads_per_rank']} thread(s) a rank)"
+            + (
+                f", predicted {predicted / 1e3:.3f} ms ({minibatch['measured'] / predicted:.2f}x)"
+                if predicted
+                else ""
+            )
         )
     imbalance = doc.get("compute_imbalance") or {}
     if imbalance.get("measured") is not None:
