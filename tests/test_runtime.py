@@ -395,3 +395,44 @@ def test_verify_torch_runs_a_makespan_plan_op_for_op(decoder_pt2):
     code, doc = _verify(decoder_pt2, "makespan")
     assert code == 0, doc
     assert doc["schedule"] == "makespan" and doc["gradients_match"] and doc["ranks"] > 1
+
+
+def test_a_model_torch_export_refuses_is_one_line_exit_2(decoder_pt2):
+    """Data-dependent control flow: torch.export's reason, one line, exit 2, nothing written."""
+    _place(decoder_pt2, "1f1b", 2)
+    (decoder_pt2 / "branchy.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class Branchy(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = torch.nn.Linear(8, 8)
+
+                def forward(self, ids):
+                    x = self.fc(ids.float())
+                    if x.sum() > 0:  # data-dependent: torch.export cannot trace it
+                        x = x * 2
+                    return x.pow(2).mean()
+
+            def make():
+                return Branchy(), (torch.ones(8, 8, dtype=torch.long),)
+            """
+        )
+    )
+    out = decoder_pt2 / "branchy.verify.json"
+    result = CliRunner().invoke(
+        main,
+        [
+            "verify",
+            str(decoder_pt2 / "1f1b.json"),
+            "--torch",
+            f"{decoder_pt2 / 'branchy.py'}:make",
+            "--json",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert "torch.export cannot export the model" in result.output and result.output.count("\n") == 1
+    assert not out.exists()
