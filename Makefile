@@ -39,6 +39,8 @@ bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/framework.py  # needs pip install -e '.[bench]'; without it, says so and exits 0
 	$(BIN)/python bench/h100.py  # likewise; the H100 measurements are the reference's, no GPU needed
 	$(BIN)/python bench/zoo.py  # likewise (and onnxscript): 34 transformers architectures, both ONNX exporters
+	$(BIN)/python bench/torch_runs.py  # likewise: every pipeline and makespan plan trained in PyTorch on gloo ranks
+	$(BIN)/python bench/torch_timing.py  # likewise, on an idle machine: 2-stage plans timed on one-thread ranks
 	$(BIN)/python bench/search.py  # after framework.py: it places the ONNX exports that leaves in bench/cache
 	$(BIN)/python bench/pipeline.py > bench/pipeline.md
 	$(BIN)/python bench/latency.py > bench/latency.md
