@@ -74,7 +74,8 @@ def _op_graph(path: str, optimizer: str, devices: str = "4x16GB"):
 @pytest.mark.parametrize("optimizer, state", [("sgd", 0), ("adam", 2)])
 def test_a_tied_weight_is_listed_and_its_readers_part(tied_lm, optimizer, state):
     """Kept whole, the embedding and the head share a unit; copied, they part, the copy holds the
-    weight and the optimizer's state of it, and the head's gradient contribution moves nothing."""
+    weight, its gradient and the optimizer's state of it, and the head's gradient contribution
+    moves nothing."""
     graph, devices = _op_graph(tied_lm, optimizer)
     names = {n: v for v, n in enumerate(graph.names)}
     embed, head = names["/embed/Gather"], names["/head/Transpose"]
@@ -86,7 +87,7 @@ def test_a_tied_weight_is_listed_and_its_readers_part(tied_lm, optimizer, state)
     ic = devices.interconnect
     (weight,) = copied.tied
     assert (weight.owner, weight.readers, weight.nbytes) == (embed, (head,), nbytes)
-    assert weight.replica_bytes == nbytes * (1 + state)
+    assert weight.replica_bytes == nbytes * (2 + state)
     assert weight.send_us == pytest.approx(nbytes / ic.bandwidth_bytes_per_us)
     contributions = [
         t

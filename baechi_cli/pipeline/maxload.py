@@ -99,11 +99,11 @@ class LoadModel:
 
 @dataclass(frozen=True)
 class TiedWeight:
-    """A weight several ops read (tied embeddings), as torch's ``pipeline()`` splits it.
+    """A weight several ops read (tied embeddings), copied into each stage that reads it.
 
     ``owner`` holds the weight (its bytes are in the owner's size); every
     other stage with a reader in ``readers`` holds a copy of
-    ``replica_bytes`` (the weight and its optimizer state), and once per
+    ``replica_bytes`` (the weight, its gradient and optimizer state), and once per
     minibatch the stages holding it all-reduce its gradient of ``nbytes``
     before the optimizer step, as PyTorch's ``REPLICATE`` multi-use
     parameters and Megatron-LM's tied embeddings need.
@@ -591,7 +591,8 @@ def _tied_weights(graph: OpGraph, latency_us: float, bytes_per_us: float) -> tup
     The reader marks the first reader of a shared float initializer (the
     owner) with ``_accumulated_parameter_bytes`` and every other with
     ``_shared_parameter_bytes``; they share a colocation group. A copy also
-    holds the optimizer state the owner's update keeps per parameter byte.
+    holds its gradient (training) and the optimizer state the owner's update keeps per parameter
+    byte.
     O(V).
     """
     owners: dict[int, int] = {}
@@ -609,17 +610,19 @@ def _tied_weights(graph: OpGraph, latency_us: float, bytes_per_us: float) -> tup
         if graph.is_backward[v] and owner in owner_ops and graph.persistent_bytes[v]:
             state[owner] = state.get(owner, 0) + graph.persistent_bytes[v]
     tied = []
+    training = any(graph.is_backward)
     for group, owner in sorted(owners.items()):
         if group not in readers:
             continue
         nbytes = graph.attrs[owner]["_accumulated_parameter_bytes"]
         per_byte = state.get(owner, 0) / max(1, graph.persistent_bytes[owner])
+        gradient = nbytes if training else 0  # the copy's gradient, held until the all-reduce
         tied.append(
             TiedWeight(
                 owner,
                 tuple(readers[group]),
                 nbytes,
-                nbytes + math.ceil(nbytes * per_byte),
+                nbytes + gradient + math.ceil(nbytes * per_byte),
                 latency_us,
                 nbytes / bytes_per_us,
             )
