@@ -768,3 +768,53 @@ def test_onnx_plans_train_at_their_module_boundaries(exported, tmp_path, name):
     assert outcome["ran"], outcome["error"]
     assert outcome["gradients_match"], outcome["worst"]
     assert outcome["cut_by"] == "module boundaries" and outcome["schedule"] == name
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")
+def test_onnx_makespan_plans_run_at_their_module_boundaries(exported, tmp_path):
+    """A makespan plan made on the ONNX export names modules' devices (module_map.modules): each
+    node of the torch.export graph runs on its innermost placed module's device, and the step's
+    gradients equal one process's."""
+    from baechi_cli.runtime.launch import verify_torch
+
+    torch, model, x, graph = exported
+    onnx_path = str(tmp_path / "model.onnx")
+    _export(torch, model, x, onnx_path)
+    devices = tmp_path / "devices.yaml"
+    devices.write_text(
+        "devices: {count: 2, memory: 16GiB, flops: 1G, memory_bandwidth: 1GB/s}\n"
+        "interconnect: {mode: parallel, latency: 0.1us, bandwidth: 1000GB/s}\n"
+    )
+    report = tmp_path / "r.json"
+    args = [
+        "place",
+        onnx_path,
+        "--training",
+        "--algo",
+        "etf",
+        "--devices",
+        str(devices),
+        "--report",
+        str(report),
+    ]
+    result = CliRunner().invoke(main, [*args, "-q"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(report.read_text())
+    used = len(set(doc["module_map"]["modules"].values()))
+    if batch_is_image := x.is_floating_point():  # the CNN's plan splits its modules over both devices
+        assert used == 2
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, batch):
+            return self.inner(batch).pow(2).mean()
+
+    outcome = verify_torch(WithLoss(copy.deepcopy(model)), (x,), doc, steps=1)
+    assert outcome["ran"], outcome["error"]
+    assert outcome["gradients_match"], outcome["worst"]
+    assert outcome["cut_by"] == "module boundaries" and outcome["schedule"] == "makespan"
+    assert outcome["ranks"] == used and (outcome["ranks"] == 2 or not batch_is_image)

@@ -526,7 +526,7 @@ def _predictions(report: Mapping[str, Any], plan: Any) -> tuple[list[Any], list[
     from baechi_cli.pipeline.schedules import REGISTRY
 
     if plan.kind == "makespan":  # the devices used, in device order: the ranks
-        used = sorted({d for d in (plan.graph_devices or {}).values()})
+        used = sorted(set(plan.graph_devices.values())) if plan.graph_devices else []
         per_device = report.get("per_device") or []
         return [per_device[d]["peak_bytes"] if d < len(per_device) else None for d in used], []
     schedule = (report.get("pipeline") or {}).get("schedule") or {}

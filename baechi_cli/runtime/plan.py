@@ -57,10 +57,11 @@ class Plan:
     split_points: list[str] | None  # modules a stage begins at (a plan on an ONNX export)
     graph_untraced: tuple[str, ...] = ()  # program nodes the traced step ran as no op: unplaced
     graph_devices: dict[str, int] | None = None  # a makespan plan: program node -> device
+    module_devices: dict[str, int] | None = None  # a makespan plan of an ONNX export: module -> device
 
     @property
     def kind(self) -> str:
-        return "makespan" if self.graph_devices is not None else "pipeline"
+        return "makespan" if self.graph_devices is not None or self.module_devices else "pipeline"
 
     @property
     def ranks(self) -> int:
@@ -68,7 +69,9 @@ class Plan:
 
     @property
     def cut_by(self) -> str:
-        return "program nodes" if self.graph_stages is not None else "module boundaries"
+        if self.module_devices or (self.graph_stages is None and self.graph_devices is None):
+            return "module boundaries"
+        return "program nodes"
 
     @property
     def torch_schedule(self) -> str:
@@ -91,6 +94,19 @@ def read_plan(report: Mapping[str, Any]) -> Plan:
             split_points=None,
             graph_untraced=tuple(str(n) for n in report.get("graph_untraced") or ()),
             graph_devices={str(k): int(v) for k, v in devices_of.items()},
+        )
+    modules = (report.get("module_map") or {}).get("modules")
+    if not isinstance(pipeline, Mapping) and isinstance(modules, Mapping) and modules:
+        names = [str(d.get("name")) for d in report.get("devices") or []]
+        index = {name: i for i, name in enumerate(names)}
+        return Plan(  # a makespan plan of an ONNX export: run at the module boundaries it names
+            num_stages=0,
+            stage_rank=[],
+            schedule="makespan",
+            microbatches=1,
+            graph_stages=None,
+            split_points=None,
+            module_devices={str(m): index.get(str(d), 0) for m, d in modules.items()},
         )
     if not isinstance(pipeline, Mapping):
         raise InputError(

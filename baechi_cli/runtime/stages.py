@@ -104,14 +104,55 @@ def _with_runs(program: Any, plan: Plan) -> Plan:
 
     from baechi_cli.runtime.makespan import segments
 
-    assert plan.graph_devices is not None
-    order = [n.name for n in program.graph.nodes if n.op == "call_function"]
-    _check_names(program, set(plan.graph_devices), plan.graph_untraced)
-    stage_of, run_device = segments(order, plan.graph_devices)
+    nodes = [n for n in program.graph.nodes if n.op == "call_function"]
+    order = [n.name for n in nodes]
+    if plan.graph_devices is not None:
+        _check_names(program, set(plan.graph_devices), plan.graph_untraced)
+        device_of = plan.graph_devices
+    else:  # an ONNX export's plan: each node on the device of the innermost module placed
+        device_of = _module_devices(nodes, plan.module_devices or {})
+    stage_of, run_device = segments(order, device_of)
     rank = {d: r for r, d in enumerate(sorted(set(run_device)))}
     return dataclasses.replace(
-        plan, num_stages=len(run_device), stage_rank=[rank[d] for d in run_device], graph_stages=stage_of
+        plan,
+        num_stages=len(run_device),
+        stage_rank=[rank[d] for d in run_device],
+        graph_stages=stage_of,
+        graph_devices=dict(device_of),
     )
+
+
+def _module_devices(nodes: list[Any], modules: dict[str, int]) -> dict[str, int]:
+    """Each node's device: that of the innermost module holding it the plan names (the model
+    wrapped after the plan was made: under the wrapper's prefix); a node in none follows the node
+    before it."""
+    prefix = ""
+    paths = [_module_path(n) for n in nodes]
+    if modules and not any(p in modules for p in paths):
+        known = {p for path in paths for p in _enclosing(path)}
+        first = next(iter(modules))
+        prefix = next((k[: -len(first)] for k in sorted(known, key=len) if k.endswith("." + first)), "")
+    out: dict[str, int] = {}
+    last = None
+    for node, path in zip(nodes, paths, strict=True):
+        found = next(
+            (
+                modules[p[len(prefix) :]]
+                for p in _enclosing(path)
+                if p.startswith(prefix) and p[len(prefix) :] in modules
+            ),
+            None,
+        )
+        last = found if found is not None else last
+        if last is not None:
+            out[node.name] = last
+    return out
+
+
+def _enclosing(path: str) -> list[str]:
+    """``a.b.c`` -> ``["a.b.c", "a.b", "a"]``: the modules holding a node, innermost first."""
+    parts = path.split(".") if path else []
+    return [".".join(parts[:k]) for k in range(len(parts), 0, -1)]
 
 
 def split_microbatches(args: Sequence[Any], count: int) -> list[tuple[Any, ...]]:
