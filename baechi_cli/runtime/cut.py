@@ -17,7 +17,8 @@ copied into each, and named in ``CutProgram.tied`` with the stages holding it: t
 must be summed before the optimizer steps. Buffers the program mutates (batch norm's running
 statistics) are updated in place by the stage that computes the new value.
 
-Needs torch. Deterministic; O(nodes + edges) plus the copies of the tensors.
+Needs torch. Deterministic; O(nodes + edges + stages x values) plus the
+copies of the tensors.
 
 Example:
     >>> import torch
@@ -180,8 +181,11 @@ def cut_program(
 
     lifted = _Lifted(params, buffers, constants, state)
     out: list[StageModule] = []
+    by_stage: list[list[Any]] = [[] for _ in range(S)]
+    for node in nodes:
+        by_stage[stage[node.name]].append(node)
     for s in range(S):
-        mine = [n for n in nodes if stage[n.name] == s]
+        mine = by_stage[s]
         if thread:
             inputs = list(user_inputs) if s == 0 else crossing(s - 1)
             outputs = [v for v in user_outputs if v is not None] if s == S - 1 else crossing(s)
