@@ -239,7 +239,9 @@ class _Reader:
                 if name in producer:
                     builder.hold(*producer[name])
         _link_phases(builder, self.phases)
-        return Pt2Read(own_initializers(builder.build(), inits, consumers), self.notes)
+        return Pt2Read(
+            _with_sources_together(own_initializers(builder.build(), inits, consumers)), self.notes
+        )
 
     def _inputs(self) -> dict[str, str]:
         """Placeholder name -> its kind (user_input, parameter, buffer, ...), in graph order."""
@@ -457,6 +459,42 @@ def _hold_run(builder: GraphBuilder, run: list[tuple[int, int, list[tuple[int, i
             builder.hold_until(v, port, last)
         for src, port in inputs:
             builder.hold_until(src, port, last)
+
+
+def _with_sources_together(graph: OpGraph) -> OpGraph:
+    """``graph`` with the forward ops traced from one program node (``linear``: ``t``, ``addmm``,
+    ``view``) in one colocation group: a plan places the program's nodes, which the runtime runs
+    whole, and a weight's bytes (on its first reader, the ``t``) then sit where its node runs. The
+    nodes reading a tied weight are left apart (the pipeline copies such a weight). O(V)."""
+    first: dict[str, int] = {}
+    parent = list(graph.group)
+
+    def find(v: int) -> int:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    readers: dict[str, set[str]] = {}  # a weight -> the program nodes reading it in the forward
+    for v, attrs in enumerate(graph.attrs):
+        if not graph.is_backward[v] and "_source" in attrs:
+            for name in attrs.get("_initializers", ()):
+                readers.setdefault(name, set()).add(attrs["_source"])
+    tied = {source for sources in readers.values() if len(sources) > 1 for source in sources}
+    for v, attrs in enumerate(graph.attrs):
+        source = attrs.get("_source")
+        # A tied weight's readers stay apart: the pipeline copies the weight to each (maxload).
+        if source is None or source in tied or graph.is_backward[v] or "_phase" not in attrs:
+            continue
+        if source not in first:
+            first[source] = v
+            continue
+        a, b = find(first[source]), find(v)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    if not first:
+        return graph
+    return graph.replace(group=[find(v) for v in range(graph.num_ops)])
 
 
 def _field(mapping: Mapping[str, Any], key: str, kind: type) -> Any:

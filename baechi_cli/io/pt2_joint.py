@@ -168,9 +168,7 @@ def _resolve(torch: Any, target: str) -> Any:
         raise InputError(f"--training: torch has no operator {target} (a custom op not loaded?)") from None
 
 
-def _run(
-    torch: Any, graph: Mapping[str, Any], env: dict[str, Any], ran: Any = None
-) -> list[Any]:
+def _run(torch: Any, graph: Mapping[str, Any], env: dict[str, Any], ran: Any = None) -> list[Any]:
     """Interpret the program's nodes on ``env``; the user outputs. ``ran(node)`` is called after
     each node runs."""
     for node in graph["nodes"]:

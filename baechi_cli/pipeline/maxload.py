@@ -67,6 +67,7 @@ class LoadModel:
     # Weights several ops read, each copied to every stage that reads it (load_model's
     # replicate_tied); empty: every reader shares the owner's unit.
     tied: tuple[TiedWeight, ...] = ()
+    tensor_bytes: list[int] = field(default_factory=list)  # per tensor (empty: not known)
 
     @property
     def num_ops(self) -> int:
@@ -540,12 +541,17 @@ def load_model(
     tied = _tied_weights(graph, ic.latency_us, ic.bandwidth_bytes_per_us) if replicate_tied else ()
     copies = {r for weight in tied for r in weight.readers}
     uf = UnionFind(range(n))
+    source_op: dict[str, int] = {}
     for v in range(n):
         forward = graph.forward_op[v] if graph.is_backward[v] and graph.forward_op[v] >= 0 else v
         if forward not in copies:  # a copy's reader, its backward and update go with it alone
             uf.union(v, graph.group[v])
         if follow_forward and forward != v:
             uf.union(v, forward)
+        # The ops traced from one node of a PyTorch program (a tied head's t and mm) run as one.
+        source = graph.attrs[v].get("_source")
+        if source is not None and not graph.is_backward[v]:
+            uf.union(v, source_op.setdefault(source, v))
     tensors = graph.tensors
     dst: list[set[int]] = [set() for _ in tensors.src]
     for e in range(graph.num_edges):
@@ -582,6 +588,7 @@ def load_model(
         cpus=cpus,
         names=list(graph.names),
         tied=tied,
+        tensor_bytes=list(tensors.nbytes),
     )
 
 

@@ -524,9 +524,20 @@ def _stage_costs(
         activation[s] += math.ceil(per_op.saved_bytes[v] / microbatches)
     send_forward = [0.0] * max(0, stages - 1)
     send_backward = [0.0] * max(0, stages - 1)
+    training = any(model.is_backward)
     for t, src in enumerate(model.tensor_src):
         a = stage_of[src]
-        for b in {stage_of[w] for w in model.tensor_dst[t]}:
+        readers = {stage_of[w] for w in model.tensor_dst[t]}
+        if model.tensor_bytes and not model.is_backward[src] and readers and max(readers) > a:
+            # torch's stages hold a receive buffer per microbatch for every value they receive
+            # (threaded through each stage to the last reader), and in training one for its gradient
+            # at the stage that sent it: the minibatch's bytes of each, all step.
+            nbytes = model.tensor_bytes[t]
+            for s in range(a + 1, max(readers) + 1):
+                persistent[s] += nbytes
+                if training:
+                    persistent[s - 1] += nbytes
+        for b in readers:
             if a < b:  # an activation: it crosses every boundary between a and b
                 for s in range(a, b):
                     send_forward[s] += model.tensor_us[t] / microbatches

@@ -12,8 +12,9 @@ rank, the plan's torch schedule) and trains the same steps. It returns a JSON-ab
   largest gradient's, as a gradient zero in exact arithmetic is noise), the losses likewise;
 * ``threaded``: values passed through stages between their maker and reader; ``tied``: weights
   copied into several stages, their gradients all-reduced; ``cut_by``: program nodes or modules;
-* per rank: the stages it ran, its measured peak (bytes held at once during a step: its stages'
-  weights and buffers plus what the step allocates, from torch's profiler) beside the report's
+* per rank: the stages it ran, its measured peak (bytes held at once during the first step: its
+  stages' weights and buffers plus what the step allocates, torch's receive buffers included,
+  from torch's profiler) beside the report's
   ``pipeline.schedule.peak_bytes``, and per stage the measured forward-and-backward time of one
   microbatch beside ``pipeline.schedule.stage_compute_us``.
 
@@ -268,13 +269,22 @@ def _run_rank(
     losses: list[float] = []
     worst: dict[str, float] = {}
     step_s: list[float] = []
+    peak = 0
+    resident = sum(  # before the first step: weights and buffers (no gradients yet)
+        t.numel() * t.element_size()
+        for module in modules.values()
+        for t in [*module.parameters(), *module.buffers()]
+    )
     for step in range(steps):
         for module in modules.values():
             for p in module.parameters():
                 p.grad = None
         dist.barrier()  # every rank starts the step together: its time is the minibatch's
         t0 = time.perf_counter()
-        step_losses = run_step()
+        if measure and step == 0:  # the first step allocates torch's receive buffers too
+            peak, step_losses = _profiled_peak(run_step)
+        else:
+            step_losses = run_step()
         step_s.append(time.perf_counter() - t0)
         if step_losses:
             losses.append(sum(float(x.detach()) for x in step_losses) / len(step_losses))
@@ -295,7 +305,11 @@ def _run_rank(
                         p.add_(p.grad, alpha=-LR)
     out: dict[str, Any] = {"stages": local, "losses": losses, "worst": worst, "step_s": step_s}
     if measure:
-        out.update(_measure(prepared, run_step, modules))
+        out.update(
+            peak_bytes=resident + peak,
+            resident_bytes=resident,
+            stage_compute_us=_stage_times(prepared, modules),
+        )
     return out
 
 
@@ -369,20 +383,13 @@ def _relative_l2(got: Any, expected: Any, floor: float = 0.0) -> float:
     return 0.0 if diff == 0.0 else diff / max(ref, floor, 1e-30)
 
 
-def _measure(prepared: Prepared, run_step: Any, modules: Mapping[int, Any]) -> dict[str, Any]:
-    """This rank's peak bytes over one more step, and each stage's compute time per microbatch."""
+def _profiled_peak(run_step: Any) -> tuple[int, Any]:
+    """(the most bytes the step held at once above what it started with, its result), from torch's
+    profiler's allocation records (every CPU allocation and free while ``profile_memory`` is on)."""
     from torch.profiler import ProfilerActivity, profile
 
-    resident = sum(
-        t.numel() * t.element_size()
-        for module in modules.values()
-        for t in [*module.parameters(), *module.buffers()]
-    )
-    for module in modules.values():
-        for p in module.parameters():
-            p.grad = None
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run_step()
+        result = run_step()
     events = sorted(
         (e.start_ns(), e.nbytes())
         for e in prof.profiler.kineto_results.events()
@@ -392,11 +399,7 @@ def _measure(prepared: Prepared, run_step: Any, modules: Mapping[int, Any]) -> d
     for _, nbytes in events:
         level += nbytes
         peak = max(peak, level)
-    return {
-        "peak_bytes": resident + peak,
-        "resident_bytes": resident,
-        "stage_compute_us": _stage_times(prepared, modules),
-    }
+    return peak, result
 
 
 def _stage_times(prepared: Prepared, modules: Mapping[int, Any], reps: int = 5) -> dict[int, float]:
