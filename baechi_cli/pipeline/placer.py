@@ -17,15 +17,16 @@ exactly or with a stated bound), and returns the placement with the split in ``i
 
 A weight several ops read (a tied embedding and head) keeps its readers in one unit in Tarnawski
 et al.'s model; with microbatches the split is also solved with each reader free to sit in
-another stage (``replicate_tied`` of :func:`baechi_cli.pipeline.maxload.load_model`), as torch's
-``pipeline()`` copies such a parameter to every stage using it: the copies count in memory and
+another stage (``replicate_tied`` of :func:`baechi_cli.pipeline.maxload.load_model`), as the
+runtime (:mod:`baechi_cli.runtime.cut`) copies such a parameter to every stage using it: the copies count in memory and
 the schedule all-reduces their gradient per minibatch (``info["tied_weights"]``). The fastest
 of both within memory is kept.
 
 An ONNX export with PyTorch module paths is split only where ``torch.distributed.pipelining`` can
 cut (:mod:`baechi_cli.pipeline.torch_split`): stages are ranges of the program order starting at a
-module's first op, and ``info["pipeline"]["split_points"]`` is the ``split_spec`` that rebuilds
-the split in PyTorch.
+module's first op, and ``info["pipeline"]["split_points"]`` names those modules (the runtime
+cuts there). ``info["pipeline"]["stage_of"]`` is each op's stage (the report maps it to a PyTorch
+program's nodes).
 
 With ``options.objective == "latency"`` the split is Tarnawski et al.'s inference-latency one
 (:mod:`baechi_cli.pipeline.latency`): one contiguous call per accelerator, ordered by every edge
