@@ -530,14 +530,18 @@ def _stage_costs(
         a = stage_of[src]
         readers = {stage_of[w] for w in model.tensor_dst[t]}
         if model.tensor_bytes and not model.is_backward[src] and readers and max(readers) > a:
-            # torch's stages hold a receive buffer per microbatch for every value they receive
-            # (threaded through each stage to the last reader), and in training one for its gradient
-            # at the stage that sent it: the minibatch's bytes of each, all step.
+            # A value crossing boundaries a..b-1 (threaded through the stages between), as torch's
+            # stages hold it: each receiver a buffer per microbatch all step (and in training the
+            # gradient it sends back, until the step's sends are waited for); each sender the
+            # value per microbatch in flight (until its backward) and a buffer per microbatch for
+            # the gradient it receives.
             nbytes = model.tensor_bytes[t]
             for s in range(a + 1, max(readers) + 1):
-                persistent[s] += nbytes
+                persistent[s] += nbytes * (2 if training else 1)
+            for s in range(a, max(readers)):
+                activation[s] += math.ceil(nbytes / microbatches)
                 if training:
-                    persistent[s - 1] += nbytes
+                    persistent[s] += nbytes
         for b in readers:
             if a < b:  # an activation: it crosses every boundary between a and b
                 for s in range(a, b):
