@@ -140,6 +140,7 @@ def run_plan(pt2: str, folder: str, schedule: str, count: int, model: Any, input
         worst=result["worst"],
         error=result["error"],
         threaded=len(result["threaded"]),
+        whole_backward=result.get("whole_backward", []),
         tied=[t["parameter"] for t in result["tied"]],
         per_rank=result["per_rank"],
         compute_imbalance=result["compute_imbalance"],

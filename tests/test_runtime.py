@@ -80,6 +80,28 @@ class ConvNet(torch.nn.Module):
         return self.fc(h.mean((2, 3))).pow(2).mean()
 
 
+class SharedLayers(torch.nn.Module):
+    """ALBERT's pattern: one layer's weights applied at every depth."""
+
+    def __init__(self, d: int = 32, depth: int = 6) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(64, d)
+        self.layer = Block(d)
+        self.depth = depth
+
+    def forward(self, ids):
+        mask = (ids > 0).float().unsqueeze(-1)
+        x = self.emb(ids)
+        for _ in range(self.depth):
+            x = self.layer(x, mask)
+        return x.pow(2).mean()
+
+
+def make_shared():
+    torch.manual_seed(0)
+    return SharedLayers(), (torch.randint(0, 64, (8, 8)),)
+
+
 def make_decoder():
     torch.manual_seed(0)
     return TiedDecoder(), (torch.randint(0, 64, (8, 8)),)
@@ -231,7 +253,7 @@ MODEL_FILE = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, {tests!r})
-    from test_runtime import make_decoder, make_convnet
+    from test_runtime import make_decoder, make_convnet, make_shared
     """
 )
 
@@ -436,3 +458,37 @@ def test_a_model_torch_export_refuses_is_one_line_exit_2(decoder_pt2):
     assert result.exit_code == 2, result.output
     assert "torch.export cannot export the model" in result.output and result.output.count("\n") == 1
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_zbv_stage_whose_backward_torch_cannot_split_runs_it_whole(decoder_pt2):
+    """One layer's weights read at every depth: torch's split of a zero-bubble stage's backward
+    fails on it, so baechi finds that out on microbatch 0 and runs that stage's backward whole."""
+    model, args = make_shared()
+    torch.export.save(torch.export.export(model, args), str(decoder_pt2 / "shared.pt2"))
+    devices = decoder_pt2 / "devices2.yaml"
+    devices.write_text(DEVICES.format(count=2))
+    report = decoder_pt2 / "shared_zbv.json"
+    result = CliRunner().invoke(
+        main,
+        [
+            "place",
+            str(decoder_pt2 / "shared.pt2"),
+            "--devices",
+            str(devices),
+            "--training",
+            "--objective",
+            "throughput",
+            "--microbatches",
+            "4",
+            "--schedule",
+            "zbv",
+            "--report",
+            str(report),
+            "-q",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    code, doc = _verify(decoder_pt2, "shared_zbv", func="make_shared")
+    assert code == 0, doc
+    assert doc["schedule"] == "zbv" and doc["gradients_match"] and doc["whole_backward"]

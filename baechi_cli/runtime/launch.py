@@ -89,6 +89,7 @@ def verify_torch(
                 "microbatches": prepared.microbatches,
                 "metas": prepared.metas,
                 "inputs": prepared.inputs,
+                "whole_backward": prepared.whole_backward,
             },
             payload_path,
         )
@@ -225,7 +226,14 @@ def _rank_main(
         )
         payload = torch.load(payload_path, weights_only=True)
         prepared = reload(
-            program_path, payload["microbatches"], plan, stage_of, payload["metas"], payload["inputs"], rank
+            program_path,
+            payload["microbatches"],
+            plan,
+            stage_of,
+            payload["metas"],
+            payload["inputs"],
+            rank,
+            payload["whole_backward"],
         )
         result = _run_rank(rank, prepared, payload["reference"], steps, measure)
     except Exception as err:  # a stage or torch failing: said in one line, and the run stops
@@ -486,6 +494,8 @@ def _summary(
         "threaded": cut.threaded(),
         "tied": [{"parameter": fqn, "stages": stages} for fqn, stages in sorted(cut.tied.items())],
         "moved_nodes": cut.moved,
+        # zbv stages whose weight gradients are computed with their input gradients (no split)
+        "whole_backward": prepared.whole_backward,
         "unplanned_nodes": len(cut.unplanned),
         "per_rank": [
             {

@@ -22,7 +22,7 @@ Example (one process, stages run in turn; launch.py runs them on ranks)::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from baechi_cli.core.errors import InputError, one_line
@@ -42,6 +42,8 @@ class Prepared:
     # per stage, (inputs, outputs) as (shape, dtype name, requires_grad): one microbatch's values
     metas: list[tuple[list[Meta], list[Meta]]] | None = None
     inputs: list[tuple[Any, ...]] | None = None  # each stage's inputs on microbatch 0 (detached)
+    # zbv: the stages whose backward torch cannot split into input and weight gradients (tried)
+    whole_backward: list[int] = field(default_factory=list)
 
 
 Meta = tuple[tuple[int, ...], str, bool]
@@ -79,6 +81,7 @@ def reload(
     metas: list[tuple[list[Meta], list[Meta]]],
     inputs: list[tuple[Any, ...]],
     rank: int,
+    whole_backward: list[int] = (),  # type: ignore[assignment]
 ) -> Prepared:
     """Rank ``rank``'s stages in another process, from the program ``torch.export.save`` wrote
     (fx modules cannot be pickled without being traced again, which loses calls like ``owned``)."""
@@ -94,7 +97,7 @@ def reload(
         only=local,
         thread=plan.kind == "pipeline",
     )
-    return Prepared(program, microbatches, cut, plan, stage_of, metas, inputs)
+    return Prepared(program, microbatches, cut, plan, stage_of, metas, inputs, list(whole_backward))
 
 
 def _with_runs(program: Any, plan: Plan) -> Plan:
@@ -208,7 +211,33 @@ def prepare(model: Any, example_args: Sequence[Any], plan: Plan) -> Prepared:
     )
     prepared = Prepared(program, microbatches, cut, plan, stage_of)
     prepared.metas = stage_metas(prepared)
+    if plan.schedule == "zbv":
+        prepared.whole_backward = [s for s in range(plan.num_stages) if not _splits_backward(prepared, s)]
     return prepared
+
+
+def _splits_backward(prepared: Prepared, s: int) -> bool:
+    """Whether torch's zero-bubble split of stage ``s``'s backward (input gradients, then weight
+    gradients: ``stage_backward_input``, ``stage_backward_weight``) runs on microbatch 0. It walks
+    a weight's graph once, which fails where several of the stage's nodes read one weight (ALBERT's
+    shared layers) or share intermediates with the weights' (T5's shared position bias)."""
+    import copy
+
+    import torch
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    assert prepared.inputs is not None and prepared.metas is not None
+    module = copy.deepcopy(prepared.cut.stages[s].module)
+    values = [v.detach().requires_grad_(g) for v, (_, _, g) in zip(prepared.inputs[s], prepared.metas[s][0])]
+    try:
+        outputs = [o for o in module(*values)]
+        last = s == prepared.plan.num_stages - 1
+        grads = None if last else [torch.ones_like(o) if o.requires_grad else None for o in outputs]
+        _, groups = stage_backward_input(outputs, grads, values, module.parameters())
+        stage_backward_weight(module.parameters(), groups)
+    except RuntimeError:
+        return False
+    return True
 
 
 def node_stages(program: Any, plan: Plan) -> dict[str, int]:
@@ -245,6 +274,18 @@ def _check_names(program: Any, planned: set[str], untraced: Sequence[str]) -> No
         if missing:
             said.append(f"misses {len(missing)} of its nodes ({_few(missing)})")
         raise InputError(f"the plan was made for another model: it {' and '.join(said)}")
+
+
+def whole_backward(prepared: Prepared, stage: int) -> bool:
+    """Whether a zero-bubble stage computes its weight gradients with its input gradients (its
+    backward does not split: :func:`_splits_backward`)."""
+    return stage in prepared.whole_backward
+
+
+def _together() -> Any:
+    """torch's ``dw_builder`` for :func:`whole_backward`: the I step ran the whole backward, so W
+    has nothing left to do."""
+    return lambda: None
 
 
 def _few(names: list[str]) -> str:
@@ -295,6 +336,7 @@ def build(
             input_args=examples(prepared.metas[s][0]),
             output_args=examples(prepared.metas[s][1]),
             group=group,
+            dw_builder=_together if whole_backward(prepared, s) else None,
         )
         for s in local
     ]

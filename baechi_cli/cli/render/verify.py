@@ -205,6 +205,11 @@ def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
         say(
             f"threaded: {len(doc['threaded'])} value(s) passed through the stages between; tied weights: {tied}"
         )
+    if doc.get("whole_backward"):
+        say(
+            f"stages {', '.join(map(str, doc['whole_backward']))} compute their weight gradients with their "
+            "input gradients: torch cannot split their backward (a weight or intermediate read twice)"
+        )
     if doc.get("moved_nodes"):
         say(f"moved: {len(doc['moved_nodes'])} node(s) planned before an input they read")
     verdict(
