@@ -368,9 +368,7 @@ def _as_program(
             stack = (program_node.get("metadata") or {}).get("nn_module_stack")
             if stack:
                 record["metadata"]["nn_module_stack"] = stack
-            if untraced:
-                record["metadata"]["baechi_untraced"] = ",".join(untraced)
-                untraced = []
+
         if isinstance(val, torch.Tensor):
             record["outputs"] = [{"as_tensor": {"name": node.name}}]
             values[node.name] = _tensor_value(torch, val)
@@ -380,6 +378,9 @@ def _as_program(
             continue  # a size or scalar result: nothing to place
         rename[node.name] = node.name
         out_nodes.append(record)
+    first_forward = next((r for r in out_nodes if r["metadata"]["baechi_phase"] == "forward"), None)
+    if untraced and first_forward is not None:
+        first_forward["metadata"]["baechi_untraced"] = ",".join(untraced)
     for record in out_nodes:
         if record["outputs"] is None:
             names = multi.get(record["name"], [])
