@@ -79,12 +79,14 @@ def interconnect() -> tuple[float, float]:
     return max(intercept, 1e-6) * 1e6, 1.0 / slope
 
 
-def spec(folder: str) -> tuple[str, dict[str, Any]]:
+def spec(folder: str, allow_noisy: bool = False) -> tuple[str, dict[str, Any]]:
     import yaml
 
     from baechi_cli.app.calibrate import calibrate_torch
 
-    result = calibrate_torch("cpu", count=2, threads=1, command="bench/torch_timing.py")
+    result = calibrate_torch(
+        "cpu", count=2, threads=1, allow_noisy=allow_noisy, command="bench/torch_timing.py"
+    )
     latency_us, bandwidth = interconnect()
     doc = yaml.safe_load(result.yaml)
     doc["interconnect"] = {
@@ -141,6 +143,11 @@ def render(results: dict[str, Any]) -> str:
         "Made by `python bench/torch_timing.py` (docstring: the method). 1F1B, 4 microbatches, batch 8;",
         f"gloo between the ranks measured at {link['latency_us']} µs + {link['bandwidth_GBps']} GB/s.",
         f"Machine: {os.cpu_count()} cores, load {results['load']:.2f} at the start.",
+        *(
+            [f"**The calibration measured noise** ({link['noise']}): the simulated times are suspect."]
+            if link.get("noise")
+            else []
+        ),
         "",
         "| model | stages | simulated minibatch | measured | measured / simulated | within 25% |",
         "|---|---|---|---|---|---|",
@@ -164,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--out", default=os.path.join(HERE, "torch_timing.md"))
+    parser.add_argument(
+        "--allow-noisy",
+        action="store_true",
+        help="keep a calibration that measured noise (the table says so)",
+    )
     args = parser.parse_args(argv)
     try:
         import torch  # noqa: F401
@@ -172,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results: dict[str, Any] = {"load": os.getloadavg()[0], "models": {}}
     with tempfile.TemporaryDirectory(prefix="baechi-timing-") as folder:
-        devices, results["interconnect"] = spec(folder)
+        devices, results["interconnect"] = spec(folder, args.allow_noisy)
         for name in args.models.split(","):
             print(f"[torch_timing] {name}", file=sys.stderr, flush=True)
             try:
