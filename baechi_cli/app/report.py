@@ -183,7 +183,7 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
             report["pipeline"]["graph_stages"] = graph_stages
             untraced = [name for attrs in g.attrs for name in attrs.get("_untraced", ())]
             report["pipeline"]["graph_untraced"] = untraced
-        formats = plan_formats(g, n, pipeline)
+        formats = plan_formats(g, n, pipeline, graph_stages)
         if formats:
             report["pipeline"]["formats"] = formats
     if pipeline is None:  # a makespan plan of a PyTorch program: each node's device, for the runtime
@@ -218,12 +218,15 @@ def program_stages(graph: OpGraph, stage_of: list[int] | None) -> dict[str, int]
     return stages or None
 
 
-def plan_formats(graph: OpGraph, model_ops: int, pipeline: dict[str, Any]) -> dict[str, Any]:
+def plan_formats(
+    graph: OpGraph, model_ops: int, pipeline: dict[str, Any], program: dict[str, int] | None
+) -> dict[str, Any]:
     """A PyTorch pipeline plan in the formats other tools read (:mod:`baechi_cli.pipeline.exports`):
     ``schedule_csv`` (torch's), and for a plan whose stages follow program order
     ``torchtitan_module_fqns`` (torchtitan's ``module_fqns_per_model_part``) and
-    ``megatron_layout`` (None when the model is no stack of identical layers). Empty for a graph
-    with no module paths or a plan with no schedule."""
+    ``megatron_layout`` (None when the model is no stack of identical layers); ``program``: the
+    plan's :func:`program_stages` (None: not a PyTorch program). Empty for a graph with no module
+    paths or a plan with no schedule."""
     from baechi_cli.core.errors import InputError
     from baechi_cli.pipeline import exports
 
@@ -239,7 +242,6 @@ def plan_formats(graph: OpGraph, model_ops: int, pipeline: dict[str, Any]) -> di
     order = sorted(onnx, key=lambda v: graph.attrs[v]["_onnx_node"]) if onnx else range(model_ops)
     ops = [v for v in order if not graph.is_backward[v]]
     # A program node traced into several ops (linear: t, addmm) is in the stage of its last.
-    program = program_stages(graph, stage_of)
     path_of: dict[str, str | None] = {}
     if program is not None:
         for v in ops:

@@ -85,29 +85,17 @@ def read_plan(report: Mapping[str, Any]) -> Plan:
     pipeline = report.get("pipeline")
     devices_of = report.get("graph_devices")
     if not isinstance(pipeline, Mapping) and isinstance(devices_of, Mapping):
-        return Plan(  # a makespan plan on a PyTorch program: its runs are found when it is cut
-            num_stages=0,
-            stage_rank=[],
-            schedule="makespan",
-            microbatches=1,
-            graph_stages=None,
-            split_points=None,
+        # a makespan plan on a PyTorch program: its runs are found when it is cut
+        return _makespan_plan(
             graph_untraced=tuple(str(n) for n in report.get("graph_untraced") or ()),
             graph_devices={str(k): int(v) for k, v in devices_of.items()},
         )
     modules = (report.get("module_map") or {}).get("modules")
     if not isinstance(pipeline, Mapping) and isinstance(modules, Mapping) and modules:
+        # a makespan plan of an ONNX export: run at the module boundaries it names
         names = [str(d.get("name")) for d in report.get("devices") or []]
         index = {name: i for i, name in enumerate(names)}
-        return Plan(  # a makespan plan of an ONNX export: run at the module boundaries it names
-            num_stages=0,
-            stage_rank=[],
-            schedule="makespan",
-            microbatches=1,
-            graph_stages=None,
-            split_points=None,
-            module_devices={str(m): index.get(str(d), 0) for m, d in modules.items()},
-        )
+        return _makespan_plan(module_devices={str(m): index.get(str(d), 0) for m, d in modules.items()})
     if not isinstance(pipeline, Mapping):
         raise InputError(
             "the report has no plan the runtime builds: a pipeline plan (--objective throughput "
@@ -148,6 +136,19 @@ def read_plan(report: Mapping[str, Any]) -> Plan:
         graph_stages=graph_stages,
         split_points=None if split is None else list(split),
         graph_untraced=tuple(str(n) for n in pipeline.get("graph_untraced") or ()),
+    )
+
+
+def _makespan_plan(**placed: Any) -> Plan:
+    """A makespan plan: one step, its runs (stages) found when the program is cut."""
+    return Plan(
+        num_stages=0,
+        stage_rank=[],
+        schedule="makespan",
+        microbatches=1,
+        graph_stages=None,
+        split_points=None,
+        **placed,
     )
 
 
