@@ -1,8 +1,10 @@
 """A PyTorch program's training step as autograd runs it: the joint forward-backward-update graph.
 
-:func:`joint_program` takes a program's JSON (:mod:`baechi_cli.io.pt2`), runs it once under
-``make_fx`` on fake tensors (no weights, no data: only sizes) and returns the traced step as a
-program of the same schema, which :func:`~baechi_cli.io.pt2.read_program` reads like any other:
+:func:`joint_program` takes a program's JSON (:mod:`baechi_cli.io.pt2`), runs it once on fake tensors
+(no weights, no data: only sizes), recording each op torch dispatches as ``make_fx`` would trace
+it (a dispatch mode that keeps no proxies; ``make_fx`` itself traces what it leaves), and returns
+the traced step as a program of the same schema, which :func:`~baechi_cli.io.pt2.read_program`
+reads like any other:
 
 1. **forward**: the program's own nodes, interpreted op for op (each target looked up among
    torch's registered operators; nothing from the file runs);
@@ -21,8 +23,9 @@ Needs torch (``MissingDependencyError`` without it). O(nodes) traced ops.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from baechi_cli.core.errors import InputError, MissingDependencyError, one_line
@@ -58,58 +61,278 @@ def joint_program(
     try:
         import torch
         from torch.fx import traceback as fx_traceback
-        from torch.fx.experimental.proxy_tensor import make_fx
     except ImportError:
         raise MissingDependencyError(
             "--training on a PyTorch program traces it with torch: pip install torch"
         ) from None
     graph = program["graph_module"]["graph"]
-    values = graph["tensor_values"]
     specs = _specs(program)
     placeholders = [name for name, _ in specs]
     params = [name for name, kind in specs if kind == "parameter"]
     state_names = _state_names(params, optimizer)
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode():  # sizes only: nothing is allocated
-        examples = [
-            _empty(torch, sizes[name], values[name]["dtype"], name in params) for name in placeholders
-        ]
-        examples += [_empty(torch, sizes[p], values[p]["dtype"], False) for _, p in state_names]
-    marks: dict[str, int] = {}
-    sources: list[tuple[int, Mapping[str, Any]]] = []  # (traced nodes so far, the program node run)
+    trace = _Trace(torch, graph, placeholders, params, state_names, optimizer)
+    with fx_traceback.preserve_node_meta():  # the sequence numbers the tracers read (_label_backward)
+        traced = _trace_recorded(torch, trace, sizes)
+    if traced is None:  # anew: what the recorder left half done must not reach make_fx
+        trace = _Trace(torch, graph, placeholders, params, state_names, optimizer)
+        with fx_traceback.preserve_node_meta():
+            traced = _trace_with_make_fx(torch, trace, sizes)
+    return _as_program(torch, traced, placeholders, params, state_names, trace.marks, specs, trace.sources)
 
-    def step(*flat: Any) -> Any:
+
+class _Trace:
+    """The step a tracer runs (module docstring), and what it notes as it runs: ``marks`` (the
+    traced graph's node count as each phase starts and ends) and ``sources`` (the node count after
+    each program node ran, and that node). ``count()`` is the traced graph's node count."""
+
+    def __init__(
+        self,
+        torch: Any,
+        graph: Mapping[str, Any],
+        placeholders: Sequence[str],
+        params: Sequence[str],
+        state_names: Sequence[tuple[str, str]],
+        optimizer: str,
+    ) -> None:
+        self.torch, self.graph, self.optimizer = torch, graph, optimizer
+        self.placeholders, self.params, self.state_names = placeholders, params, state_names
+        self.marks: dict[str, int] = {}
+        self.sources: list[tuple[int, Mapping[str, Any]]] = []
+        self.count: Callable[[], int] = _count
+        self.fake_mode: Any = None  # the examples' FakeTensorMode
+
+    def examples(self, sizes: Mapping[str, tuple[int, ...]]) -> list[Any]:
+        """Every placeholder's tensor, then the optimizer state's (fake ones: sizes only)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        torch, values, params = self.torch, self.graph["tensor_values"], set(self.params)
+        self.fake_mode = FakeTensorMode()
+        with self.fake_mode:  # nothing is allocated
+            out = [_empty(torch, sizes[n], values[n]["dtype"], n in params) for n in self.placeholders]
+            return out + [_empty(torch, sizes[p], values[p]["dtype"], False) for _, p in self.state_names]
+
+    def step(self, *flat: Any) -> Any:
+        torch, placeholders, params, count = self.torch, self.placeholders, self.params, self.count
         env = dict(zip(placeholders, flat[: len(placeholders)], strict=True))
-        state = dict(zip((s for s, _ in state_names), flat[len(placeholders) :], strict=True))
-        marks["start"] = _count()
-        outputs = _run(torch, graph, env, lambda node: sources.append((_count(), node)))
-        marks["forward"] = _count()
+        state = dict(zip((s for s, _ in self.state_names), flat[len(placeholders) :], strict=True))
+        self.marks["start"] = count()
+        outputs = _run(torch, self.graph, env, lambda node: self.sources.append((count(), node)))
+        self.marks["forward"] = count()
         loss = _loss(torch, outputs)
-        marks["loss"] = _count()
+        self.marks["loss"] = count()
         _label_backward(loss)
         grads = torch.autograd.grad(loss, [env[p] for p in params], allow_unused=True)
-        marks["backward"] = _count()
+        self.marks["backward"] = count()
         with torch.no_grad():
-            _update(torch, optimizer, [env[p] for p in params], grads, state, state_names)
+            _update(torch, self.optimizer, [env[p] for p in params], grads, state, self.state_names)
         return loss
 
+
+def _trace_with_make_fx(torch: Any, trace: _Trace, sizes: Mapping[str, tuple[int, ...]]) -> Any:
+    """The step traced by torch's ``make_fx`` on fake tensors: the traced ``GraphModule``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    examples = trace.examples(sizes)
     try:
-        with fx_traceback.preserve_node_meta():
-            traced = make_fx(step, tracing_mode="fake")(*examples)
+        return make_fx(trace.step, tracing_mode="fake")(*examples)
     except Exception as err:  # an op torch cannot run on these sizes, or a missing operator
         raise InputError(f"--training: tracing the step with torch failed: {one_line(err, 300)}") from None
-    return _as_program(torch, traced, placeholders, params, state_names, marks, specs, sources)
+
+
+def _trace_recorded(torch: Any, trace: _Trace, sizes: Mapping[str, tuple[int, ...]]) -> Any:
+    """The step traced as ``make_fx`` traces it, on the same fake tensors, by the recorder of
+    :func:`_recorder_class`: the same nodes, names, sizes and sequence numbers without
+    ``make_fx``'s proxies (per op: a proxy per argument and result, pytree walks, constant
+    tracking). None when the step does what the recorder leaves to ``make_fx``
+    (``_Unsupported``) or fails otherwise: the caller then traces it with
+    :func:`_trace_with_make_fx`, which raises what it raises. A target the step refuses is
+    refused here as that path refuses it."""
+    recorder = _recorder_class()()
+    trace.count = recorder.count
+    try:
+        examples = trace.examples(sizes)
+        recorder.placeholders(examples)
+        with trace.fake_mode, recorder:  # as make_fx runs it: fake tensors below the tracer
+            trace.step(*examples)
+    except InputError as err:
+        raise InputError(f"--training: tracing the step with torch failed: {one_line(err, 300)}") from None
+    except Exception:  # whatever the recorder does not follow, make_fx traces
+        return None
+    finally:
+        trace.count = _count
+    return recorder
 
 
 def _label_backward(loss: Any) -> None:
     """Give each backward node traced from here its forward node's sequence number, as
-    AOTAutograd does (without it every backward node gets the last forward one's)."""
-    try:
-        from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
-    except ImportError:  # another torch: backward ops then have no forward op; the step is the same
+    AOTAutograd's ``setup_stacktrace_preservation_hooks`` does (without it every backward node
+    gets the last forward one's): a hook before each autograd node runs pushes its sequence
+    number, one after it pops it. The stack traces that function also keeps are not needed."""
+    from torch.fx import traceback as fx_traceback
+
+    def before(seq_nr: int) -> Callable[[Any], None]:
+        return lambda grad_outputs: fx_traceback.set_grad_fn_seq_nr(seq_nr)
+
+    def after(grad_inputs: Any, grad_outputs: Any) -> None:
+        fx_traceback.reset_grad_fn_seq_nr()
+
+    if loss.grad_fn is None:
         return
-    setup_stacktrace_preservation_hooks([loss.grad_fn])
+    seen = {loss.grad_fn}
+    queue = [loss.grad_fn]
+    for node in queue:  # breadth first, as that function walks the graph
+        for fn, _ in node.next_functions:
+            if fn is not None and fn not in seen:
+                seen.add(fn)
+                queue.append(fn)
+        node.register_prehook(before(node._sequence_nr()))
+        node.register_hook(after)
+
+
+class _Unsupported(Exception):
+    """What the recorder (:func:`_recorder_class`) leaves to ``make_fx``."""
+
+
+class _Val:
+    """A traced tensor's dtype and shape, as its node's ``meta["val"]`` (``make_fx`` keeps a fake
+    tensor there; this is what :func:`_as_program` reads of it)."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, tensor: Any) -> None:
+        self.dtype, self.shape = tensor.dtype, tuple(tensor.shape)
+
+
+def _is_tensor(torch: Any, val: Any) -> bool:
+    return isinstance(val, torch.Tensor | _Val)
+
+
+@functools.cache
+def _recorder_class() -> Any:
+    """The recorder's class, made once torch is imported (this module does not import torch)."""
+    import operator
+
+    import torch
+    from torch.fx import traceback as fx_traceback
+    from torch.utils._python_dispatch import TorchDispatchMode, autograd_would_have_decomposed
+    from torch.utils.weak import WeakTensorKeyDictionary
+
+    aten = torch.ops.aten
+    kept = {aten.size.default, aten.stride.default, aten.storage_offset.default}  # never decomposed
+    refused = {aten.is_nonzero.default, aten.lift_fresh.default}  # make_fx rewrites them
+    passed = torch.ops.prim.device.default  # a fake tensor's device: answered, not recorded
+    data_dependent = torch.Tag.data_dependent_output
+    tensor_type = torch.Tensor
+    primitive = (bool, int, float, complex, str)
+
+    class Recorder(TorchDispatchMode):
+        """Records every op dispatched on its watch into ``graph`` (a ``torch.fx.Graph``) as
+        ``make_fx`` (``proxy_call``) does: a node per op, named by its overload packet, its
+        tensor arguments the nodes that made them, one ``getitem`` per element of a tuple result,
+        ``meta["seq_nr"]`` as ``torch.fx.proxy`` numbers it, ``meta["val"]`` a :class:`_Val`; an
+        op autograd would have decomposed is decomposed. Raises :class:`_Unsupported` where
+        make_fx does more: a tensor no op made (a constant), a data-dependent op (make_fx may
+        answer it from a constant), ``lift_fresh``, a result other than tensors and numbers."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.graph = torch.fx.Graph()
+            # weakly, as make_fx's tracker: a tensor held here would be copied where torch
+            # reuses a tensor no one else holds (make_variable), a detach make_fx does not see
+            self.node_of = WeakTensorKeyDictionary()
+            self.decomposes: dict[tuple[Any, bool], bool] = {}
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:  # nothing here is compiled: no dynamo wrapper per op
+            return False
+
+        def count(self) -> int:
+            return len(self.graph.nodes)
+
+        def placeholders(self, examples: Sequence[Any]) -> None:
+            for i, example in enumerate(examples):
+                node = self.graph.create_node("placeholder", f"arg{i}", name=f"arg{i}_1")
+                self._track(example, node)
+
+        def _track(self, tensor: Any, node: Any) -> None:
+            node.meta["val"] = _Val(tensor)
+            self.node_of[tensor] = node
+
+        def _arg(self, value: Any) -> Any:
+            if isinstance(value, tensor_type):
+                node = self.node_of.get(value)
+                if node is None:
+                    raise _Unsupported("a tensor constant")
+                return node
+            if isinstance(value, list):
+                return [self._arg(v) for v in value]
+            if isinstance(value, tuple):
+                return tuple(self._arg(v) for v in value)
+            return value
+
+        def _seq_nr(self) -> int:
+            current = fx_traceback.get_current_meta()
+            if current.get("in_grad_fn", 0) > 0:
+                return current["grad_fn_seq_nr"][-1]
+            return torch.autograd._get_sequence_nr() - 1
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is passed:
+                return func(*args, **kwargs)
+            if func in refused or data_dependent in func.tags:
+                raise _Unsupported(str(func))
+            if func not in kept:
+                first = _first_tensor((args, kwargs), tensor_type)
+                key = (func, first is not None)
+                decomposes = self.decomposes.get(key)
+                if decomposes is None:
+                    decomposes = self.decomposes[key] = autograd_would_have_decomposed(
+                        func, [] if first is None else [first]
+                    )
+                if decomposes:
+                    with self:
+                        out = func.decompose(*args, **kwargs)
+                    if out is not NotImplemented:
+                        return out
+            node = self.graph.create_node(
+                "call_function",
+                func,
+                self._arg(args),
+                {k: self._arg(v) for k, v in kwargs.items()},
+                name=self.graph._target_to_str(func.overloadpacket.__name__),
+            )
+            node.meta["seq_nr"] = self._seq_nr()
+            out = func(*args, **kwargs)
+            if isinstance(out, tensor_type):
+                self._track(out, node)
+            elif isinstance(out, list | tuple):
+                node.meta["val"] = [_Val(o) if isinstance(o, tensor_type) else o for o in out]
+                for index, element in enumerate(out):
+                    item = self.graph.create_node("call_function", operator.getitem, (node, index), {})
+                    item.meta["seq_nr"] = self._seq_nr()
+                    if isinstance(element, tensor_type):
+                        self._track(element, item)
+                    elif element is not None and not isinstance(element, primitive):
+                        raise _Unsupported(f"{func} returned a {type(element).__name__} in a tuple")
+            elif out is not None and not isinstance(out, primitive):
+                raise _Unsupported(f"{func} returned a {type(out).__name__}")
+            return out
+
+    return Recorder
+
+
+def _first_tensor(value: Any, tensor_type: type) -> Any:
+    """The first tensor in nested lists, tuples and dicts (None: none)."""
+    if isinstance(value, tensor_type):
+        return value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
+    for item in items:
+        found = _first_tensor(item, tensor_type)
+        if found is not None:
+            return found
+    return None
 
 
 def _count() -> int:
@@ -346,7 +569,7 @@ def _as_program(
             source, position = node.args
             names = multi.setdefault(source.name, [])
             names.extend([""] * (position + 1 - len(names)))
-            if isinstance(node.meta.get("val"), torch.Tensor):  # else an output not computed
+            if _is_tensor(torch, node.meta.get("val")):  # else an output not computed
                 names[position] = node.name
                 rename[node.name] = node.name
                 values[node.name] = _tensor_value(torch, node.meta["val"])
@@ -369,7 +592,7 @@ def _as_program(
             if stack:
                 record["metadata"]["nn_module_stack"] = stack
 
-        if isinstance(val, torch.Tensor):
+        if _is_tensor(torch, val):
             record["outputs"] = [{"as_tensor": {"name": node.name}}]
             values[node.name] = _tensor_value(torch, val)
         elif isinstance(val, list | tuple):
@@ -462,7 +685,7 @@ def _encode(value: Any, rename: Mapping[str, str], node_type: type) -> dict[str,
 
 
 def _tensor_value(torch: Any, val: Any) -> dict[str, Any]:
-    if not isinstance(val, torch.Tensor):
+    if not _is_tensor(torch, val):
         return {"dtype": 0, "sizes": []}
     name = str(val.dtype).removeprefix("torch.")
     return {"dtype": _SCALAR_TYPES.get(name, 0), "sizes": [{"as_int": int(d)} for d in val.shape]}
