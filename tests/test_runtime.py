@@ -97,6 +97,33 @@ class SharedLayers(torch.nn.Module):
         return x.pow(2).mean()
 
 
+class RelativeBias(torch.nn.Module):
+    """BEiT's relative position bias: an index made by writing through views of one tensor
+    (``rel[:, :, 0] += w - 1`` is ``select`` then ``add_``) and read after the writes, gathering
+    rows of a table."""
+
+    def __init__(self, w: int = 3, heads: int = 2) -> None:
+        super().__init__()
+        self.w = w
+        self.table = torch.nn.Parameter(torch.randn((2 * w - 1) ** 2, heads))
+        self.fc = torch.nn.Linear(w * w, w * w)
+
+    def forward(self, x):
+        w = self.w
+        coords = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(w), indexing="ij")).flatten(1)
+        rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0).contiguous()
+        rel[:, :, 0] += w - 1
+        rel[:, :, 1] += w - 1
+        rel[:, :, 0] *= 2 * w - 1
+        bias = self.table[rel.sum(-1).view(-1)].view(w * w, w * w, -1).permute(2, 0, 1)
+        return (self.fc(x) + bias).pow(2).mean()
+
+
+def make_relative_bias():
+    torch.manual_seed(0)
+    return RelativeBias(), (torch.randn(4, 2, 9, 9),)
+
+
 def make_shared():
     torch.manual_seed(0)
     return SharedLayers(), (torch.randint(0, 64, (8, 8)),)
@@ -210,6 +237,27 @@ def test_a_node_planned_before_its_input_is_moved_and_counted():
     assert torch.allclose(run_stages(cut, args), model(*args))
 
 
+def test_a_tensor_written_through_views_and_read_around_the_writes_is_cut_into_one_stage():
+    """Each node its own stage: the writes through views of the relative coordinates would each
+    change a copy the next stage received, and the index read after them would gather the wrong
+    rows (BEiT's makespan plan). They run in one stage, with the reads between them, moved."""
+    model, args = make_relative_bias()
+    program = torch.export.export(model, args)
+    nodes = call_nodes(program)
+    cut = cut_program(program, {n: i for i, n in enumerate(nodes)}, len(nodes))
+    loss = run_stages(cut, args)
+    loss.backward()
+    expected = model(*args)
+    expected.backward()
+    assert torch.allclose(loss, expected, rtol=1e-6)
+    grads = stage_gradients(cut)
+    for name, p in model.named_parameters():
+        assert torch.allclose(grads[name], p.grad, rtol=1e-5, atol=1e-7), name
+    writes = [s for s in cut.stages if any(n.startswith(("add_", "mul_", "copy_")) for n in s.nodes)]
+    assert len(writes) == 1 and {"contiguous", "select", "add_", "mul_", "copy_"} <= set(writes[0].nodes)
+    assert "contiguous" in cut.moved and "sum_1" not in writes[0].nodes  # read after the last write
+
+
 # ------------------------------------------------------------------ plans read from reports
 
 
@@ -253,7 +301,7 @@ MODEL_FILE = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, {tests!r})
-    from test_runtime import make_decoder, make_convnet, make_shared
+    from test_runtime import make_decoder, make_convnet, make_shared, make_relative_bias
     """
 )
 
@@ -417,6 +465,19 @@ def test_verify_torch_runs_a_makespan_plan_op_for_op(decoder_pt2):
     code, doc = _verify(decoder_pt2, "makespan")
     assert code == 0, doc
     assert doc["schedule"] == "makespan" and doc["gradients_match"] and doc["ranks"] > 1
+
+
+def test_a_makespan_plan_that_splits_writes_through_views_across_devices_trains(decoder_pt2):
+    """BEiT's relative position index, its nodes dealt to two devices in turn: the writes through
+    views of one tensor run on one rank, so the index gathers the rows one process does."""
+    model, args = make_relative_bias()
+    nodes = call_nodes(torch.export.export(model, args))
+    report = {"schema": "baechi.report/v1", "graph_devices": {n: i % 2 for i, n in enumerate(nodes)}}
+    (decoder_pt2 / "relative_makespan.json").write_text(json.dumps(report))
+    code, doc = _verify(decoder_pt2, "relative_makespan", func="make_relative_bias")
+    assert code == 0, doc
+    assert doc["schedule"] == "makespan" and doc["ranks"] == 2 and doc["gradients_match"]
+    assert "contiguous" in doc["moved_nodes"]
 
 
 def test_a_model_torch_export_refuses_is_one_line_exit_2(decoder_pt2):

@@ -12,10 +12,14 @@ returns the program's user outputs.
 
 Nodes not named in the plan take the stage of their latest input (``getitem`` always its
 source's); a node planned before one of its inputs is moved to that input's stage, and the move is
-counted (``CutProgram.moved``). A parameter read by several stages (a tied embedding and head) is
-copied into each, and named in ``CutProgram.tied`` with the stages holding it: their gradients
-must be summed before the optimizer steps. Buffers the program mutates (batch norm's running
-statistics) are updated in place by the stage that computes the new value.
+counted (``CutProgram.moved``). A tensor an op writes in place (through a view: ``x[:, 0] += 1``)
+and read on both sides of the write runs in one stage, the latest any of its nodes is planned
+in: its maker, views and writes, and the nodes reading it before its last write (moved and
+counted too), as a stage receives a copy of another's values, which a write would not reach.
+A parameter read by several stages (a tied embedding and head) is copied into each, and named
+in ``CutProgram.tied`` with the stages holding it: their gradients must be summed before the
+optimizer steps. Buffers the program mutates (batch norm's running statistics) are updated in
+place by the stage that computes the new value.
 
 Needs torch. Deterministic; O(nodes + edges + stages x values) plus the
 copies of the tensors.
@@ -41,6 +45,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import functools
 import operator
 from collections.abc import Collection, Mapping
@@ -137,24 +142,26 @@ def cut_program(
     if bad:
         raise InputError(f"the plan puts nodes in stage {bad[0]}, but there are {S} stages")
 
-    # -- each node's stage: planned, else its latest input's; never before an input
-    stage: dict[str, int] = {name: 0 for name in user_inputs}
-    moved: list[str] = []
-    unplanned: list[str] = []
-    for node in nodes:
-        made = [stage[a.name] for a in node.all_input_nodes if a.name in stage]
-        earliest = max(made, default=0)
-        if node.target is operator.getitem:
-            stage[node.name] = earliest
-            continue
-        planned = stage_of.get(node.name)
-        if planned is None:
-            unplanned.append(node.name)
-            planned = earliest
-        elif planned < earliest:
-            moved.append(node.name)
-            planned = earliest
-        stage[node.name] = planned
+    # -- each node's stage: planned, else its latest input's; never before an input; the nodes of a
+    # tensor written in place while read around the write, in one stage (_shared_writes)
+    groups = _shared_writes(graph, nodes)
+    forced: dict[str, int] = {}
+    while True:
+        stage = _node_stages(nodes, user_inputs, stage_of, forced)
+        raised = False
+        for group in groups:
+            top = max(stage[n] for n in group)
+            for n in group:
+                if stage[n] != top:
+                    forced[n], raised = top, True
+        if not raised:
+            break
+    moved = [
+        n.name
+        for n in nodes
+        if n.target is not operator.getitem and n.name in stage_of and stage[n.name] != stage_of[n.name]
+    ]
+    unplanned = [n.name for n in nodes if n.target is not operator.getitem and n.name not in stage_of]
 
     # -- where each value is last needed
     last: dict[str, int] = {}
@@ -206,6 +213,103 @@ def cut_program(
             tied[params[placeholder]] = sorted(held)
     made = {v: (-1 if v in user_inputs else m) for v, m in stage.items()}
     return CutProgram(out, tied, moved, unplanned, made)
+
+
+def _node_stages(
+    nodes: list[Any], user_inputs: list[str], stage_of: Mapping[str, int], forced: Mapping[str, int]
+) -> dict[str, int]:
+    """Each node's stage: ``forced``, else planned, else its latest input's; never before an input
+    (``getitem``: always its source's)."""
+    stage: dict[str, int] = {name: 0 for name in user_inputs}
+    for node in nodes:
+        earliest = max((stage[a.name] for a in node.all_input_nodes if a.name in stage), default=0)
+        if node.target is operator.getitem:
+            stage[node.name] = earliest
+            continue
+        planned = forced.get(node.name, stage_of.get(node.name, earliest))
+        stage[node.name] = max(planned, earliest)
+    return stage
+
+
+def _shared_writes(graph: Any, nodes: list[Any]) -> list[list[str]]:
+    """The groups of nodes that must run in one stage: a tensor that an op writes in place (itself
+    or through a view: ``x[:, 0] += 1`` is ``select`` then ``add_``) and that a node reads, by
+    any of its names, on both sides of a write. Each group is the tensor's nodes up to its last
+    write (its maker, its views, the writes) and every node reading one of them before that write.
+
+    A stage receives a copy of what another stage made (another process's, or a copy it may
+    change), so a write in one stage never reaches a read of the same tensor in another; torch's
+    graph says the read comes after the write only by its order. In one stage, the nodes run in
+    program order on one tensor; later stages receive it after its last write. Aliasing is read
+    from the ops' schemas (``Tensor(a)``: a view of an argument; ``Tensor(a!)``: written)."""
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            parent[x] = parent.get(parent[x], parent[x])
+            x = parent[x]
+        return x
+
+    writes: set[str] = set()
+    for node in nodes:
+        aliased, written = _aliasing(node)
+        for a in aliased | written:
+            parent[find(node.name)] = find(a)
+        if written:
+            writes.add(node.name)
+    members: dict[str, list[Any]] = {}
+    for node in graph.nodes:
+        members.setdefault(find(node.name), []).append(node)
+    calls = {n.name for n in nodes}
+    groups = []
+    for tensor in members.values():
+        at = sorted(order[n.name] for n in tensor if n.name in writes)
+        if not at:
+            continue
+        last = at[-1]
+
+        def across(x: Any, r: Any, at: list[int] = at) -> bool:  # a write between x made and r read
+            k = bisect.bisect_right(at, order[x.name])
+            return k < len(at) and at[k] < order[r.name]
+
+        if not any(across(x, r) for x in tensor for r in x.users):
+            continue
+        group = {x.name for x in tensor if x.name in calls and order[x.name] <= last}
+        group |= {r.name for x in tensor for r in x.users if r.name in calls and order[r.name] < last}
+        groups.append(sorted(group, key=order.__getitem__))
+    return groups
+
+
+def _aliasing(node: Any) -> tuple[set[str], set[str]]:
+    """(the arguments ``node``'s output may be a view of, those it writes in place), by name; a
+    ``getitem`` of an op returning views is a view of that op's output."""
+    if node.target is operator.getitem:
+        source = node.args[0]
+        schema = getattr(getattr(source, "target", None), "_schema", None)
+        views = schema is not None and any(r.alias_info is not None for r in schema.returns)
+        return ({source.name} if views else set()), set()
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return set(), set()
+    returned = set()
+    for r in schema.returns:
+        if r.alias_info is not None:
+            returned |= set(r.alias_info.before_set)
+    aliased: set[str] = set()
+    written: set[str] = set()
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None:
+            continue
+        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+        names = {
+            v.name for v in (value if isinstance(value, list | tuple) else [value]) if hasattr(v, "name")
+        }
+        if arg.alias_info.is_write:
+            written |= names
+        if returned & set(arg.alias_info.before_set):
+            aliased |= names
+    return aliased, written
 
 
 @dataclass
