@@ -480,6 +480,28 @@ def test_a_makespan_plan_that_splits_writes_through_views_across_devices_trains(
     assert "contiguous" in doc["moved_nodes"]
 
 
+def test_a_zbv_stage_whose_inputs_carry_no_gradient_runs_its_backward_whole(decoder_pt2):
+    """The zoo ResNet's default plan: stage 0 holds only batch norm's step counters, so the stem
+    convolution's stage receives the image, which carries no gradient. torch's split backward finds
+    a weight's gradient only where its path meets a received gradient's, so it would leave the
+    convolution's weight none; baechi compares the split with the whole backward on microbatch 0 and
+    runs that stage's backward whole."""
+    model, args = make_convnet()
+    nodes = call_nodes(torch.export.export(model, args))
+    stage_of = {n: 0 if n.startswith("add_") else 1 for n in nodes}
+    stage_of.update({n: 2 for n in nodes[nodes.index("conv2d_1") :]})
+    stage_of.update({n: 3 for n in nodes[nodes.index("mean") :]})
+    report = _report(
+        stages=[{"device": d} for d in (0, 1, 1, 0)],
+        graph_stages=stage_of,
+        schedule={"name": "zbv", "microbatches": 4},
+    )
+    (decoder_pt2 / "stem_zbv.json").write_text(json.dumps(report))
+    code, doc = _verify(decoder_pt2, "stem_zbv", func="make_convnet")
+    assert code == 0, doc
+    assert doc["schedule"] == "zbv" and doc["gradients_match"] and doc["whole_backward"] == [1]
+
+
 def test_a_model_torch_export_refuses_is_one_line_exit_2(decoder_pt2):
     """Data-dependent control flow: torch.export's reason, one line, exit 2, nothing written."""
     _place(decoder_pt2, "1f1b", 2)

@@ -218,25 +218,47 @@ def prepare(model: Any, example_args: Sequence[Any], plan: Plan) -> Prepared:
 
 def _splits_backward(prepared: Prepared, s: int) -> bool:
     """Whether torch's zero-bubble split of stage ``s``'s backward (input gradients, then weight
-    gradients: ``stage_backward_input``, ``stage_backward_weight``) runs on microbatch 0. It walks
-    a weight's graph once, which fails where several of the stage's nodes read one weight (ALBERT's
-    shared layers) or share intermediates with the weights' (T5's shared position bias)."""
+    gradients: ``stage_backward_input``, ``stage_backward_weight``) gives, on microbatch 0, the
+    weight gradients of the whole backward. It walks a weight's graph once, which fails where
+    several of the stage's nodes read one weight (ALBERT's shared layers) or share intermediates
+    with the weights' (T5's shared position bias); and it finds a weight's gradient only where the
+    weight's path meets an input's that carries a gradient, so a stage whose inputs carry none (the
+    stem convolution after a stage 0 of buffer updates alone) or a weight reaching an output by a
+    path of its own gets none, or part of it, without an error."""
     import copy
 
     import torch
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
     assert prepared.inputs is not None and prepared.metas is not None
-    module = copy.deepcopy(prepared.cut.stages[s].module)
-    values = [v.detach().requires_grad_(g) for v, (_, _, g) in zip(prepared.inputs[s], prepared.metas[s][0])]
-    try:
-        outputs = [o for o in module(*values)]
-        last = s == prepared.plan.num_stages - 1
+    if s == 0:  # torch never splits the first stage's: its weight step runs the whole backward
+        return True
+    last = s == prepared.plan.num_stages - 1
+
+    def run(split: bool) -> list[Any]:
+        module = copy.deepcopy(prepared.cut.stages[s].module)
+        values = [
+            v.detach().requires_grad_(g) for v, (_, _, g) in zip(prepared.inputs[s], prepared.metas[s][0])
+        ]
+        outputs = list(module(*values))
         grads = None if last else [torch.ones_like(o) if o.requires_grad else None for o in outputs]
-        _, groups = stage_backward_input(outputs, grads, values, module.parameters())
-        stage_backward_weight(module.parameters(), groups)
+        if split:
+            _, groups = stage_backward_input(outputs, grads, values, module.parameters())
+            stage_backward_weight(module.parameters(), groups)
+        else:
+            wanted = [o for o in outputs if o.requires_grad]
+            torch.autograd.backward(wanted, [torch.ones_like(o) for o in wanted])
+        return [p.grad for p in module.parameters()]
+
+    try:
+        split = run(split=True)
     except RuntimeError:
         return False
+    for got, whole in zip(split, run(split=False), strict=True):
+        if whole is None:
+            continue
+        if got is None or not torch.allclose(got, whole, rtol=1e-4, atol=1e-6 * float(whole.abs().max())):
+            return False
     return True
 
 
