@@ -156,3 +156,43 @@ def test_training_is_autograds_own_step(tmp_path):
     updates = [v for v in range(g.num_ops) if g.attrs[v].get("_phase") == "update"]
     assert updates and all(any(g.edge_src[e] == step for e in g.in_edges[v]) for v in updates)
     assert "training step traced by autograd" in r.notes[-1]
+
+
+class TiedResidual(nn.Module):
+    """An embedding tied to its head, with residual blocks: autograd sums the gradients of each
+    block's input (read twice) and of the tied weight (read by two nodes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for block in self.blocks:
+            h = h + torch.tanh(block(h))
+        return h @ self.embed.weight.t()
+
+
+def test_every_op_of_the_step_is_of_a_forward_op_and_only_a_shared_weight_is_tied(tmp_path):
+    """Each backward op, gradient sum and update is of a forward op (updates: their parameter's
+    first reader; the optimizer barrier: the model's end), so the only weight a pipeline copies is
+    the one two program nodes read, and the blocks stay apart for the pipeline to split."""
+    from baechi_cli.core.devices import parse_devices
+    from baechi_cli.pipeline.maxload import build_units, load_model
+
+    path = save(tmp_path, TiedResidual(), torch.randint(0, 50, (4, 8)), name="tied.pt2")
+    g = read_pt2_with_notes(path, training="sgd").graph
+    backward = [v for v in range(g.num_ops) if g.is_backward[v]]
+    assert backward and all(g.forward_op[v] >= 0 and not g.is_backward[g.forward_op[v]] for v in backward)
+    updates = {v for v in backward if g.attrs[v].get("_phase") == "update"}
+    assert len(updates) == 1 + 2 * 4  # the embedding, each block's weight and bias
+    blocks = ["linear", "linear_1", "linear_2", "linear_3"]
+    assert {g.attrs[g.forward_op[v]]["_source"] for v in updates} == {"embedding", *blocks}
+    model = load_model(g, parse_devices("2x1GB"), replicate_tied=True)
+    assert [(g.names[t.owner], [g.names[r] for r in t.readers]) for t in model.tied] == [
+        ("embedding", ["t_4"])
+    ]
+    of = build_units(model).of_op
+    sources = [g.attrs[v].get("_source") for v in range(g.num_ops)]
+    assert len({of[v] for v in range(g.num_ops) if sources[v] in blocks and not g.is_backward[v]}) == 4

@@ -23,7 +23,9 @@ def own_initializers(
     order) and the consumers of a shared one in one colocation group; a shared float one marks
     its readers for the training pass's one gradient buffer. Consumers whose outputs are all
     integers (a ``Shape`` of a weight) read only its size: they neither own it nor make a
-    gradient of it, unless nothing else reads it. O(V + total consumers).
+    gradient of it, unless nothing else reads it. Consumers after the forward pass (a traced
+    training step's backward and optimizer update) are in the group but do not share the weight:
+    they read it for its own gradient and update. O(V + total consumers).
 
     >>> from baechi_cli.core.graph import GraphBuilder
     >>> b = GraphBuilder()
@@ -42,7 +44,7 @@ def own_initializers(
 
     persistent = list(graph.persistent_bytes)
     for name, every in consumers.items():
-        ops = [v for v in every if not _sizes_only(graph, v)] or every[:1]
+        ops = [v for v in every if not _sizes_only(graph, v) and not graph.is_backward[v]] or every[:1]
         persistent[ops[0]] += inits[name].nbytes
         if len(ops) > 1 and inits[name].dtype.startswith(("float", "bfloat")):
             # A shared weight (tied embeddings, ALBERT's shared layers): every reader's backward

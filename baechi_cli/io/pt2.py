@@ -238,7 +238,7 @@ class _Reader:
             for name in _tensor_names(out):
                 if name in producer:
                     builder.hold(*producer[name])
-        _link_phases(builder, self.phases)
+        _link_phases(builder, self.phases, consumers)
         return Pt2Read(
             _with_sources_together(own_initializers(builder.build(), inits, consumers)), self.notes
         )
@@ -403,10 +403,15 @@ STEP_OP = "OptimizerStep"  # as passes.training names it: opt.step() after backw
 _Phase = tuple[int, str, str, bool, int, list[tuple[int, int]]]
 
 
-def _link_phases(builder: GraphBuilder, phases: list[_Phase]) -> None:
-    """A traced step's structure, as autograd and ``opt.step()`` run it:
+def _link_phases(builder: GraphBuilder, phases: list[_Phase], consumers: Mapping[str, list[int]]) -> None:
+    """A traced step's structure, as autograd and ``opt.step()`` run it (``consumers``: each
+    parameter's reading ops, in order):
 
-    * each backward op's forward op: the first forward op of its autograd sequence number;
+    * each backward op's forward op: the first forward op of its autograd sequence number; an op
+      of no autograd node (the sum of a value's gradients from its several readers) is of the
+      forward op of the backward op or update that reads it, where autograd runs it; an update is
+      of its parameter's first forward reader, and the loss of the last forward op a backward op
+      is of (the model's end), as :mod:`baechi_cli.passes.training`'s are;
     * a backward op that reads no loss or backward op's output (``pow(x, 1)`` of a pow's
       backward, computed from saved tensors alone) waits, by a control edge, for the loss or
       backward op traced before it: autograd runs it when its node runs, not as soon as it can;
@@ -414,20 +419,44 @@ def _link_phases(builder: GraphBuilder, phases: list[_Phase]) -> None:
       number) live until the node's last op ends: a backward formula's temporaries are C++
       locals, and the engine releases its saved tensors and incoming gradient, when it returns
       (``grad * (2 * self.pow(1))`` holds ``self``, ``grad`` and all three results at once);
-    * one ``optimizer/step`` op waits for every backward op, and every update waits for it.
+    * one ``optimizer/step`` op waits for every backward op, and every update waits for it; it
+      is of the last forward op a backward op is of (the loss's end of the model), so a pipeline
+      keeps it, with the updates, on the stages of the forward ops.
     """
     if not phases:
         return
     first: dict[str, int] = {}
-    for v, phase, seq, _, _, _ in phases:
+    phase_of: dict[int, str] = {}
+    readers: dict[int, list[int]] = {}
+    for v, phase, seq, _, _, inputs in phases:
+        phase_of[v] = phase
+        for src, _ in inputs:
+            readers.setdefault(src, []).append(v)
         if phase == "forward" and seq != "-1":
             first.setdefault(seq, v)
+    forward_of = {v: first[seq] for v, phase, seq, *_ in phases if phase == "backward" and seq in first}
+    for ops in consumers.values():
+        owner = next((v for v in ops if phase_of.get(v) == "forward"), None)
+        for v in ops:
+            if owner is not None and phase_of.get(v) == "update":
+                forward_of.setdefault(v, owner)
+    for v, phase, *_ in reversed(phases):  # a reader comes after: its forward op is known
+        if phase == "backward" and v not in forward_of:
+            of = next((forward_of[r] for r in readers.get(v, ()) if r in forward_of), None)
+            if of is not None:
+                forward_of[v] = of
+    last = max(
+        (first[seq] for _, phase, seq, *_ in phases if phase == "backward" and seq in first), default=-1
+    )
+    for v, phase, *_ in phases:
+        if phase == "loss" and last >= 0:
+            forward_of[v] = last
+    for v, forward in forward_of.items():
+        builder.set_forward_op(v, forward)
     previous = -1
     run: list[tuple[int, int, list[tuple[int, int]]]] = []  # the current autograd node's ops
     run_seq = None
     for v, phase, seq, after, outputs, inputs in phases:
-        if phase == "backward" and seq in first:
-            builder.set_forward_op(v, first[seq])
         if phase in ("loss", "backward"):
             if not after and previous >= 0:
                 builder.add_edge(previous, v, CONTROL_PORT)
@@ -442,7 +471,7 @@ def _link_phases(builder: GraphBuilder, phases: list[_Phase]) -> None:
     updates = [v for v, phase, *_ in phases if phase == "update"]
     if not updates:
         return
-    step = builder.add_op("optimizer/step", STEP_OP, [], is_backward=True)
+    step = builder.add_op("optimizer/step", STEP_OP, [], is_backward=True, forward_op=last)
     for v in backward:
         builder.add_edge(v, step, CONTROL_PORT)
     for v in updates:
