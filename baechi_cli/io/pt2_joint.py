@@ -23,7 +23,9 @@ Needs torch (``MissingDependencyError`` without it). O(nodes) traced ops.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -65,6 +67,7 @@ def joint_program(
         raise MissingDependencyError(
             "--training on a PyTorch program traces it with torch: pip install torch"
         ) from None
+    _freeze_at_exit()
     graph = program["graph_module"]["graph"]
     specs = _specs(program)
     placeholders = [name for name, _ in specs]
@@ -79,6 +82,16 @@ def joint_program(
         with fx_traceback.preserve_node_meta():
             traced = _trace_with_make_fx(torch, trace, sizes)
     return _as_program(torch, traced, placeholders, params, state_names, trace.marks, specs, trace.sources)
+
+
+@functools.cache
+def _freeze_at_exit() -> None:
+    """At the interpreter's exit, move every object out of the cyclic garbage collector's sight
+    (``gc.freeze``) before its last collections: torch and the ``torch._dynamo`` that tracing
+    imports leave hundreds of thousands of objects those collections would walk, to free memory
+    the process is about to give back. Reference counting still frees what it frees; only
+    reference cycles left at exit stay uncollected, as the operating system reclaims them."""
+    atexit.register(gc.freeze)
 
 
 class _Trace:
