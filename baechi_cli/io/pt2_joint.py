@@ -23,7 +23,6 @@ Needs torch (``MissingDependencyError`` without it). O(nodes) traced ops.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import gc
 import re
@@ -67,7 +66,7 @@ def joint_program(
         raise MissingDependencyError(
             "--training on a PyTorch program traces it with torch: pip install torch"
         ) from None
-    _freeze_at_exit()
+    _freeze_torch()
     graph = program["graph_module"]["graph"]
     specs = _specs(program)
     placeholders = [name for name, _ in specs]
@@ -85,13 +84,16 @@ def joint_program(
 
 
 @functools.cache
-def _freeze_at_exit() -> None:
-    """At the interpreter's exit, move every object out of the cyclic garbage collector's sight
-    (``gc.freeze``) before its last collections: torch and the ``torch._dynamo`` that tracing
-    imports leave hundreds of thousands of objects those collections would walk, to free memory
-    the process is about to give back. Reference counting still frees what it frees; only
-    reference cycles left at exit stay uncollected, as the operating system reclaims them."""
-    atexit.register(gc.freeze)
+def _freeze_torch() -> None:
+    """Import ``torch._dynamo`` (fake tensors and torch's Python meta kernels import it at their
+    first use) and move the objects then alive, torch's and its own for the most part, out of
+    the cyclic garbage collector's sight (``gc.freeze``): they live as long as the process, and
+    every full collection after, the interpreter's last ones at exit included, would walk them
+    all. Reference counting still frees any of them that is let go; only a reference cycle alive
+    at this moment stays uncollected. Once per process."""
+    import torch._dynamo  # noqa: F401
+
+    gc.freeze()
 
 
 class _Trace:
