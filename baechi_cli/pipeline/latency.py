@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from baechi_cli.core.devices import format_si
 from baechi_cli.core.errors import InfeasibleError, InputError
 from baechi_cli.pipeline.maxload import Growing, LoadModel, Units, build_units, fixed_costs, other_orders
 
@@ -285,7 +286,10 @@ def solve_latency(model: LoadModel, *, max_sets: int = DEFAULT_MAX_SETS) -> Late
     search = _LatencySearch(u, k, cpus, model.memory, tail, hop, best_value, best_stages, max_sets)
     proven = search.run()
     if not search.best_stages:
-        devices = f"{k} accelerator(s) of {model.memory:.6g} bytes" + (" and the CPU cores" if cpus else "")
+        devices = (
+            f"{k} accelerator(s) of {format_si(model.memory, 'B', 4, ' ')} ({model.memory:.0f} bytes)"
+            + (" and the CPU cores" if cpus else "")
+        )
         if proven:
             raise InfeasibleError(f"no contiguous split of the model fits {devices}")
         raise InfeasibleError(

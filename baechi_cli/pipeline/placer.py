@@ -250,6 +250,11 @@ def _best_for_schedule(
             f"no pipeline split over 1 to {model.accelerators} device(s) fits memory with "
             f"{options.microbatches} microbatch(es) in flight under {options.schedule}"
             + (f" ({problems[-1]})" if problems else "")
+            + (
+                f"; {options.schedule} runs {chunks} stages on each device, each in 1/{chunks} of its memory"
+                if chunks > 1
+                else ""
+            )
         )
     return best.split, best.info
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from baechi_cli.core.devices import format_si
 from baechi_cli.core.errors import InfeasibleError, InputError
 from baechi_cli.pipeline.maxload import (
     Growing,
@@ -159,9 +160,9 @@ def solve(
         scope = "contiguous"
     if not best.stages:
         raise InfeasibleError(
-            f"no pipeline split of the model fits {k} accelerator(s) of {model.memory:.6g} bytes"
-            + (f" and {cpus} CPU core(s)" if cpus else "")
-            + ": each device holds one contiguous part of the graph"
+            f"no split of the model into {k} contiguous stage(s) of at most "
+            f"{format_si(model.memory, 'B', 4, ' ')} ({model.memory:.0f} bytes) each fits"
+            + (f", with {cpus} CPU core(s) besides" if cpus else "")
         )
     return _split(model, u, best, proven, scope, sets, time.perf_counter() - t0)
 
