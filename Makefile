@@ -39,6 +39,7 @@ bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/framework.py  # needs pip install -e '.[bench]'; without it, says so and exits 0
 	$(BIN)/python bench/h100.py  # likewise; the H100 measurements are the reference's, no GPU needed
 	$(BIN)/python bench/zoo.py  # likewise (and onnxscript): 34 transformers architectures, both ONNX exporters
+	$(BIN)/python bench/pt2_speed.py  # likewise: GPT-2 124M's training step read and planned from its .pt2 and its ONNX export (issue 38: within 2x)
 	$(BIN)/python bench/torch_runs.py  # likewise: every pipeline and makespan plan trained in PyTorch on gloo ranks
 	$(BIN)/python bench/torch_timing.py  # likewise, on an idle machine: 2-stage plans timed on one-thread ranks
 	$(BIN)/python bench/search.py  # after framework.py: it places the ONNX exports that leaves in bench/cache
