@@ -91,7 +91,7 @@ def _freeze_torch() -> None:
     every full collection after, the interpreter's last ones at exit included, would walk them
     all. Reference counting still frees any of them that is let go; only a reference cycle alive
     at this moment stays uncollected. Once per process."""
-    import torch._dynamo  # noqa: F401
+    from torch import _dynamo  # noqa: F401 - imported for what it loads
 
     gc.freeze()
 
