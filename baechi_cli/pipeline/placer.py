@@ -47,6 +47,7 @@ from baechi_cli.core.devices import DeviceSpec
 from baechi_cli.core.errors import BaechiError, InfeasibleError, InputError
 from baechi_cli.core.graph import CONTROL_PORT, OpGraph
 from baechi_cli.evaluator.placement import Placement
+from baechi_cli.passes.training import STEP_OP
 from baechi_cli.pipeline import schedules
 from baechi_cli.pipeline.maxload import LoadModel, TiedWeight, evaluate_loads, load_model
 from baechi_cli.pipeline.schedules import (
@@ -209,6 +210,7 @@ def _best_for_schedule(
         _saved_activation_bytes(graph),
         _weight_gradient_us(graph, models[0]),
         SkipFinder(graph, graph.num_ops) if cuts is not None else None,
+        _weight_gradient_bytes(graph),
     )
     best: _Found | None = None
     problems: list[str] = []
@@ -389,6 +391,43 @@ class _PerOp:
     saved_bytes: list[int]  # outputs a backward op reads, kept from forward to backward
     weight_us: list[float]  # of a backward op's time, the weight gradient's
     skip_finder: SkipFinder | None = None  # a PyTorch export's values that skip a stage
+    gradient_bytes: list[int] | None = None  # per update op, the weight gradients it reads
+
+
+def _weight_gradient_bytes(graph: OpGraph) -> list[int]:
+    """Per op, the bytes of the weight gradients it reads if it is an optimizer update (an op the
+    ``optimizer/step`` barrier releases, :mod:`baechi_cli.passes.training`'s and the PyTorch
+    reader's alike), else 0. A pipeline stage holds them from its first microbatch's backward to
+    the step: torch accumulates each microbatch's into ``.grad``. O(V + E).
+
+    >>> from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder
+    >>> b = GraphBuilder()
+    >>> grad = b.add_op("grad", "MatMulGrad", [400], is_backward=True)
+    >>> step = b.add_op("step", STEP_OP, [], is_backward=True)
+    >>> update = b.add_op("update", "ApplyGradientDescent", [], is_backward=True)
+    >>> _ = b.add_edge(grad, update), b.add_edge(grad, step, CONTROL_PORT), b.add_edge(step, update, CONTROL_PORT)
+    >>> _weight_gradient_bytes(b.build())
+    [0, 0, 400]
+    """
+    steps = {v for v in range(graph.num_ops) if graph.op_types[v] == STEP_OP}
+    updates = {
+        graph.edge_dst[e]
+        for e in range(graph.num_edges)
+        if graph.edge_src[e] in steps and graph.edge_port[e] == CONTROL_PORT
+    }
+    out = [0] * graph.num_ops
+    seen: set[tuple[int, int, int]] = set()
+    for e in range(graph.num_edges):
+        src, port, dst = graph.edge_src[e], graph.edge_port[e], graph.edge_dst[e]
+        if (
+            dst in updates
+            and port != CONTROL_PORT
+            and graph.is_backward[src]
+            and (src, port, dst) not in seen
+        ):
+            seen.add((src, port, dst))
+            out[dst] += graph.edge_bytes[e]
+    return out
 
 
 def _weight_gradient_us(graph: OpGraph, model: LoadModel) -> list[float]:
@@ -526,7 +565,7 @@ def _stage_costs(
             weight_us[s] += share * us / microbatches
         else:
             forward[s] += us / microbatches
-        persistent[s] += model.size[v]
+        persistent[s] += model.size[v] + (per_op.gradient_bytes[v] if per_op.gradient_bytes else 0)
         activation[s] += math.ceil(per_op.saved_bytes[v] / microbatches)
     send_forward = [0.0] * max(0, stages - 1)
     send_backward = [0.0] * max(0, stages - 1)

@@ -10,19 +10,16 @@ skips a stage and ``torch.distributed.pipelining.PipelineStage`` runs every back
 crossing several boundaries is sent across each, as the cost model charges it). The last stage
 returns the program's user outputs.
 
-Nodes not named in the plan take the stage of their latest input (``getitem`` always its
-source's); a node planned before one of its inputs is moved to that input's stage, and the move is
-counted (``CutProgram.moved``). A tensor an op writes in place (through a view: ``x[:, 0] += 1``)
-and read on both sides of the write runs in one stage, the latest any of its nodes is planned
-in: its maker, views and writes, and the nodes reading it before its last write (moved and
-counted too), as a stage receives a copy of another's values, which a write would not reach.
-A parameter read by several stages (a tied embedding and head) is copied into each, and named
-in ``CutProgram.tied`` with the stages holding it: their gradients must be summed before the
-optimizer steps. Buffers the program mutates (batch norm's running statistics) are updated in
-place by the stage that computes the new value.
+Nodes not named in the plan take the stage of their latest input (``getitem``: its source's); a
+node planned before one of its inputs moves to that input's stage (counted in ``CutProgram.moved``).
+A tensor written in place through a view (``x[:, 0] += 1``) and read on both sides of the write
+runs in one stage with its maker, views, writes and early readers (moved too): a stage receives
+copies, which another stage's write would not reach. A parameter read by several stages (a tied
+embedding and head) is copied into each and named in ``CutProgram.tied``: their gradients must be
+summed before the step. Buffers the program mutates (batch norm's running statistics) are updated
+in place by the stage that computes the new value.
 
-Needs torch. Deterministic; O(nodes + edges + stages x values) plus the
-copies of the tensors.
+Needs torch. Deterministic; O(nodes + edges + stages x values) plus the copies of the tensors.
 
 Example:
     >>> import torch
