@@ -196,3 +196,88 @@ def test_every_op_of_the_step_is_of_a_forward_op_and_only_a_shared_weight_is_tie
     of = build_units(model).of_op
     sources = [g.attrs[v].get("_source") for v in range(g.num_ops)]
     assert len({of[v] for v in range(g.num_ops) if sources[v] in blocks and not g.is_backward[v]}) == 4
+
+
+class ConvNorm(nn.Module):
+    """A convolution, a batch norm in training mode (its buffers mutated) and a pooled head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3)))
+
+
+class MaskedAttention(nn.Module):
+    """Scaled-dot-product attention under a causal mask made from the input's size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum(-1)
+
+
+@pytest.mark.parametrize(
+    "model, x, optimizer",
+    [
+        (Block(), torch.randn(4, 16), "adam"),
+        (TiedResidual(), torch.randint(0, 50, (4, 8)), "sgd"),
+        (ConvNorm(), torch.randn(2, 3, 8, 8), "momentum"),
+        (MaskedAttention(), torch.randn(2, 6, 16), "sgd"),
+    ],
+    ids=["block-adam", "tied-sgd", "convnorm-momentum", "attention-sgd"],
+)
+def test_the_recorded_step_is_the_one_make_fx_traces(tmp_path, model, x, optimizer):
+    """The recorder (pt2_joint's fast path) traces the step make_fx traces: the same nodes, in
+    order, with the same targets, arguments' producers and sizes; autograd's sequence numbers
+    equal up to renumbering."""
+    from torch.fx import traceback as fx_traceback
+
+    from baechi_cli.io import pt2_joint as joint
+    from baechi_cli.io.pt2 import _load_program, _Reader
+
+    program = _load_program(save(tmp_path, model, x))
+    sizes = _Reader(program, None, {}).placeholder_sizes()
+    specs = joint._specs(program)
+    params = [name for name, kind in specs if kind == "parameter"]
+
+    placeholders = [name for name, _ in specs]
+    state_names = joint._state_names(params, optimizer)
+
+    def traced(tracer):
+        trace = joint._Trace(
+            torch, program["graph_module"]["graph"], placeholders, params, state_names, optimizer
+        )
+        with fx_traceback.preserve_node_meta():
+            out = tracer(torch, trace, sizes)
+        assert out is not None, "the recorder left this step to make_fx"
+        return joint._as_program(
+            torch, out, placeholders, params, state_names, trace.marks, specs, trace.sources
+        )
+
+    def summary(step):
+        numbers: dict[object, int] = {}
+        rows = []
+        for node in step["graph_module"]["graph"]["nodes"]:
+            meta = dict(node.get("metadata") or {})
+            seq = meta.pop("seq_nr", None)
+            rows.append(
+                (
+                    json.dumps({**node, "metadata": meta}, sort_keys=True),
+                    numbers.setdefault(seq, len(numbers)),
+                )
+            )
+        values = step["graph_module"]["graph"]["tensor_values"]
+        return rows, json.dumps(values, sort_keys=True)
+
+    recorded, recorded_values = summary(traced(joint._trace_recorded))
+    made, made_values = summary(traced(joint._trace_with_make_fx))
+    assert len(recorded) == len(made) > 50
+    assert recorded == made and recorded_values == made_values
