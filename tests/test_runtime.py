@@ -575,3 +575,48 @@ def test_a_zbv_stage_whose_backward_torch_cannot_split_runs_it_whole(decoder_pt2
     code, doc = _verify(decoder_pt2, "shared_zbv", func="make_shared")
     assert code == 0, doc
     assert doc["schedule"] == "zbv" and doc["gradients_match"] and doc["whole_backward"]
+
+
+# ------------------------------------------------------------------ in process (app.inprocess)
+
+
+def _in_process_options(schedule: str = "1f1b"):
+    from baechi_cli.search.candidates import PlaceOptions
+
+    return PlaceOptions(training=True, objective="throughput", microbatches=4, schedule=schedule)
+
+
+def test_a_module_placed_in_process_gets_the_plan_of_its_saved_program(decoder_pt2):
+    """place_module exports the model itself: the plan is the one `baechi place` makes of the
+    saved .pt2 (the same program nodes on the same stages, the same predictions)."""
+    from baechi_cli.app.inprocess import place_module
+    from baechi_cli.core.devices import parse_devices
+
+    saved = _place(decoder_pt2, "1f1b", 2)
+    model, args = make_decoder()
+    devices = parse_devices(str(decoder_pt2 / "devices2.yaml"))
+    report = place_module(model, args, devices, _in_process_options())
+    assert report["input"]["format"] == "pt2" and report["input"]["path"] == "<TiedDecoder>"
+    assert report["pipeline"]["graph_stages"] == saved["pipeline"]["graph_stages"]
+    assert report["pipeline"]["schedule"]["minibatch_us"] == saved["pipeline"]["schedule"]["minibatch_us"]
+    assert report["pipeline"]["schedule"]["peak_bytes"] == saved["pipeline"]["schedule"]["peak_bytes"]
+    # what the runtime reads of it: the in-process plan trains
+    from baechi_cli.runtime.launch import verify_torch
+
+    result = verify_torch(model, args, report, steps=1)
+    assert result["ran"] and result["gradients_match"], result["error"]
+
+
+def test_a_module_torch_cannot_export_is_refused_in_process_in_one_line():
+    from baechi_cli.app.inprocess import place_module
+    from baechi_cli.core.devices import parse_devices
+
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: torch.export cannot trace it
+                x = x * 2
+            return x.pow(2).mean()
+
+    with pytest.raises(InputError) as err:
+        place_module(Branchy(), (torch.randn(8),), parse_devices("2x1GB"), _in_process_options())
+    assert "torch.export cannot export the model" in str(err.value) and "\n" not in str(err.value)

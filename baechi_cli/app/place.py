@@ -13,11 +13,12 @@ document are assembled in :mod:`baechi_cli.app.report`, the notes in
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -215,18 +216,60 @@ def prepare(path: str, devices: DeviceSpec, options: PlaceOptions, step: Callabl
 
     ``step(stage)`` is called as each of load, profile and passes starts.
     """
-    if options.comm is not None:
-        devices = devices.with_comm_mode(options.comm)
     clock = _Stopwatch(step)
     with clock.stage("load"):
         graph, fmt, notes = load(path, options)
         sha256 = sha256_of(path)
-        model_ops = graph.num_ops
+    return prepare_loaded(graph, fmt, notes, devices, options, clock, path, sha256)
+
+
+def prepare_loaded(
+    graph: OpGraph,
+    fmt: str,
+    notes: list[str],
+    devices: DeviceSpec,
+    options: PlaceOptions,
+    clock: _Stopwatch,
+    path: str,
+    sha256: str,
+) -> Prepared:
+    """:func:`prepare` once the model is read (``graph`` of format ``fmt``, views marked), from a
+    file named ``path`` or in memory (``path`` then stands for it in messages and reports)."""
+    if options.comm is not None:
+        devices = devices.with_comm_mode(options.comm)
+    model_ops = graph.num_ops
     with clock.stage("profile"):
         graph, cost_report = cost(graph, fmt, devices, options, path, sha256, notes)
     with clock.stage("passes"):
         graph, passes = constraint_passes(graph, fmt, path)
     return _problem(graph, fmt, devices, options, clock, path, sha256, model_ops, passes, notes, cost_report)
+
+
+def prepare_program(
+    program: Any, devices: DeviceSpec, options: PlaceOptions, step: Callable[[str], None], name: str
+) -> Prepared:
+    """:func:`prepare` of a PyTorch program in memory: a ``torch.export.ExportedProgram``, or its
+    JSON (:func:`baechi_cli.io.pt2.program_json`), read as the ``.pt2`` reader reads a saved one.
+    ``name`` stands for the path in messages and reports; the report's sha256 is the program
+    JSON's (keys sorted). Needs torch for an ``ExportedProgram`` or ``--training``."""
+    import json
+
+    from baechi_cli.io.pt2 import program_json, read_program
+
+    clock = _Stopwatch(step)
+    with clock.stage("load"):
+        doc = program if isinstance(program, Mapping) else program_json(program)
+        training = options.optimizer if options.training else None
+        try:
+            read = read_program(doc, batch_size=options.batch_size, dims=options.dims, training=training)
+        except InputError as err:
+            raise err.with_path(name) from None
+        notes = list(read.notes)
+        if FORMATS["pt2"].refuses_unknown_sizes:
+            check_sizes_known(read.graph, name, options.unknown_sizes, notes)
+        graph = with_views(read.graph, "pt2")
+        sha256 = hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()
+    return prepare_loaded(graph, "pt2", notes, devices, options, clock, name, sha256)
 
 
 def prepare_graph(
@@ -363,6 +406,50 @@ def place_model(
 ) -> PlaceOutcome:
     """Run the whole pipeline on ``path``; write the outputs that were asked for."""
     step = progress or (lambda stage: None)
+    options = checked_options(options)
+    for target in (output, report_path, trace_path):
+        if target is not None:
+            check_writable(target)
+    t_start = time.perf_counter()
+    if output is not None:
+        check_output_format(path, output)
+    outcome = place_prepared(prepare(path, devices, options, step), options, step)
+    timings = outcome.timings
+
+    step("write")
+    t0 = time.perf_counter()
+    if output is not None:
+        outcome.notes += write_placed_model(
+            path,
+            outcome.prepared.input_format,
+            outcome.prepared.graph,
+            outcome.prepared.model_ops,
+            outcome.sim.device_of,
+            outcome.prepared.devices.names,
+            output,
+        )
+    if trace_path is not None:
+        from baechi_cli.io.trace import build_trace, write_trace
+
+        write_trace(
+            trace_path,
+            build_trace(
+                outcome.prepared.graph, outcome.prepared.devices, outcome.sim, title=outcome.chosen.algorithm
+            ),
+        )
+    timings["write"] = time.perf_counter() - t0
+    timings["total"] = time.perf_counter() - t_start
+    if report_path is not None:
+        from baechi_cli.app.report import build_report, write_report
+
+        write_report(report_path, build_report(outcome, options))
+    return outcome
+
+
+def checked_options(options: PlaceOptions) -> PlaceOptions:
+    """``options`` with ``algo`` set to the objective's own placer where it has one; InputError for
+    a combination that cannot be placed (microbatches without a pipelined objective, another
+    ``--algo`` for a pipelined one)."""
     objective = objectives.get(options.objective)
     if not objective.microbatches and options.microbatches is not None:
         takes = " or ".join(o.name for o in objectives.REGISTRY.values() if o.microbatches)
@@ -376,14 +463,13 @@ def place_model(
                 f"not --algo {options.algo} (leave --algo out)"
             )
         options = replace(options, algo=objective.placer)
+    return options
+
+
+def place_prepared(prepared: Prepared, options: PlaceOptions, step: Callable[[str], None]) -> PlaceOutcome:
+    """Place a prepared problem (:func:`prepare`) with ``options`` (:func:`checked_options`):
+    the candidates, the chosen one and the notes; nothing written."""
     spec = None if options.algo == "auto" else placers.get(options.algo)
-    for target in (output, report_path, trace_path):
-        if target is not None:
-            check_writable(target)
-    t_start = time.perf_counter()
-    if output is not None:
-        check_output_format(path, output)
-    prepared = prepare(path, devices, options, step)
     timings = dict.fromkeys(STAGES, 0.0) | prepared.timings
 
     step("place")
@@ -423,30 +509,4 @@ def place_model(
             f"the profile {prepared.cost_report.path} was taken from a file with another sha256; "
             "its ops match this model's by name, so its costs were used"
         )
-    outcome = PlaceOutcome(prepared, chosen, candidates, timings, notes, search)
-
-    step("write")
-    t0 = time.perf_counter()
-    if output is not None:
-        outcome.notes += write_placed_model(
-            path,
-            prepared.input_format,
-            prepared.graph,
-            prepared.model_ops,
-            outcome.sim.device_of,
-            prepared.devices.names,
-            output,
-        )
-    if trace_path is not None:
-        from baechi_cli.io.trace import build_trace, write_trace
-
-        write_trace(
-            trace_path, build_trace(prepared.graph, prepared.devices, outcome.sim, title=chosen.algorithm)
-        )
-    timings["write"] = time.perf_counter() - t0
-    timings["total"] = time.perf_counter() - t_start
-    if report_path is not None:
-        from baechi_cli.app.report import build_report, write_report
-
-        write_report(report_path, build_report(outcome, options))
-    return outcome
+    return PlaceOutcome(prepared, chosen, candidates, timings, notes, search)

@@ -136,6 +136,29 @@ def program_json(exported: Any) -> dict[str, Any]:
     return json.loads(serialize(exported).exported_program.decode("utf-8"))
 
 
+def export(model: Any, args: tuple[Any, ...]) -> Any:
+    """``torch.export.export(model, args)``, torch's prints silenced; its refusal as a one-line
+    InputError with its reason. Needs torch."""
+    import contextlib
+    import io
+
+    import torch
+
+    said = io.StringIO()  # torch prints the graph it gave up on: the reason is in the error
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            return torch.export.export(model, args)
+    except Exception as err:  # torch's many export errors: the user's model, said in one line
+        raise InputError(f"torch.export cannot export the model: {_reason(err)}") from None
+
+
+def _reason(err: BaseException) -> str:
+    """The line of a torch error that says why (not the code it quotes), with the error's type."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    prose = [line for line in lines if not line[0].isspace() and not line.startswith(("def ", "class ", "#"))]
+    return one_line(f"{type(err).__name__}: {(prose or lines or [''])[0]}", 300)
+
+
 def read_program(
     program: Mapping[str, Any],
     *,

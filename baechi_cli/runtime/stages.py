@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from baechi_cli.core.errors import InputError, one_line
+from baechi_cli.core.errors import InputError
+from baechi_cli.io.pt2 import export
 from baechi_cli.runtime.cut import CutProgram, cut_program
 from baechi_cli.runtime.plan import Plan, stages_from_modules
 
@@ -171,28 +172,6 @@ def split_microbatches(args: Sequence[Any], count: int) -> list[tuple[Any, ...]]
             )
     chunks, _ = split_args_kwargs_into_chunks(tuple(args), {}, count)
     return [tuple(c) for c in chunks]
-
-
-def export(model: Any, args: tuple[Any, ...]) -> Any:
-    """``torch.export.export(model, args)``; torch's refusal as a one-line InputError."""
-    import contextlib
-    import io
-
-    import torch
-
-    said = io.StringIO()  # torch prints the graph it gave up on: the reason is in the error
-    try:
-        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-            return torch.export.export(model, args)
-    except Exception as err:  # torch's many export errors: the user's model, said in one line
-        raise InputError(f"torch.export cannot export the model: {_reason(err)}") from None
-
-
-def _reason(err: BaseException) -> str:
-    """The line of a torch error that says why (not the code it quotes), with the error's type."""
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    prose = [line for line in lines if not line[0].isspace() and not line.startswith(("def ", "class ", "#"))]
-    return one_line(f"{type(err).__name__}: {(prose or lines or [''])[0]}", 300)
 
 
 def prepare(model: Any, example_args: Sequence[Any], plan: Plan) -> Prepared:
