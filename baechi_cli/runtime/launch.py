@@ -313,11 +313,14 @@ def _run_rank(
                         p.add_(p.grad, alpha=-LR)
     out: dict[str, Any] = {"stages": local, "losses": losses, "worst": worst, "step_s": step_s}
     if measure:
-        out.update(
-            peak_bytes=resident + peak,
-            resident_bytes=resident,
-            stage_compute_us=_stage_times(prepared, modules),
-        )
+        # One rank at a time: ranks sharing cores (4 on 2) would time each other's work.
+        times: dict[int, float] = {}
+        for turn in range(dist.get_world_size()):
+            dist.barrier()
+            if turn == rank:
+                times = _stage_times(prepared, modules)
+        dist.barrier()
+        out.update(peak_bytes=resident + peak, resident_bytes=resident, stage_compute_us=times)
     return out
 
 
