@@ -106,7 +106,7 @@ def _place_for_throughput(graph: OpGraph, devices: DeviceSpec, options: Pipeline
         solved: dict[tuple[int, int, float], Split | BaechiError] = {}  # interleaved's are zbv's
         for schedule in tried:
             found = _best_for_schedule(
-                graph, models, program, cuts, replace(options, schedule=schedule), solved
+                graph, models, program, cuts, replace(options, schedule=schedule), solved, devices
             )
             if isinstance(found, InfeasibleError):
                 first_error = first_error or found
@@ -185,6 +185,7 @@ def _best_for_schedule(
     cuts: dict[int, str] | None,
     options: PipelineOptions,
     solved: dict[tuple[int, int, float], Split | BaechiError],
+    devices: DeviceSpec | None = None,
 ) -> tuple[Split, dict[str, Any]] | InfeasibleError:
     """The split of highest scheduled throughput within memory, over every stage count and model
     (tied weights kept whole, then copied: :func:`baechi_cli.pipeline.maxload.load_model`).
@@ -206,11 +207,13 @@ def _best_for_schedule(
     assert options.microbatches is not None
     from baechi_cli.pipeline.torch_split import SkipFinder
 
+    gradient_bytes = _weight_gradient_bytes(graph)
     per_op = _PerOp(
         _saved_activation_bytes(graph),
         _weight_gradient_us(graph, models[0]),
         SkipFinder(graph, graph.num_ops) if cuts is not None else None,
-        _weight_gradient_bytes(graph),
+        gradient_bytes,
+        _accumulate_us(gradient_bytes, devices, models[0].accelerators) if devices is not None else None,
     )
     best: _Found | None = None
     problems: list[str] = []
@@ -392,6 +395,26 @@ class _PerOp:
     weight_us: list[float]  # of a backward op's time, the weight gradient's
     skip_finder: SkipFinder | None = None  # a PyTorch export's values that skip a stage
     gradient_bytes: list[int] | None = None  # per update op, the weight gradients it reads
+    # per update op, adding one microbatch's gradients into .grad (every microbatch but the first)
+    accumulate_us: list[float] | None = None
+
+
+def _accumulate_us(gradient_bytes: list[int], devices: DeviceSpec, accelerators: int) -> list[float]:
+    """Per op, the time of ``grad += g`` over the weight gradients it reads
+    (:func:`_weight_gradient_bytes`; 0 if none) on the slowest of the first ``accelerators``
+    devices: torch's ``AccumulateGrad`` after every microbatch but the first, reading two tensors
+    of those bytes and writing one, one kernel each. O(V).
+
+    >>> from baechi_cli.core.devices import devices_from_yaml
+    >>> spec = devices_from_yaml("devices: {count: 1, memory: 1GB, memory_bandwidth: 1GB/s, launch_overhead: 5us}", "d")
+    >>> _accumulate_us([0, 3000], spec, 1)
+    [0.0, 14.0]
+    """
+    slowest = min(devices.devices[:accelerators], key=lambda d: d.memory_bandwidth)
+    return [
+        3 * b / slowest.memory_bandwidth * 1e6 + slowest.launch_overhead_us if b else 0.0
+        for b in gradient_bytes
+    ]
 
 
 def _weight_gradient_bytes(graph: OpGraph) -> list[int]:
@@ -566,6 +589,10 @@ def _stage_costs(
         else:
             forward[s] += us / microbatches
         persistent[s] += model.size[v] + (per_op.gradient_bytes[v] if per_op.gradient_bytes else 0)
+        if per_op.accumulate_us and microbatches > 1:  # part of the weight gradient's step
+            accumulate = per_op.accumulate_us[v] * (microbatches - 1) / microbatches
+            backward[s] += accumulate
+            weight_us[s] += accumulate
         activation[s] += math.ceil(per_op.saved_bytes[v] / microbatches)
     send_forward = [0.0] * max(0, stages - 1)
     send_backward = [0.0] * max(0, stages - 1)
