@@ -322,28 +322,21 @@ interconnect: {{mode: parallel, latency: 1us, bandwidth: 100GB/s}}
 """
 
 
-def _place(folder, schedule: str, count: int = 4) -> dict:
-    report = folder / f"{schedule}.json"
+def _place(
+    folder, schedule: str, count: int = 4, model: str = "decoder", flags: list[str] | None = None
+) -> dict:
+    """``baechi place MODEL.pt2 --training`` on ``count`` slow devices, into ``SCHEDULE.json``
+    (``MODEL_SCHEDULE.json`` for another model than the decoder): a pipeline under ``schedule``
+    with 4 microbatches, or what ``flags`` say instead."""
+    report = folder / (f"{schedule}.json" if model == "decoder" else f"{model}_{schedule}.json")
     devices = folder / f"devices{count}.yaml"
     devices.write_text(DEVICES.format(count=count))
+    if flags is None:
+        flags = ["--objective", "throughput", "--microbatches", "4", "--schedule", schedule]
     result = CliRunner().invoke(
         main,
-        [
-            "place",
-            str(folder / "decoder.pt2"),
-            "--devices",
-            str(devices),
-            "--training",
-            "--objective",
-            "throughput",
-            "--microbatches",
-            "4",
-            "--schedule",
-            schedule,
-            "--report",
-            str(report),
-            "-q",
-        ],
+        ["place", str(folder / f"{model}.pt2"), "--devices", str(devices), "--training", *flags]
+        + ["--report", str(report), "-q"],
     )
     assert result.exit_code == 0, result.output
     return json.loads(report.read_text())
@@ -441,26 +434,7 @@ def test_the_plan_in_other_tools_formats_lies_beside_the_report(decoder_pt2):
 def test_verify_torch_runs_a_makespan_plan_op_for_op(decoder_pt2):
     """A makespan plan on the program (every node on its device) runs as runs of consecutive ops,
     each value sent straight to the runs that read it, with gradients equal to one process."""
-    devices = decoder_pt2 / "devices4.yaml"
-    devices.write_text(DEVICES.format(count=4))
-    report = decoder_pt2 / "makespan.json"
-    result = CliRunner().invoke(
-        main,
-        [
-            "place",
-            str(decoder_pt2 / "decoder.pt2"),
-            "--devices",
-            str(devices),
-            "--training",
-            "--algo",
-            "etf",
-            "--report",
-            str(report),
-            "-q",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    placed = json.loads(report.read_text())
+    placed = _place(decoder_pt2, "makespan", 4, flags=["--algo", "etf"])
     assert "pipeline" not in placed and len(set(placed["graph_devices"].values())) > 1
     code, doc = _verify(decoder_pt2, "makespan")
     assert code == 0, doc
@@ -549,29 +523,7 @@ def test_a_zbv_stage_whose_backward_torch_cannot_split_runs_it_whole(decoder_pt2
     fails on it, so baechi finds that out on microbatch 0 and runs that stage's backward whole."""
     model, args = make_shared()
     torch.export.save(torch.export.export(model, args), str(decoder_pt2 / "shared.pt2"))
-    devices = decoder_pt2 / "devices2.yaml"
-    devices.write_text(DEVICES.format(count=2))
-    report = decoder_pt2 / "shared_zbv.json"
-    result = CliRunner().invoke(
-        main,
-        [
-            "place",
-            str(decoder_pt2 / "shared.pt2"),
-            "--devices",
-            str(devices),
-            "--training",
-            "--objective",
-            "throughput",
-            "--microbatches",
-            "4",
-            "--schedule",
-            "zbv",
-            "--report",
-            str(report),
-            "-q",
-        ],
-    )
-    assert result.exit_code == 0, result.output
+    _place(decoder_pt2, "zbv", 2, model="shared")
     code, doc = _verify(decoder_pt2, "shared_zbv", func="make_shared")
     assert code == 0, doc
     assert doc["schedule"] == "zbv" and doc["gradients_match"] and doc["whole_backward"]

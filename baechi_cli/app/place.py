@@ -128,6 +128,13 @@ def load(path: str, options: PlaceOptions) -> tuple[OpGraph, str, list[str]]:
     """
     training = options.optimizer if options.training else None
     graph, fmt, notes = load_model(path, options.batch_size, options.dims, options.infer_shapes, training)
+    return checked_read(graph, fmt, notes, path, options), fmt, notes
+
+
+def checked_read(graph: OpGraph, fmt: str, notes: list[str], path: str, options: PlaceOptions) -> OpGraph:
+    """A model just read (from ``path``, or in memory under that name): its sizes checked where
+    its format refuses unknown ones, a TensorFlow step's races colocated, its views marked;
+    appends to ``notes``."""
     if FORMATS[fmt].refuses_unknown_sizes:
         check_sizes_known(graph, path, options.unknown_sizes, notes)
     if FORMATS[fmt].runs_in_tensorflow:
@@ -137,7 +144,7 @@ def load(path: str, options: PlaceOptions) -> tuple[OpGraph, str, list[str]]:
         if races:
             graph = colocate_races(graph, races)
             notes.append(race_note(races, sidecar))
-    return with_views(graph, fmt), fmt, notes
+    return with_views(graph, fmt)
 
 
 def check_sizes_known(graph: OpGraph, path: str, allow: bool, notes: list[str]) -> None:
@@ -265,9 +272,7 @@ def prepare_program(
         except InputError as err:
             raise err.with_path(name) from None
         notes = list(read.notes)
-        if FORMATS["pt2"].refuses_unknown_sizes:
-            check_sizes_known(read.graph, name, options.unknown_sizes, notes)
-        graph = with_views(read.graph, "pt2")
+        graph = checked_read(read.graph, "pt2", notes, name, options)
         sha256 = hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()
     return prepare_loaded(graph, "pt2", notes, devices, options, clock, name, sha256)
 

@@ -185,7 +185,7 @@ def _best_for_schedule(
     cuts: dict[int, str] | None,
     options: PipelineOptions,
     solved: dict[tuple[int, int, float], Split | BaechiError],
-    devices: DeviceSpec | None = None,
+    devices: DeviceSpec,
 ) -> tuple[Split, dict[str, Any]] | InfeasibleError:
     """The split of highest scheduled throughput within memory, over every stage count and model
     (tied weights kept whole, then copied: :func:`baechi_cli.pipeline.maxload.load_model`).
@@ -213,7 +213,7 @@ def _best_for_schedule(
         _weight_gradient_us(graph, models[0]),
         SkipFinder(graph, graph.num_ops) if cuts is not None else None,
         gradient_bytes,
-        _accumulate_us(gradient_bytes, devices, models[0].accelerators) if devices is not None else None,
+        _accumulate_us(gradient_bytes, devices, models[0].accelerators),
     )
     best: _Found | None = None
     problems: list[str] = []

@@ -82,7 +82,7 @@ def reload(
     metas: list[tuple[list[Meta], list[Meta]]],
     inputs: list[tuple[Any, ...]],
     rank: int,
-    whole_backward: list[int] = (),  # type: ignore[assignment]
+    whole_backward: Sequence[int],
 ) -> Prepared:
     """Rank ``rank``'s stages in another process, from the program ``torch.export.save`` wrote
     (fx modules cannot be pickled without being traced again, which loses calls like ``owned``)."""
