@@ -138,7 +138,7 @@ def _chain_with_tie(devices: int | None, reader: int = 3):
         10.0, [[v] for v in range(4)], [0, 1, 2, 3], [10.0] * 4, [0, 1, 2, 3], True, "", 0.0, 0.0, 0, 4
     )
     device_of_stage = None if devices is None else [s % devices for s in range(4)]
-    return _stage_costs(model, split, _PerOp([0] * 4, [0.0] * 4), 2, device_of_stage)
+    return _stage_costs(model, split, _PerOp(None, [0.0] * 4), 2, device_of_stage)
 
 
 def test_copies_count_once_per_device_and_sync_only_across_devices():

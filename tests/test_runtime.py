@@ -379,16 +379,26 @@ def test_verify_torch_trains_a_1f1b_plan_with_gradients_equal_to_one_process(dec
     assert doc["parameters_compared"] == sum(1 for _ in make_decoder()[0].parameters())
     assert doc["cut_by"] == "program nodes"
     assert all(r["peak_bytes"] > 0 for r in doc["per_rank"])
+    _assert_peaks_near_predicted(doc)
+
+
+def _assert_peaks_near_predicted(doc: dict, tolerance: float = 0.2) -> None:
+    """Each rank's measured peak within ``tolerance`` of the report's (the microbatches in flight,
+    their tensors' liveness, the gradients torch's schedule holds while sending them)."""
+    for rank in doc["per_rank"]:
+        ratio = rank["peak_bytes"] / rank["predicted_peak_bytes"]
+        assert abs(ratio - 1) <= tolerance, (doc["schedule"], rank)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("schedule", "count"), [("gpipe", 4), ("interleaved", 2), ("zbv", 2)])
+@pytest.mark.parametrize(("schedule", "count"), [("gpipe", 4), ("1f1b", 4), ("interleaved", 2), ("zbv", 2)])
 def test_verify_torch_trains_every_schedule(decoder_pt2, schedule, count):
     report = _place(decoder_pt2, schedule, count)
     assert report["pipeline"]["schedule"]["name"] == schedule
     code, doc = _verify(decoder_pt2, schedule)
     assert code == 0, doc
     assert doc["schedule"] == schedule and doc["gradients_match"]
+    _assert_peaks_near_predicted(doc)
 
 
 def test_verify_torch_refuses_a_report_for_another_model(decoder_pt2):

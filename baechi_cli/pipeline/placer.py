@@ -50,6 +50,7 @@ from baechi_cli.evaluator.placement import Placement
 from baechi_cli.passes.training import STEP_OP
 from baechi_cli.pipeline import schedules
 from baechi_cli.pipeline.maxload import LoadModel, TiedWeight, evaluate_loads, load_model
+from baechi_cli.pipeline.memory import MicrobatchMemory
 from baechi_cli.pipeline.schedules import (
     StageCosts,
     simulate_pipeline,
@@ -208,8 +209,9 @@ def _best_for_schedule(
     from baechi_cli.pipeline.torch_split import SkipFinder
 
     gradient_bytes = _weight_gradient_bytes(graph)
+    steps = {v for v in range(graph.num_ops) if graph.op_types[v] == STEP_OP}
     per_op = _PerOp(
-        _saved_activation_bytes(graph),
+        MicrobatchMemory(graph, _updates(graph) | steps),
         _weight_gradient_us(graph, models[0]),
         SkipFinder(graph, graph.num_ops) if cuts is not None else None,
         gradient_bytes,
@@ -391,7 +393,7 @@ def _tune(start: _Found) -> _Found:
 class _PerOp:
     """What the schedule needs of each op beyond the max-load model."""
 
-    saved_bytes: list[int]  # outputs a backward op reads, kept from forward to backward
+    memory: MicrobatchMemory | None  # what a microbatch holds per stage (None: nothing)
     weight_us: list[float]  # of a backward op's time, the weight gradient's
     skip_finder: SkipFinder | None = None  # a PyTorch export's values that skip a stage
     gradient_bytes: list[int] | None = None  # per update op, the weight gradients it reads
@@ -432,12 +434,7 @@ def _weight_gradient_bytes(graph: OpGraph) -> list[int]:
     >>> _weight_gradient_bytes(b.build())
     [0, 0, 400]
     """
-    steps = {v for v in range(graph.num_ops) if graph.op_types[v] == STEP_OP}
-    updates = {
-        graph.edge_dst[e]
-        for e in range(graph.num_edges)
-        if graph.edge_src[e] in steps and graph.edge_port[e] == CONTROL_PORT
-    }
+    updates = _updates(graph)
     out = [0] * graph.num_ops
     seen: set[tuple[int, int, int]] = set()
     for e in range(graph.num_edges):
@@ -451,6 +448,16 @@ def _weight_gradient_bytes(graph: OpGraph) -> list[int]:
             seen.add((src, port, dst))
             out[dst] += graph.edge_bytes[e]
     return out
+
+
+def _updates(graph: OpGraph) -> set[int]:
+    """The optimizer updates: the ops the ``optimizer/step`` barrier releases. O(V + E)."""
+    steps = {v for v in range(graph.num_ops) if graph.op_types[v] == STEP_OP}
+    return {
+        graph.edge_dst[e]
+        for e in range(graph.num_edges)
+        if graph.edge_src[e] in steps and graph.edge_port[e] == CONTROL_PORT
+    }
 
 
 def _weight_gradient_us(graph: OpGraph, model: LoadModel) -> list[float]:
@@ -468,20 +475,6 @@ def _weight_gradient_us(graph: OpGraph, model: LoadModel) -> list[float]:
         if graph.is_backward[b] and v >= 0 and not graph.is_backward[v] and graph.persistent_bytes[v] > 0:
             weight[b] = model.accel_us[b] / max(1, len(graph.output_bytes[b]))
     return weight
-
-
-def _saved_activation_bytes(graph: OpGraph) -> list[int]:
-    """Per op, the bytes of its outputs a backward op reads: kept from forward to backward."""
-    saved = [0] * graph.num_ops
-    counted: set[tuple[int, int]] = set()
-    for e in range(graph.num_edges):
-        src, port, dst = graph.edge_src[e], graph.edge_port[e], graph.edge_dst[e]
-        if port == CONTROL_PORT or graph.is_backward[src] or not graph.is_backward[dst]:
-            continue
-        if (src, port) not in counted:
-            counted.add((src, port))
-            saved[src] += graph.edge_bytes[e]
-    return saved
 
 
 def _info(
@@ -505,7 +498,8 @@ def _info(
     if per_op is None or options.microbatches is None:
         return info
     m = options.microbatches
-    costs = _stage_costs(model, split, per_op, m, device_of_stage)
+    held = m if schedules.get(options.schedule).holds_sent_gradients else 1
+    costs = _stage_costs(model, split, per_op, m, device_of_stage, held)
     if costs.gradient_syncs:
         info["tied_weights"] = [
             {
@@ -565,11 +559,13 @@ def _stage_costs(
     per_op: _PerOp,
     microbatches: int,
     device_of_stage: list[int] | None = None,
+    sends_held: int | None = None,
 ) -> StageCosts:
     """Per stage and microbatch: forward and backward compute (and the weight gradients' part),
     boundary transfers, bytes; per minibatch, the all-reduce of each tied weight split across
     devices (``device_of_stage``; None: one stage per device), whose copies on other devices
-    count in memory."""
+    count in memory. ``sends_held``: of the input gradients a stage sends back, how many
+    microbatches' it holds at once (None: all)."""
     stages = len(split.stage_device)
     stage_of = _stage_of(split)
     k = model.accelerators
@@ -577,7 +573,6 @@ def _stage_costs(
     backward = [0.0] * stages
     weight_us = [0.0] * stages
     persistent = [0] * stages
-    activation = [0] * stages
     for v, s in enumerate(stage_of):
         on_accelerator = split.stage_device[s] < k
         us = model.accel_us[v] if on_accelerator else model.cpu_us[v]
@@ -593,7 +588,6 @@ def _stage_costs(
             accumulate = per_op.accumulate_us[v] * (microbatches - 1) / microbatches
             backward[s] += accumulate
             weight_us[s] += accumulate
-        activation[s] += math.ceil(per_op.saved_bytes[v] / microbatches)
     send_forward = [0.0] * max(0, stages - 1)
     send_backward = [0.0] * max(0, stages - 1)
     training = any(model.is_backward)
@@ -603,14 +597,15 @@ def _stage_costs(
         if model.tensor_bytes and not model.is_backward[src] and readers and max(readers) > a:
             # A value crossing boundaries a..b-1 (threaded through the stages between), as torch's
             # stages hold it: each receiver a buffer per microbatch all step (and in training the
-            # gradient it sends back, until the step's sends are waited for); each sender the
-            # value per microbatch in flight (until its backward) and a buffer per microbatch for
-            # the gradient it receives.
+            # gradient it sends back, for ``sends_held`` microbatches: until the schedule waits
+            # for the send); each sender the value per microbatch in flight (until its backward:
+            # the sweep of ``per_op.memory``) and a buffer per microbatch for the gradient it
+            # receives.
             nbytes = model.tensor_bytes[t]
+            sent_back = math.ceil(nbytes * (sends_held or microbatches) / microbatches) if training else 0
             for s in range(a + 1, max(readers) + 1):
-                persistent[s] += nbytes * (2 if training else 1)
+                persistent[s] += nbytes + sent_back
             for s in range(a, max(readers)):
-                activation[s] += math.ceil(nbytes / microbatches)
                 if training:
                     persistent[s] += nbytes
         for b in readers:
@@ -630,6 +625,12 @@ def _stage_costs(
         for s in first_on_device.values():
             persistent[s] += weight.replica_bytes
         syncs.append((held, weight.allreduce_us(len(set(device_of.values())))))
+    activation = forward_peak = backward_peak = None
+    if per_op.memory is not None:
+        held = per_op.memory.per_stage(stage_of, stages, microbatches)
+        activation = [h.retained for h in held]
+        forward_peak = [h.forward_peak for h in held]
+        backward_peak = [h.backward_peak for h in held]
     return StageCosts(
         forward_us=forward,
         backward_us=backward,
@@ -637,6 +638,8 @@ def _stage_costs(
         send_backward_us=send_backward,
         persistent_bytes=persistent,
         activation_bytes=activation,
+        forward_peak_bytes=forward_peak,
+        backward_peak_bytes=backward_peak,
         weight_us=[min(w, b) for w, b in zip(weight_us, backward)],  # float sums may overshoot
         gradient_syncs=syncs,
     )

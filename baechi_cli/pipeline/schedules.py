@@ -18,8 +18,9 @@ the activation of ``m`` arrived from ``s - 1``, ``B(s, m)`` once its gradient ar
 order produced; data arrives ``send_forward_us[s]`` (``send_backward_us[s]``) after the send
 starts, at once between stages on one device. The minibatch time is the end of the last op;
 throughput is ``M / minibatch``. In flight on ``s``: microbatches whose forward started there and
-whose backward (``W``) has not ended; ``peak_bytes[s] = persistent_bytes[s] + peak_in_flight[s] *
-activation_bytes[s]``. With ``backward_us`` all 0 the costs describe inference: forwards only, and
+whose backward (``W``) has not ended; ``peak_bytes[s]`` is ``persistent_bytes[s]`` plus, at
+the worst op, the running microbatch's peak (``forward_peak_bytes``, ``backward_peak_bytes``)
+and what each other microbatch in flight keeps (``activation_bytes``). With ``backward_us`` all 0 the costs describe inference: forwards only, and
 an optimizer step is refused.
 
 Closed forms (equal stages ``f``, ``b``, free transfers): gpipe and 1f1b take
@@ -81,6 +82,10 @@ class StageCosts:
     send_backward_us: Sequence[float] | None = None  # [s]: gradients s+1 -> s, S-1 entries
     persistent_bytes: Sequence[int] | None = None  # weights, optimizer state: always resident
     activation_bytes: Sequence[int] | None = None  # one microbatch's, while in flight
+    # The most one microbatch holds at once while its forward (backward) runs on the stage, its
+    # temporaries included (None: its activation_bytes).
+    forward_peak_bytes: Sequence[int] | None = None
+    backward_peak_bytes: Sequence[int] | None = None
     optimizer_us: Sequence[float] | None = None  # once per minibatch, after the last backward
     # The part of backward_us that computes the weight gradient (zbv runs it apart, as W).
     weight_us: Sequence[float] | None = None
@@ -107,6 +112,12 @@ class StageCosts:
             ),
             "persistent_bytes": _as_tuple("persistent_bytes", self.persistent_bytes, stages, integral=True),
             "activation_bytes": _as_tuple("activation_bytes", self.activation_bytes, stages, integral=True),
+            "forward_peak_bytes": _as_tuple(
+                "forward_peak_bytes", self.forward_peak_bytes, stages, integral=True
+            ),
+            "backward_peak_bytes": _as_tuple(
+                "backward_peak_bytes", self.backward_peak_bytes, stages, integral=True
+            ),
             "optimizer_us": _as_tuple("optimizer_us", self.optimizer_us, stages, integral=False),
             "weight_us": _as_tuple("weight_us", self.weight_us, stages, integral=False),
         }
@@ -130,6 +141,9 @@ class StageCosts:
                 )
             syncs.append((tuple(sorted({int(s) for s in members})), float(us)))
         normalized["gradient_syncs"] = tuple(syncs)
+        for name in ("forward_peak_bytes", "backward_peak_bytes"):
+            if getattr(self, name) is None:  # a microbatch's peak: what it keeps, by default
+                normalized[name] = normalized["activation_bytes"]
         for name, value in normalized.items():
             object.__setattr__(self, name, value)  # frozen: the checked tuples replace the inputs
         if not self.training and any(self.optimizer_us):
@@ -213,8 +227,11 @@ class Schedule:
     ``stages_per_device`` is how many stages the placer cuts per device (1: one stage per device;
     more: that many per device); ``compared_by_default`` says whether ``--schedule`` left out
     tries it; ``torch_class`` names the ``torch.distributed.pipelining`` schedule that runs it;
-    ``needs_training`` refuses an inference step (:func:`device_orders`). A schedule with one stage
-    per device may instead subclass :class:`OneStagePerDevice` and give each stage's ``op_order``.
+    ``needs_training`` refuses an inference step (:func:`device_orders`); ``holds_sent_gradients``
+    says whether the torch class waits for its gradient sends only when the step ends (each
+    stage then holds every microbatch's input gradient until then; else one). A schedule with one
+    stage per device may instead subclass :class:`OneStagePerDevice` and give each stage's
+    ``op_order``.
     """
 
     name: str = ""
@@ -222,6 +239,7 @@ class Schedule:
     stages_per_device: int = 1
     compared_by_default: bool = True
     needs_training: bool = False
+    holds_sent_gradients: bool = True
 
     def stage_devices(self, num_stages: int, num_devices: int) -> list[int]:
         """The device of each stage: ``s % num_devices`` unless the schedule says otherwise. O(S)."""
@@ -291,6 +309,7 @@ class OneFOneB(OneStagePerDevice):
 
     name = "1f1b"
     torch_class = "Schedule1F1B"
+    holds_sent_gradients = False  # each microbatch's sends are waited for before the next
 
     def op_order(
         self, num_stages: int, num_microbatches: int, training: bool
@@ -668,33 +687,35 @@ def simulate_pipeline(
         bubble_fraction=tuple(bubble(busy) for busy in busy_us),
         peak_in_flight=peak_in_flight,
         peak_bytes=tuple(
-            persistent + peak * activation
-            for persistent, peak, activation in zip(
-                costs.persistent_bytes, peak_in_flight, costs.activation_bytes
-            )
+            persistent + _peak_activation_bytes([(kind, s, mb) for kind, mb in order], costs, training)
+            for s, (persistent, order) in enumerate(zip(costs.persistent_bytes, stage_orders))
         ),
         events=tuple(event for events in stage_events for event in events),
         transfers=tuple(t for sends in forward_sends + backward_sends for t in sends),
         stage_device=tuple(device_of),
         device_bubble_fraction=tuple(bubble(busy) for busy in device_busy),
         device_peak_bytes=tuple(
-            persistent + _peak_activation_bytes(order, costs.activation_bytes, training)
+            persistent + _peak_activation_bytes(order, costs, training)
             for persistent, order in zip(device_persistent, orders)
         ),
     )
 
 
-def _peak_activation_bytes(
-    order: list[tuple[OpKind, int, int]], activation: Sequence[int], training: bool
-) -> int:
-    """Most activation bytes in flight at once on a device that runs ``order`` (as :func:`_peak_in_flight`)."""
-    live = peak = 0
+def _peak_activation_bytes(order: list[tuple[OpKind, int, int]], costs: StageCosts, training: bool) -> int:
+    """Most microbatch bytes held at once on a device that runs ``order``: while an op of a stage
+    runs, its microbatch's peak there (``forward_peak_bytes``, ``backward_peak_bytes``) beside what
+    every other microbatch in flight keeps (``activation_bytes``; in flight as in
+    :func:`_peak_in_flight`)."""
+    kept = peak = 0
     for kind, stage, _ in order:
+        keeps = costs.activation_bytes[stage]
         if kind == "F":
-            live += activation[stage]
-            peak = max(peak, live)
+            peak = max(peak, kept + costs.forward_peak_bytes[stage])
+            kept += keeps
+        elif kind in ("B", "I"):
+            peak = max(peak, kept - keeps + costs.backward_peak_bytes[stage])
         if kind in ("B", "W") or not training:  # a zbv microbatch's activations live until its W
-            live -= activation[stage]
+            kept -= keeps
     return peak
 
 

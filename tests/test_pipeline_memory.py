@@ -1,0 +1,131 @@
+"""What one microbatch holds on a pipeline stage (baechi_cli.pipeline.memory), and how the
+schedule simulator adds up the microbatches in flight (forward and backward peaks)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder
+from baechi_cli.pipeline.memory import MicrobatchMemory, StageMemory
+from baechi_cli.pipeline.schedules import REGISTRY, StageCosts, simulate_pipeline
+
+
+def test_a_view_of_a_weight_counts_nothing_and_a_view_of_an_activation_keeps_its_source():
+    """``t(W)`` read by the backward is the weight's storage; ``view(x)`` read by the backward
+    keeps ``x`` (400 bytes) to the backward, counted once."""
+    b = GraphBuilder()
+    w_t = b.add_op("t", "aten.t", [800])
+    x = b.add_op("x", "aten.relu", [400])
+    x_view = b.add_op("x_view", "aten.view", [400])
+    y = b.add_op("y", "aten.mm", [100])
+    dx = b.add_op("dx", "aten.mm", [400], is_backward=True, forward_op=y)
+    for src, dst in ((x, x_view), (x_view, y), (w_t, y), (w_t, dx), (x_view, dx)):
+        b.add_edge(src, dst)
+    b.set_view(w_t, -1, 0)
+    b.set_view(x_view, x, 0)
+    (held,) = MicrobatchMemory(b.build()).per_stage([0] * 5, 1, 1)
+    assert held.retained == 400
+    assert held.forward_peak == 500  # x and y while y runs
+    assert held.backward_peak == 800  # x kept, dx made
+
+
+def _gradients(tied: bool):
+    """A weight's gradient (400 bytes, the weight's size at any microbatch) read by its update;
+    ``tied``: two readers' gradients summed first."""
+    b = GraphBuilder()
+    x = b.add_op("x", "aten.mm", [4000])
+    dw = b.add_op("dw", "aten.mm", [400], is_backward=True, forward_op=x)
+    b.add_edge(x, dw)
+    last = dw
+    if tied:
+        dw2 = b.add_op("dw2", "aten.mm", [400], is_backward=True, forward_op=x)
+        total = b.add_op("sum", "aten.add", [400], is_backward=True, forward_op=x)
+        for src, dst in ((x, dw2), (dw, total), (dw2, total)):
+            b.add_edge(src, dst)
+        last = total
+    step = b.add_op("optimizer/step", "OptimizerStep", [], is_backward=True)
+    update = b.add_op("update", "aten.add_", [], is_backward=True)
+    b.add_edge(last, update)
+    b.add_edge(last, step, CONTROL_PORT)
+    b.add_edge(step, update, CONTROL_PORT)
+    graph = b.build()
+    return MicrobatchMemory(graph, skip={step, update}).per_stage([0] * graph.num_ops, 1, 4)
+
+
+def test_a_weight_gradient_is_not_divided_by_the_microbatches():
+    (held,) = _gradients(tied=False)
+    assert held == StageMemory(retained=1000, forward_peak=1000, backward_peak=1400)
+
+
+def test_a_sum_of_a_tied_weights_gradients_allocates_nothing():
+    """Both gradients at the weight's size; their sum adds into ``.grad``."""
+    (held,) = _gradients(tied=True)
+    assert held.backward_peak == 1000 + 800
+
+
+def test_an_output_sent_on_is_kept_until_its_stages_last_backward_op():
+    """x (stage 0) feeds y (stage 1): torch's stage 0 keeps x for its backward; stage 1 holds
+    nothing of its own past its forward (its input is a receive buffer)."""
+    b = GraphBuilder()
+    x = b.add_op("x", "aten.relu", [800])
+    y = b.add_op("y", "aten.relu", [80])
+    dy = b.add_op("dy", "aten.relu_backward", [800], is_backward=True, forward_op=y)
+    dx = b.add_op("dx", "aten.relu_backward", [8], is_backward=True, forward_op=x)
+    for src, dst in ((x, y), (y, dy), (dy, dx)):
+        b.add_edge(src, dst)
+    first, second = MicrobatchMemory(b.build()).per_stage([0, 1, 1, 0], 2, 2)
+    assert first == StageMemory(retained=400, forward_peak=400, backward_peak=404)
+    assert second == StageMemory(retained=40, forward_peak=40, backward_peak=440)
+
+
+def test_a_stage_map_of_another_length_is_refused():
+    b = GraphBuilder()
+    b.add_op("x", "aten.relu", [8])
+    with pytest.raises(ValueError, match="1 ops"):
+        MicrobatchMemory(b.build()).per_stage([0, 0], 1, 1)
+
+
+def _brute_force_peak(costs: StageCosts, timing, stage: int) -> int:
+    """The stage's most bytes: at each of its ops, the running microbatch's peak plus what every
+    other microbatch alive (forward started, backward or W not ended) keeps."""
+    events = [e for e in timing.events if e.stage == stage and e.kind in "FBIW"]
+    ends = {}
+    for i, e in enumerate(events):
+        if e.kind in ("B", "W") or not costs.training:
+            ends[e.microbatch] = i
+    starts = {e.microbatch: i for i, e in enumerate(events) if e.kind == "F"}
+    keeps, peak = costs.activation_bytes[stage], 0
+    for i, e in enumerate(events):
+        others = sum(1 for m in starts if m != e.microbatch and starts[m] < i <= ends[m])
+        if e.kind == "F":
+            peak = max(peak, others * keeps + costs.forward_peak_bytes[stage])
+        elif e.kind in ("B", "I"):
+            peak = max(peak, others * keeps + costs.backward_peak_bytes[stage])
+    return costs.persistent_bytes[stage] + peak
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_stages_peak_is_its_worst_op_beside_the_microbatches_in_flight(schedule):
+    rng = random.Random(schedule)
+    for _ in range(100):
+        stages, microbatches = rng.randint(1, 4), rng.randint(1, 6)
+        keeps = [rng.randrange(100) for _ in range(stages)]
+        costs = StageCosts(
+            forward_us=[rng.choice([0.5, 1, 3]) for _ in range(stages)],
+            backward_us=[rng.choice([0.5, 1, 2]) for _ in range(stages)],
+            persistent_bytes=[rng.randrange(1000) for _ in range(stages)],
+            activation_bytes=keeps,
+            forward_peak_bytes=[k + rng.randrange(50) for k in keeps],
+            backward_peak_bytes=[k + rng.randrange(300) for k in keeps],
+        )
+        timing = simulate_pipeline(costs, microbatches, schedule)
+        for s in range(stages):
+            assert timing.peak_bytes[s] == _brute_force_peak(costs, timing, s), (s, costs, microbatches)
+
+
+def test_only_1f1b_waits_for_each_gradient_send_before_the_next_microbatch():
+    """torch's Schedule1F1B waits for each backward send in the next step; GPipe and the
+    multi-stage runtimes wait for all of them when the step ends."""
+    assert [s.name for s in REGISTRY.values() if not s.holds_sent_gradients] == ["1f1b"]
