@@ -6,8 +6,11 @@ For each of the bench harness's seven models (framework.py, --quick sizes) and t
 1. the model is exported with ``torch.export`` and saved as a ``.pt2``;
 2. ``baechi place MODEL.pt2 --training --objective throughput --microbatches 4`` plans it under
    each schedule (``gpipe``, ``1f1b`` on 4 devices; ``interleaved``, ``zbv`` on 2 devices, 4
-   stages) and under the default (``--schedule`` left out), on devices slow enough beside their
-   interconnect that splitting pays (``DEVICES``), so the plans have several stages;
+   stages) and under the default (``--schedule`` left out), on devices that are this machine's
+   CPU on one thread (``baechi devices calibrate --torch cpu --threads 1``, once per run, or
+   ``--devices FILE``: a spec it wrote before) joined by a fast interconnect, so that splitting
+   pays and the plans have several stages (``spec``): a rank of ``verify`` runs on one thread, so
+   the predicted stage times are those of the machine that runs them;
 3. ``baechi verify --torch`` builds each plan (:mod:`baechi_cli.runtime`), trains one step on one
    gloo process per device and compares the loss and every gradient with one process.
 
@@ -33,10 +36,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-# Slow devices on a fast interconnect: a split pays, so plans have several stages.
-DEVICES = """devices: {{count: {count}, memory: 64GiB, flops: 100M, memory_bandwidth: 100MB/s}}
-interconnect: {{mode: parallel, latency: 1us, bandwidth: 100GB/s}}
-"""
+# The calibrated CPU on a fast interconnect: a split pays, so plans have several stages.
+INTERCONNECT = {"mode": "parallel", "latency": "1us", "bandwidth": "100GB/s"}
 PLANS = (("1f1b", 4), ("gpipe", 4), ("interleaved", 2), ("zbv", 2), ("auto", 4), ("makespan", 4))
 BATCH = 8
 MICROBATCHES = 4
@@ -96,7 +97,54 @@ def zoo_model(case: Any) -> tuple[Any, tuple[Any, ...]]:
     return with_loss(model), zoo.make_inputs(case, config, shape)
 
 
-def run_plan(pt2: str, folder: str, schedule: str, count: int, model: Any, inputs: tuple) -> dict[str, Any]:
+def spec(allow_noisy: bool) -> dict[str, Any]:
+    """One device of this machine's CPU on one thread, calibrated (its YAML mapping, 64 GiB); a
+    noisy calibration is retried twice, then kept (the run's log says so)."""
+    import yaml
+
+    from baechi_cli.app.calibrate import calibrate_torch
+    from baechi_cli.core.errors import NoisyMeasurementError
+
+    for attempt in range(3):  # a one-thread conv backward's repeats spread on a shared VM: retry
+        try:
+            result = calibrate_torch(
+                "cpu",
+                count=1,
+                threads=1,
+                allow_noisy=allow_noisy or attempt == 2,
+                command="bench/torch_runs.py",
+            )
+            break
+        except NoisyMeasurementError as err:
+            log(f"calibration refused ({err}); again")
+    device = {k: v for k, v in yaml.safe_load(result.yaml)["devices"][0].items() if k != "name"}
+    if result.noise.noisy:
+        log(f"keeping a noisy calibration: {result.noise.summary()}")
+    return {**device, "memory": "64GiB"}
+
+
+def read_device(path: str) -> dict[str, Any]:
+    """The device of ``path``: a devices YAML's first (64 GiB), or a torch_runs.json's."""
+    import yaml
+
+    with open(path) as f:
+        if path.endswith(".json"):
+            return json.load(f)["device"]
+        first = yaml.safe_load(f)["devices"][0]
+    return {**{k: v for k, v in first.items() if k != "name"}, "memory": "64GiB"}
+
+
+def devices_yaml(device: dict[str, Any], count: int) -> str:
+    import yaml
+
+    return yaml.safe_dump(
+        {"devices": {"count": count, **device}, "interconnect": INTERCONNECT}, sort_keys=False
+    )
+
+
+def run_plan(
+    pt2: str, folder: str, schedule: str, count: int, model: Any, inputs: tuple, device: dict[str, Any]
+) -> dict[str, Any]:
     from baechi_cli.app.place import place_model
     from baechi_cli.app.report import build_report
     from baechi_cli.core.devices import parse_devices
@@ -105,7 +153,7 @@ def run_plan(pt2: str, folder: str, schedule: str, count: int, model: Any, input
 
     spec = os.path.join(folder, f"devices{count}.yaml")
     with open(spec, "w") as f:
-        f.write(DEVICES.format(count=count))
+        f.write(devices_yaml(device, count))
     if schedule == "makespan":  # --algo auto's plan for one step's time, run op for op
         options = PlaceOptions(training=True)
     else:
@@ -149,7 +197,9 @@ def run_plan(pt2: str, folder: str, schedule: str, count: int, model: Any, input
     return row
 
 
-def run_model(name: str, builder: Any, plans: list[tuple[str, int]], folder: str) -> dict[str, Any]:
+def run_model(
+    name: str, builder: Any, plans: list[tuple[str, int]], folder: str, device: dict[str, Any]
+) -> dict[str, Any]:
     import torch
 
     model, inputs = builder()
@@ -163,7 +213,7 @@ def run_model(name: str, builder: Any, plans: list[tuple[str, int]], folder: str
     for schedule, count in plans:
         log(f"{name}: {schedule} on {count} devices")
         try:
-            entry["plans"][schedule] = run_plan(pt2, folder, schedule, count, model, inputs)
+            entry["plans"][schedule] = run_plan(pt2, folder, schedule, count, model, inputs, device)
         except Exception:  # noqa: BLE001 - a bench bug must not lose the other rows
             entry["plans"][schedule] = {"placed": False, "error": traceback.format_exc().splitlines()[-1]}
         row = entry["plans"][schedule]
@@ -185,6 +235,30 @@ def cell(row: dict[str, Any] | None) -> str:
     return f"{mark} {row['stages']} st, {worst:.0e}" if worst is not None else f"{mark} {row['stages']} st"
 
 
+def summary(results: dict[str, Any]) -> list[str]:
+    """The targets' counts: ranks whose measured peak is within 15% of the predicted one
+    (pipeline plans and makespan plans apart), plans whose slowest/mean stage compute is within 20%
+    of the predicted ratio."""
+    peaks = {"pipeline": [0, 0], "makespan": [0, 0]}
+    balance = [0, 0]
+    for entry in results["models"].values():
+        for kind, row in entry.get("plans", {}).items():
+            count = peaks["makespan" if kind == "makespan" else "pipeline"]
+            for rank in row.get("per_rank") or []:
+                if rank.get("peak_bytes") and rank.get("predicted_peak_bytes"):
+                    count[1] += 1
+                    count[0] += abs(rank["peak_bytes"] / rank["predicted_peak_bytes"] - 1) <= 0.15
+            imbalance = row.get("compute_imbalance") or {}
+            if imbalance.get("measured") and imbalance.get("predicted"):
+                balance[1] += 1
+                balance[0] += abs(imbalance["measured"] / imbalance["predicted"] - 1) <= 0.2
+    return [
+        f"Ranks' measured peak within 15% of the predicted: {peaks['pipeline'][0]} of {peaks['pipeline'][1]} "
+        f"under pipeline schedules, {peaks['makespan'][0]} of {peaks['makespan'][1]} under makespan plans. "
+        f"Slowest / mean stage compute within 20% of the predicted ratio: {balance[0]} of {balance[1]} plans."
+    ]
+
+
 def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
     lines = [
         "# Plans that run: baechi's pipeline plans trained in PyTorch",
@@ -203,6 +277,11 @@ def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
                 total += 1
                 ok += bool(row.get("gradients_match"))
     lines += [f"**{ok} of {total} plans train with gradients equal to one process.**", ""]
+    lines += [*summary(results), ""]
+    lines += [
+        f"Devices: this machine's CPU on one thread, calibrated: `{json.dumps(results.get('device'))}`.",
+        "",
+    ]
     header = "| model | family | params | " + " | ".join(f"{s} ({c} dev)" for s, c in plans) + " |"
     lines += [header, "|" + "---|" * (3 + len(plans))]
     for name, entry in results["models"].items():
@@ -246,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", help="comma-separated names (default: all)")
     parser.add_argument("--plans", help="comma-separated schedules of " + ",".join(s for s, _ in PLANS))
     parser.add_argument("--out", default=os.path.join(HERE, "torch_runs.md"))
+    parser.add_argument(
+        "--devices",
+        help="instead of calibrating: a one-thread CPU spec (`baechi devices calibrate --torch cpu "
+        "--threads 1`'s YAML) or an earlier run's torch_runs.json",
+    )
+    parser.add_argument("--allow-noisy", action="store_true", help="keep a calibration that measured noise")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -254,11 +339,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = set(args.models.split(",")) if args.models else None
     plans = [p for p in PLANS if not args.plans or p[0] in args.plans.split(",")]
-    results: dict[str, Any] = {"load": os.getloadavg()[0], "torch": torch.__version__, "models": {}}
+    load = os.getloadavg()[0]
+    if args.devices:
+        device = read_device(args.devices)
+    else:
+        log("calibrating this machine's CPU on one thread")
+        device = spec(args.allow_noisy)
+    results: dict[str, Any] = {"load": load, "torch": torch.__version__, "device": device, "models": {}}
     with tempfile.TemporaryDirectory(prefix="baechi-torch-runs-") as folder:
         for name, family, builder in models(names):
             t0 = time.perf_counter()
-            entry = run_model(name, builder, plans, folder)
+            entry = run_model(name, builder, plans, folder, device)
             entry["family"] = family
             entry["seconds"] = round(time.perf_counter() - t0, 1)
             results["models"][name] = entry
