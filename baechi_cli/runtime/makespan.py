@@ -109,7 +109,7 @@ class MakespanStep:
                 total = None
                 for c in self.consumers.get(v, ()):
                     if self.run_rank[c] == self.rank:
-                        g = leaves[(c, v)].grad
+                        g = leaves.pop((c, v)).grad  # its run's backward is done: the leaf goes
                     else:
                         g = torch.empty(o.shape, dtype=o.dtype)
                         dist.recv(g, self.run_rank[c], tag=offset + self.tags[(v, c)])
@@ -121,6 +121,9 @@ class MakespanStep:
                     pairs.append((o, total))
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            del pairs, outputs[k]  # the run's activations and output gradients: freed, as autograd would
+            for v in stage.outputs:
+                made.pop(v, None)
             for v in stage.inputs:
                 src = self.cut.made_in[v]
                 leaf = leaves[(k, v)]
@@ -129,6 +132,7 @@ class MakespanStep:
                     sends.append(
                         dist.isend(g.contiguous(), self.run_rank[src], tag=offset + self.tags[(v, k)])
                     )
+                    del leaves[(k, v)]  # the send holds its gradient until it is waited for
         for work in sends:
             work.wait()
         return None if loss is None else loss.detach()
