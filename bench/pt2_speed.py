@@ -8,7 +8,9 @@ attention, no dropout, random weights made distinct; 2x128 tokens), exported onc
 ``train()`` mode). Each file is then placed as the CLI places it, ``baechi place FILE --training
 --devices 4x8GB --report R`` (``python -m baechi_cli``, a fresh process per run, the default
 ``--algo auto``), the files in turn (pt2, onnx, pt2, onnx, ...: a drift in the machine's speed
-reaches both) for ``--rounds`` rounds after one warm-up run each. Recorded per run: wall seconds,
+reaches both) for ``--rounds`` rounds after one warm-up run each. The ``.pt2`` is timed twice:
+with the traced-step cache off (``BAECHI_CACHE_DIR=``: traced every run) and on (a fresh cache
+folder its warm-up run fills: a model placed before). Recorded per run: wall seconds,
 the child's own CPU seconds (``os.wait4``) and the report's seconds per stage. The ``.pt2`` path
 imports torch and traces autograd's step (docs/DESIGN.md); the ONNX one synthesizes the backward
 from per-op rules and never imports torch.
@@ -61,15 +63,16 @@ def export(cache: str) -> dict[str, str]:
     return paths
 
 
-def place_once(path: str, devices: str, root: str | None, workdir: str) -> dict[str, Any]:
-    """One ``baechi place PATH --training`` in a fresh process: wall and CPU seconds, the report's
-    stage seconds and step time (or ``error``)."""
+def place_once(path: str, devices: str, root: str | None, workdir: str, cache: str = "") -> dict[str, Any]:
+    """One ``baechi place PATH --training`` in a fresh process, with ``BAECHI_CACHE_DIR=cache``
+    (empty: the step traced every time): wall and CPU seconds, the report's stage seconds and step
+    time (or ``error``)."""
     report = os.path.join(workdir, "report.json")
     if os.path.exists(report):
         os.remove(report)
     argv = [sys.executable, "-m", "baechi_cli", "place", path, "--training", "--devices", devices]
     argv += ["--report", report]
-    env = None if root is None else {**os.environ, "PYTHONPATH": root}
+    env = {**os.environ, "BAECHI_CACHE_DIR": cache, **({} if root is None else {"PYTHONPATH": root})}
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=workdir, env=env)
     try:
@@ -100,11 +103,11 @@ class Timed:
     def __init__(self, devices: str, workdir: str) -> None:
         self.devices, self.workdir = devices, workdir
 
-    def run(self, path: str, root: str | None) -> dict[str, Any]:
+    def run(self, path: str, root: str | None, cache: str = "") -> dict[str, Any]:
         import resource
 
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        record = place_once(path, self.devices, root, self.workdir)
+        record = place_once(path, self.devices, root, self.workdir, cache)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if "error" not in record:
             record["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -178,6 +181,14 @@ def render(results: dict[str, Any]) -> str:
             f"{r['cpu_median']:.2f}x): {verdict} {TARGET:g}x.**",
             "",
         ]
+    if r.get("cached_wall_median") is not None:
+        verdict = "within" if r["cached_wall_median"] <= TARGET else "not within"
+        lines += [
+            f"**A `.pt2` placed before (its traced step in `baechi_cli/io/pt2_cache.py`'s cache, torch "
+            f"not imported) / ONNX: {r['cached_wall_median']:.2f}x by the medians of wall time "
+            f"({r['cached_wall_pairwise']:.2f}x per round): {verdict} {TARGET:g}x.**",
+            "",
+        ]
     if "before" in s and "wall_s" in s["before"] and "wall_s" in s["pt2"]:
         lines += [
             f"`.pt2` now against `{os.path.basename(results['before_root'])}` in the same rounds: "
@@ -212,20 +223,26 @@ def main(argv: list[str] | None = None) -> int:
         log(f"bench/pt2_speed.py: {' and '.join(missing)} not installed, nothing measured; {fw.INSTALL_HINT}")
         return 0
     paths = export(args.cache)
-    commands = [("pt2", paths["pt2"], None), ("onnx", paths["onnx"], None)]
+    commands = [
+        ("pt2", paths["pt2"], None),
+        ("pt2_cached", paths["pt2"], None),
+        ("onnx", paths["onnx"], None),
+    ]
     if args.before:
         commands.append(("before", paths["pt2"], os.path.abspath(args.before)))
+    caches: dict[str, str] = {}  # per command, its BAECHI_CACHE_DIR (none but pt2_cached's)
     run = Run()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     runs: dict[str, list[dict[str, Any]]] = {key: [] for key, _, _ in commands}
     with tempfile.TemporaryDirectory() as workdir:
+        caches["pt2_cached"] = os.path.join(workdir, "cache")  # its warm-up run fills it
         timed = Timed(args.devices, workdir)
         for key, path, root in commands:
             log(f"warm-up: {key}")
-            timed.run(path, root)
+            timed.run(path, root, caches.get(key, ""))
         for i in range(args.rounds):
             for key, path, root in commands:
-                record = timed.run(path, root)
+                record = timed.run(path, root, caches.get(key, ""))
                 runs[key].append(record)
                 shown = record.get("error") or f"{record['wall_s']:.2f} s wall, {record['cpu_s']:.2f} s CPU"
                 log(f"round {i + 1}/{args.rounds} {key}: {shown}")
@@ -238,10 +255,19 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_median": summaries["pt2"]["cpu_s"]["median"] / summaries["onnx"]["cpu_s"]["median"],
             "wall_pairwise": pairwise(runs["pt2"], runs["onnx"], "wall_s"),
         }
+    if "wall_s" in summaries["pt2_cached"] and "wall_s" in summaries["onnx"]:
+        ratios["cached_wall_median"] = (
+            summaries["pt2_cached"]["wall_s"]["median"] / summaries["onnx"]["wall_s"]["median"]
+        )
+        ratios["cached_wall_pairwise"] = pairwise(runs["pt2_cached"], runs["onnx"], "wall_s")
     if args.before:
         ratios["now_vs_before_wall"] = pairwise(runs["pt2"], runs["before"], "wall_s")
         ratios["now_vs_before_cpu"] = pairwise(runs["pt2"], runs["before"], "cpu_s")
-    titles = {"pt2": "`.pt2` (torch.export)", "onnx": "ONNX (TorchScript exporter)"}
+    titles = {
+        "pt2": "`.pt2` (torch.export), step traced",
+        "pt2_cached": "`.pt2`, step from the cache (placed before)",
+        "onnx": "ONNX (TorchScript exporter)",
+    }
     if args.before:
         titles["before"] = f"`.pt2`, the `baechi_cli` of `{os.path.basename(os.path.abspath(args.before))}`"
     results = {
@@ -258,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summaries,
         "ratios": ratios,
         "within_target": bool(ratios.get("wall_median") is not None and ratios["wall_median"] <= TARGET),
+        "within_target_cached": bool(
+            ratios.get("cached_wall_median") is not None and ratios["cached_wall_median"] <= TARGET
+        ),
         "runs": runs,
         **run.facts(),
     }

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -281,3 +283,52 @@ def test_the_recorded_step_is_the_one_make_fx_traces(tmp_path, model, x, optimiz
     made, made_values = summary(traced(joint._trace_with_make_fx))
     assert len(recorded) == len(made) > 50
     assert recorded == made and recorded_values == made_values
+
+
+def _read_training_in_a_fresh_process(path: str, cache: str) -> dict:
+    """Read ``path``'s training step in a new interpreter with the cache in ``cache``: its graph's
+    op names and sizes, and whether torch was imported."""
+    code = (
+        "import json, sys\n"
+        "from baechi_cli.io.pt2 import read_pt2_with_notes\n"
+        f"g = read_pt2_with_notes({path!r}, training='sgd').graph\n"
+        "print(json.dumps({'names': g.names, 'bytes': g.output_bytes, 'backward': g.is_backward,"
+        " 'torch': 'torch' in sys.modules}))\n"
+    )
+    env = {**os.environ, "BAECHI_CACHE_DIR": cache}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_a_training_step_read_again_comes_from_the_cache_without_torch(tmp_path):
+    path, cache = save(tmp_path), str(tmp_path / "cache")
+    first = _read_training_in_a_fresh_process(path, cache)
+    again = _read_training_in_a_fresh_process(path, cache)
+    assert first["torch"] and not again["torch"]
+    assert {k: v for k, v in again.items() if k != "torch"} == {
+        k: v for k, v in first.items() if k != "torch"
+    }
+    (entry,) = os.listdir(os.path.join(cache, "pt2-steps"))
+    with open(os.path.join(cache, "pt2-steps", entry), "w") as f:
+        f.write("{not json")  # a broken entry is traced anew
+    assert _read_training_in_a_fresh_process(path, cache)["torch"]
+
+
+def test_the_cache_keys_the_sizes_and_the_optimizer(tmp_path, monkeypatch):
+    from baechi_cli.io.pt2_cache import cached_joint
+
+    monkeypatch.setenv("BAECHI_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def trace(program, sizes, optimizer):
+        calls.append((dict(sizes), optimizer))
+        return {"graph_module": {"calls": len(calls)}}
+
+    program = {"graph_module": {"graph": {}}}
+    for sizes, optimizer in [({"x": (4, 16)}, "sgd"), ({"x": (8, 16)}, "sgd"), ({"x": (4, 16)}, "adam")]:
+        cached_joint(program, sizes, optimizer, trace)
+        cached_joint(program, sizes, optimizer, trace)
+    assert len(calls) == 3
+    monkeypatch.setenv("BAECHI_CACHE_DIR", "")  # empty: no cache
+    cached_joint(program, {"x": (4, 16)}, "sgd", trace)
+    assert len(calls) == 4

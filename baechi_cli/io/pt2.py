@@ -173,7 +173,9 @@ def read_program(
     from baechi_cli.io.pt2_joint import joint_program
 
     sizes = reader.placeholder_sizes()
-    joint = _Reader(joint_program(program, sizes, training), None, {}).read()
+    from baechi_cli.io.pt2_cache import cached_joint
+
+    joint = _Reader(cached_joint(program, sizes, training, joint_program), None, {}).read()
     note = (
         f"training step traced by autograd: {sum(joint.graph.is_backward)} of {joint.graph.num_ops} ops "
         f"after the forward pass (loss, backward, {training} update)"
