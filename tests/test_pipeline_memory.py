@@ -129,3 +129,38 @@ def test_only_1f1b_waits_for_each_gradient_send_before_the_next_microbatch():
     """torch's Schedule1F1B waits for each backward send in the next step; GPipe and the
     multi-stage runtimes wait for all of them when the step ends."""
     assert [s.name for s in REGISTRY.values() if not s.holds_sent_gradients] == ["1f1b"]
+
+
+def test_a_stages_gradients_of_one_weight_live_until_the_last_of_them():
+    """Two readers of a tied weight on stage 0, the sum (with stage 1's reader's) on stage 1:
+    autograd sums stage 0's two in its buffer, so both are held at once there."""
+    b = GraphBuilder()
+    x = b.add_op("x", "aten.embedding", [4000])
+    y = b.add_op("y", "aten.embedding", [4000])
+    z = b.add_op("z", "aten.mm", [40])
+    dx = b.add_op("dx", "aten.embedding_dense_backward", [400], is_backward=True, forward_op=x)
+    dy = b.add_op("dy", "aten.embedding_dense_backward", [400], is_backward=True, forward_op=y)
+    dz = b.add_op("dz", "aten.mm", [400], is_backward=True, forward_op=z)
+    first = b.add_op("sum", "aten.add", [400], is_backward=True, forward_op=z)
+    total = b.add_op("sum2", "aten.add", [400], is_backward=True, forward_op=z)
+    step = b.add_op("optimizer/step", "OptimizerStep", [], is_backward=True)
+    update = b.add_op("update", "aten.add_", [], is_backward=True)
+    for src, dst in (
+        (x, z),
+        (y, z),
+        (z, dz),
+        (dz, dx),
+        (dz, dy),
+        (dx, first),
+        (dy, first),
+        (first, total),
+        (dz, total),
+    ):
+        b.add_edge(src, dst)
+    b.add_edge(total, update)
+    b.add_edge(total, step, CONTROL_PORT)
+    b.add_edge(step, update, CONTROL_PORT)
+    graph = b.build()
+    stage_of = [0, 0, 1, 0, 0, 1, 1, 1, 1, 1]
+    held = MicrobatchMemory(graph, skip={step, update}).per_stage(stage_of, 2, 4)
+    assert held[0].backward_peak == 1000 + 1000 + 400 + 400  # x, y kept (sent on); dx, dy at once

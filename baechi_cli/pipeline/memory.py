@@ -17,7 +17,8 @@ the ops in ``skip`` and their outputs (optimizer updates: the gradients they rea
 persistent ``.grad``), the inputs the caller feeds, values a stage receives (the receive buffers
 are persistent) and gradients it sends back. Sizes are the graph's (one minibatch) divided by the
 microbatches, but for the weight gradients an update reads (a microbatch's is the weight's
-size). A stage runs as a graph module, which frees each value after its last use: the eager
+size); a stage's gradients of one weight live until the last of them is made (autograd sums them
+before ``.grad``), and the sum of a tied weight's gradients allocates nothing. A stage runs as a graph module, which frees each value after its last use: the eager
 caller's holds (``OpGraph.scope_holds``) do not apply.
 
 Complexity: O(V + E) to index, O(V + E) per call (numpy).
@@ -130,6 +131,7 @@ class MicrobatchMemory:
         # A sum of a weight's gradients (a tied weight's readers') adds gradients: its inputs of
         # its size are gradients too, and it allocates nothing (torch adds each into ``.grad``).
         grad = set(gradients)
+        weight = {t: t for t in gradients}  # each gradient's weight: the storage its update reads
         summed = set()
         for v in reversed(topo.tolist()):
             if not graph.is_backward[v] or graph.op_types[v].lower().rsplit(".", 1)[-1] not in _SUMS:
@@ -139,11 +141,13 @@ class MicrobatchMemory:
                 continue
             size = max(nbytes[t] for t in outputs)
             summed |= outputs
+            owner = weight[min(outputs)]
             for e in graph.in_edges[v]:
                 if graph.edge_port[e] != CONTROL_PORT:
                     t = storage(graph.edge_src[e], graph.edge_port[e])
                     if t >= 0 and nbytes[t] == size:
                         grad.add(t)
+                        weight.setdefault(t, owner)
         gradients = sorted(grad)
         self.src = np.array(src_of, dtype=np.int64)
         for t in summed:
@@ -151,6 +155,9 @@ class MicrobatchMemory:
         self.nbytes = np.array(nbytes, dtype=np.float64)
         self.per_sample = np.ones(len(nbytes), dtype=bool)
         self.per_sample[gradients] = False
+        self.weight_of = np.full(len(nbytes), -1, dtype=np.int64)
+        for t, w in weight.items():
+            self.weight_of[t] = w
         self.reads_t = np.array(reads_t, dtype=np.int64)
         self.reads_op = np.array(reads_op, dtype=np.int64)
         temporary = [v for v in range(n) if graph.temporary_bytes[v] > 0 and not skipped[v]]
@@ -175,6 +182,17 @@ class MicrobatchMemory:
             sent = ~same & (reader_stage > own) & ~self.backward[src][self.reads_t]
             kept = np.maximum(end[own[sent]], pos[src][self.reads_t[sent]])
             np.maximum.at(last, self.reads_t[sent], kept)
+        # A stage's gradients of one weight (a tied weight's readers there) are summed in
+        # autograd's buffer before they reach .grad: each lives until the stage's last of them.
+        grads = np.flatnonzero(self.weight_of >= 0)
+        if len(grads):
+            _, group = np.unique(
+                np.stack([stage[src[grads]], self.weight_of[grads]]), axis=1, return_inverse=True
+            )
+            group = group.reshape(-1)
+            ready = np.full(group.max() + 1, -1, dtype=np.int64)
+            np.maximum.at(ready, group, pos[src[grads]])
+            last[grads] = np.maximum(last[grads], ready[group])
         # Events: allocations at 2*pos, frees at 2*last+1; live bytes after each, per stage.
         nbytes = np.where(self.per_sample, self.nbytes / microbatches, self.nbytes)
         temp = self.temp_bytes / microbatches
