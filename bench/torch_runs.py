@@ -117,10 +117,9 @@ def spec(allow_noisy: bool) -> dict[str, Any]:
             break
         except NoisyMeasurementError as err:
             log(f"calibration refused ({err}); again")
-    device = {k: v for k, v in yaml.safe_load(result.yaml)["devices"][0].items() if k != "name"}
     if result.noise.noisy:
         log(f"keeping a noisy calibration: {result.noise.summary()}")
-    return {**device, "memory": "64GiB"}
+    return _first_device(yaml.safe_load(result.yaml))
 
 
 def read_device(path: str) -> dict[str, Any]:
@@ -128,10 +127,12 @@ def read_device(path: str) -> dict[str, Any]:
     import yaml
 
     with open(path) as f:
-        if path.endswith(".json"):
-            return json.load(f)["device"]
-        first = yaml.safe_load(f)["devices"][0]
-    return {**{k: v for k, v in first.items() if k != "name"}, "memory": "64GiB"}
+        return json.load(f)["device"] if path.endswith(".json") else _first_device(yaml.safe_load(f))
+
+
+def _first_device(spec: dict[str, Any]) -> dict[str, Any]:
+    """A devices spec's first device as the bench's device: its name dropped, 64 GiB."""
+    return {**{k: v for k, v in spec["devices"][0].items() if k != "name"}, "memory": "64GiB"}
 
 
 def devices_yaml(device: dict[str, Any], count: int) -> str:

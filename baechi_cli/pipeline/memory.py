@@ -18,8 +18,9 @@ persistent ``.grad``), the inputs the caller feeds, values a stage receives (the
 are persistent) and gradients it sends back. Sizes are the graph's (one minibatch) divided by the
 microbatches, but for the weight gradients an update reads (a microbatch's is the weight's
 size); a stage's gradients of one weight live until the last of them is made (autograd sums them
-before ``.grad``), and the sum of a tied weight's gradients allocates nothing. A stage runs as a graph module, which frees each value after its last use: the eager
-caller's holds (``OpGraph.scope_holds``) do not apply.
+before ``.grad``), and the sum of a tied weight's gradients allocates nothing. A stage runs as a
+graph module, which frees each value after its last use: the eager caller's holds
+(``OpGraph.scope_holds``) do not apply.
 
 Complexity: O(V + E) to index, O(V + E) per call (numpy).
 

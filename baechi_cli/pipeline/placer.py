@@ -498,8 +498,8 @@ def _info(
     if per_op is None or options.microbatches is None:
         return info
     m = options.microbatches
-    held = m if schedules.get(options.schedule).holds_sent_gradients else 1
-    costs = _stage_costs(model, split, per_op, m, device_of_stage, held)
+    sends_held = m if schedules.get(options.schedule).holds_sent_gradients else 1
+    costs = _stage_costs(model, split, per_op, m, device_of_stage, sends_held)
     if costs.gradient_syncs:
         info["tied_weights"] = [
             {
@@ -627,10 +627,10 @@ def _stage_costs(
         syncs.append((held, weight.allreduce_us(len(set(device_of.values())))))
     activation = forward_peak = backward_peak = None
     if per_op.memory is not None:
-        held = per_op.memory.per_stage(stage_of, stages, microbatches)
-        activation = [h.retained for h in held]
-        forward_peak = [h.forward_peak for h in held]
-        backward_peak = [h.backward_peak for h in held]
+        kept = per_op.memory.per_stage(stage_of, stages, microbatches)
+        activation = [one.retained for one in kept]
+        forward_peak = [one.forward_peak for one in kept]
+        backward_peak = [one.backward_peak for one in kept]
     return StageCosts(
         forward_us=forward,
         backward_us=backward,

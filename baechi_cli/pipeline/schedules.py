@@ -662,10 +662,10 @@ def simulate_pipeline(
         num_microbatches * (costs.forward_us[s] + costs.backward_us[s]) + costs.optimizer_us[s]
         for s in range(stages)
     )
-    stage_orders: list[list[tuple[OpKind, int]]] = [[] for _ in range(stages)]
+    stage_orders: list[list[tuple[OpKind, int, int]]] = [[] for _ in range(stages)]
     for order in orders:
-        for kind, stage, mb in order:
-            stage_orders[stage].append((kind, mb))
+        for op in order:
+            stage_orders[op[1]].append(op)
     peak_in_flight = tuple(_peak_in_flight(order, training) for order in stage_orders)
     device_busy = [0.0] * num_devices
     device_persistent = [0] * num_devices
@@ -687,8 +687,8 @@ def simulate_pipeline(
         bubble_fraction=tuple(bubble(busy) for busy in busy_us),
         peak_in_flight=peak_in_flight,
         peak_bytes=tuple(
-            persistent + _peak_activation_bytes([(kind, s, mb) for kind, mb in order], costs, training)
-            for s, (persistent, order) in enumerate(zip(costs.persistent_bytes, stage_orders))
+            persistent + _peak_activation_bytes(order, costs, training)
+            for persistent, order in zip(costs.persistent_bytes, stage_orders)
         ),
         events=tuple(event for events in stage_events for event in events),
         transfers=tuple(t for sends in forward_sends + backward_sends for t in sends),
@@ -719,14 +719,14 @@ def _peak_activation_bytes(order: list[tuple[OpKind, int, int]], costs: StageCos
     return peak
 
 
-def _peak_in_flight(order: list[tuple[OpKind, int]], training: bool) -> int:
+def _peak_in_flight(order: list[tuple[OpKind, int, int]], training: bool) -> int:
     """Most microbatches in flight at once on a stage that runs ``order``.
 
     A stage runs one op at a time, so the count changes only at a forward's
     start (+1) and a backward's end (-1, or the forward's own end in inference).
     """
     in_flight = peak = 0
-    for kind, _ in order:
+    for kind, _, _ in order:
         if kind == "F":
             in_flight += 1
             peak = max(peak, in_flight)
