@@ -199,10 +199,10 @@ def render(results: dict[str, Any]) -> str:
             "",
         ]
     lines += [
-        "What the `.pt2` path's `load` stage holds that the ONNX one does not: importing torch, "
-        "then `torch._dynamo` (fake tensors and torch's Python meta kernels import it), and "
-        "running the step on fake tensors while the ops autograd dispatches are recorded "
-        "(`baechi_cli/io/pt2_joint.py`). The two files are the same model, but their graphs "
+        "What the `.pt2` path's `load` stage holds that the ONNX one does not: importing torch "
+        "and running the step on meta tensors while the ops autograd dispatches are recorded "
+        "(`baechi_cli/io/pt2_joint.py`; `torch._dynamo`, which torch's Python meta kernels "
+        "would import, is stood in for). The two files are the same model, but their graphs "
         "differ (autograd's step against the synthesized one), so the step times differ too.",
     ]
     return "\n".join(lines) + "\n"

@@ -1,8 +1,9 @@
 """A PyTorch program's training step as autograd runs it: the joint forward-backward-update graph.
 
-:func:`joint_program` takes a program's JSON (:mod:`baechi_cli.io.pt2`), runs it once on fake tensors
-(no weights, no data: only sizes), recording each op torch dispatches as ``make_fx`` would trace
-it (a dispatch mode that keeps no proxies; ``make_fx`` itself traces what it leaves), and returns
+:func:`joint_program` takes a program's JSON (:mod:`baechi_cli.io.pt2`), runs it once on meta
+tensors (no weights, no data: only sizes), recording each op torch dispatches as ``make_fx`` would
+trace it (a dispatch mode that keeps no proxies; ``make_fx`` on fake tensors traces what it
+leaves), and returns
 the traced step as a program of the same schema, which :func:`~baechi_cli.io.pt2.read_program`
 reads like any other:
 
@@ -26,6 +27,8 @@ from __future__ import annotations
 import functools
 import gc
 import re
+import sys
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -73,27 +76,80 @@ def joint_program(
     params = [name for name, kind in specs if kind == "parameter"]
     state_names = _state_names(params, optimizer)
 
-    trace = _Trace(torch, graph, placeholders, params, state_names, optimizer)
-    with fx_traceback.preserve_node_meta():  # the sequence numbers the tracers read (_label_backward)
-        traced = _trace_recorded(torch, trace, sizes)
+    traces: list[_Trace] = []
+
+    def run(tracer: Callable[..., Any]) -> Any:
+        traces.append(_Trace(torch, graph, placeholders, params, state_names, optimizer))
+        with fx_traceback.preserve_node_meta():  # the sequence numbers _label_backward sets
+            return tracer(torch, traces[-1], sizes)
+
+    traced, stub = None, _DynamoStub(torch)
+    if not stub.imported:
+        with stub:
+            traced = run(_trace_recorded)
+    if traced is None and (stub.imported or stub.asked):  # the recorder with torch._dynamo
+        traced = run(_trace_recorded)
     if traced is None:  # anew: what the recorder left half done must not reach make_fx
-        trace = _Trace(torch, graph, placeholders, params, state_names, optimizer)
-        with fx_traceback.preserve_node_meta():
-            traced = _trace_with_make_fx(torch, trace, sizes)
+        traced = run(_trace_with_make_fx)
+    trace = traces[-1]
     return _as_program(torch, traced, placeholders, params, state_names, trace.marks, specs, trace.sources)
 
 
 @functools.cache
 def _freeze_torch() -> None:
-    """Import ``torch._dynamo`` (fake tensors and torch's Python meta kernels import it at their
-    first use) and move the objects then alive, torch's and its own for the most part, out of
-    the cyclic garbage collector's sight (``gc.freeze``): they live as long as the process, and
-    every full collection after, the interpreter's last ones at exit included, would walk them
-    all. Reference counting still frees any of them that is let go; only a reference cycle alive
-    at this moment stays uncollected. Once per process."""
-    from torch import _dynamo  # noqa: F401 - imported for what it loads
-
+    """Move the objects alive once torch is imported, torch's own for the most part, out of the
+    cyclic garbage collector's sight (``gc.freeze``): they live as long as the process, and every
+    full collection after, the interpreter's last ones at exit included, would walk them all.
+    Reference counting still frees any of them that is let go; only a reference cycle alive at
+    this moment stays uncollected. Once per process."""
     gc.freeze()
+
+
+class _DynamoStub:
+    """``with _DynamoStub(torch):`` runs torch's Python meta kernels without importing
+    ``torch._dynamo``, which takes longer than the trace itself (bench/pt2_speed.md).
+
+    Torch wraps those kernels, and every dispatch mode's ``__torch_dispatch__``, in
+    ``torch._disable_dynamo``, which imports ``torch._dynamo`` at the first call only to wrap the
+    function so that ``torch.compile`` does not trace into it; outside ``torch.compile`` the
+    wrapped function runs as the function itself. Inside the block ``torch._dynamo`` is a module
+    whose ``disable(fn)`` is ``fn``; anything else asked of it raises and sets ``asked`` (the
+    caller then traces again with torch's own). On leaving, the stub and the wrappers torch
+    cached on the functions it wrapped are removed, so a later call imports ``torch._dynamo`` and
+    wraps them as usual. ``imported``: ``torch._dynamo`` was imported already (nothing to save:
+    the block changes nothing)."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.imported = "torch._dynamo" in sys.modules
+        self.asked = False
+        self.wrapped: list[Any] = []
+
+    def __enter__(self) -> _DynamoStub:
+        if self.imported:
+            return self
+        stub = types.ModuleType("torch._dynamo")
+
+        def disable(fn: Any = None, recursive: bool = True, **_: Any) -> Any:
+            self.wrapped.append(fn)
+            return fn
+
+        def missing(name: str) -> Any:
+            self.asked = True
+            raise AttributeError(f"torch._dynamo.{name} (baechi's stand-in has only disable)")
+
+        stub.disable = disable  # type: ignore[attr-defined]
+        stub.__getattr__ = missing  # type: ignore[method-assign]
+        sys.modules["torch._dynamo"] = stub
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.imported:
+            return
+        del sys.modules["torch._dynamo"]
+        self.torch.__dict__.pop("_dynamo", None)
+        for fn in self.wrapped:
+            fn.__dict__.pop("__dynamo_disable", None)
 
 
 class _Trace:
@@ -115,24 +171,23 @@ class _Trace:
         self.marks: dict[str, int] = {}
         self.sources: list[tuple[int, Mapping[str, Any]]] = []
         self.count: Callable[[], int] = _count
-        self.fake_mode: Any = None  # the examples' FakeTensorMode
+        self.device: Any = None  # where the program's tensors are made: "cpu" (fake) or "meta"
 
-    def examples(self, sizes: Mapping[str, tuple[int, ...]]) -> list[Any]:
-        """Every placeholder's tensor, then the optimizer state's (fake ones: sizes only)."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
+    def examples(self, sizes: Mapping[str, tuple[int, ...]], device: str) -> list[Any]:
+        """Every placeholder's tensor, then the optimizer state's, on ``device``: ``"cpu"`` for
+        fake tensors (the caller's FakeTensorMode active), ``"meta"`` for meta tensors. Neither
+        allocates: only sizes."""
         torch, values, params = self.torch, self.graph["tensor_values"], set(self.params)
-        self.fake_mode = FakeTensorMode()
-        with self.fake_mode:  # nothing is allocated
-            out = [_empty(torch, sizes[n], values[n]["dtype"], n in params) for n in self.placeholders]
-            return out + [_empty(torch, sizes[p], values[p]["dtype"], False) for _, p in self.state_names]
+        self.device = torch.device(device)
+        out = [_empty(torch, sizes[n], values[n]["dtype"], n in params, device) for n in self.placeholders]
+        return out + [_empty(torch, sizes[p], values[p]["dtype"], False, device) for _, p in self.state_names]
 
     def step(self, *flat: Any) -> Any:
         torch, placeholders, params, count = self.torch, self.placeholders, self.params, self.count
         env = dict(zip(placeholders, flat[: len(placeholders)], strict=True))
         state = dict(zip((s for s, _ in self.state_names), flat[len(placeholders) :], strict=True))
         self.marks["start"] = count()
-        outputs = _run(torch, self.graph, env, lambda node: self.sources.append((count(), node)))
+        outputs = _run(torch, self.graph, env, lambda node: self.sources.append((count(), node)), self.device)
         self.marks["forward"] = count()
         loss = _loss(torch, outputs)
         self.marks["loss"] = count()
@@ -146,9 +201,11 @@ class _Trace:
 
 def _trace_with_make_fx(torch: Any, trace: _Trace, sizes: Mapping[str, tuple[int, ...]]) -> Any:
     """The step traced by torch's ``make_fx`` on fake tensors: the traced ``GraphModule``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    examples = trace.examples(sizes)
+    with FakeTensorMode():  # make_fx finds the examples' mode and traces on it
+        examples = trace.examples(sizes, "cpu")
     try:
         return make_fx(trace.step, tracing_mode="fake")(*examples)
     except Exception as err:  # an op torch cannot run on these sizes, or a missing operator
@@ -156,19 +213,19 @@ def _trace_with_make_fx(torch: Any, trace: _Trace, sizes: Mapping[str, tuple[int
 
 
 def _trace_recorded(torch: Any, trace: _Trace, sizes: Mapping[str, tuple[int, ...]]) -> Any:
-    """The step traced as ``make_fx`` traces it, on the same fake tensors, by the recorder of
-    :func:`_recorder_class`: the same nodes, names, sizes and sequence numbers without
-    ``make_fx``'s proxies (per op: a proxy per argument and result, pytree walks, constant
-    tracking). None when the step does what the recorder leaves to ``make_fx``
+    """The step traced as ``make_fx`` traces it, by the recorder of :func:`_recorder_class`, on
+    meta tensors: the same nodes, names, sizes and sequence numbers without ``make_fx``'s proxies
+    (per op: a proxy per argument and result, pytree walks, constant tracking) or its fake
+    tensors (a cache key per op). None when the step does what the recorder leaves to ``make_fx``
     (``_Unsupported``) or fails otherwise: the caller then traces it with
     :func:`_trace_with_make_fx`, which raises what it raises. A target the step refuses is
     refused here as that path refuses it."""
     recorder = _recorder_class()()
     trace.count = recorder.count
     try:
-        examples = trace.examples(sizes)
+        examples = trace.examples(sizes, "meta")
         recorder.placeholders(examples)
-        with trace.fake_mode, recorder:  # as make_fx runs it: fake tensors below the tracer
+        with recorder:
             trace.step(*examples)
     except InputError as err:
         raise InputError(f"--training: tracing the step with torch failed: {one_line(err, 300)}") from None
@@ -240,6 +297,8 @@ def _recorder_class() -> Any:
     data_dependent = torch.Tag.data_dependent_output
     tensor_type = torch.Tensor
     primitive = (bool, int, float, complex, str)
+    device_type, cpu = torch.device, torch.device("cpu")
+    convolutions = {aten.convolution.default, aten.convolution_backward.default}
 
     class Recorder(TorchDispatchMode):
         """Records every op dispatched on its watch into ``graph`` (a ``torch.fx.Graph``) as
@@ -284,6 +343,8 @@ def _recorder_class() -> Any:
                 return [self._arg(v) for v in value]
             if isinstance(value, tuple):
                 return tuple(self._arg(v) for v in value)
+            if isinstance(value, device_type) and value.type == "meta":  # the program runs on CPU
+                return cpu
             return value
 
         def _seq_nr(self) -> int:
@@ -320,6 +381,8 @@ def _recorder_class() -> Any:
             )
             node.meta["seq_nr"] = self._seq_nr()
             out = func(*args, **kwargs)
+            if func in convolutions:
+                out = _cpu_conv_layout(torch, func, args, kwargs, out)
             if isinstance(out, tensor_type):
                 self._track(out, node)
             elif isinstance(out, list | tuple):
@@ -336,6 +399,49 @@ def _recorder_class() -> Any:
             return out
 
     return Recorder
+
+
+def _cpu_conv_layout(torch: Any, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
+    """A convolution's (or its backward's) meta result in the memory format CPU's kernel gives
+    it, as a fake CPU tensor has it (torch's ``fake_impls.conv``): the backend CPU selects for
+    these sizes and strides decides, asked of CPU tensors that are never written (so never
+    touched). What a later op decomposes into can depend on it (a transpose of a channels-last
+    output is contiguous)."""
+    named = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
+    named.update(kwargs)
+    source, weight = named["input"], named["weight"]
+
+    def on_cpu(t: Any) -> Any:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+
+    source, weight = on_cpu(source), on_cpu(weight)
+    bias = named.get("bias")
+    select = {
+        "stride": named["stride"],
+        "padding": named["padding"],
+        "dilation": named["dilation"],
+        "transposed": named["transposed"],
+        "output_padding": named["output_padding"],
+        "groups": named["groups"],
+        "bias": None if bias is None else on_cpu(bias),
+    }
+    if bias is None:
+        select["bias_sizes"] = named.get("bias_sizes")
+    backend = torch._C._select_conv_backend(source, weight, **select)
+    if weight.ndim == 3:  # 1-d: as 2-d, as the backend sees it
+        source, weight = source.contiguous().unsqueeze(2), weight.unsqueeze(2)
+    layout = torch._C._conv_determine_backend_memory_format(source, weight, backend)
+
+    def convert(t: Any) -> Any:
+        if t is None:
+            return t
+        if t.dim() == 3 and layout == torch.channels_last:
+            return t.unsqueeze(2).to(memory_format=layout).squeeze(2)
+        return t.to(memory_format=layout)
+
+    if func is torch.ops.aten.convolution.default:
+        return convert(out)
+    return (convert(out[0]), convert(out[1]), out[2])
 
 
 def _first_tensor(value: Any, tensor_type: type) -> Any:
@@ -376,9 +482,11 @@ def _state_names(params: Sequence[str], optimizer: str) -> list[tuple[str, str]]
     return [(f"{kind}__{p}", p) for p in params for kind in kinds]
 
 
-def _empty(torch: Any, shape: Sequence[int], code: int, grad: bool) -> Any:
+def _empty(torch: Any, shape: Sequence[int], code: int, grad: bool, device: str) -> Any:
     dtype = _torch_dtype(torch, code)
-    return torch.empty(tuple(shape), dtype=dtype, requires_grad=grad and dtype.is_floating_point)
+    return torch.empty(
+        tuple(shape), dtype=dtype, device=device, requires_grad=grad and dtype.is_floating_point
+    )
 
 
 _DTYPE_NAMES = {code: name for name, code in _SCALAR_TYPES.items()}
@@ -406,14 +514,14 @@ def _resolve(torch: Any, target: str) -> Any:
         raise InputError(f"--training: torch has no operator {target} (a custom op not loaded?)") from None
 
 
-def _run(torch: Any, graph: Mapping[str, Any], env: dict[str, Any], ran: Any = None) -> list[Any]:
+def _run(torch: Any, graph: Mapping[str, Any], env: dict[str, Any], ran: Any, device: Any) -> list[Any]:
     """Interpret the program's nodes on ``env``; the user outputs. ``ran(node)`` is called after
-    each node runs."""
+    each node runs; a node's device argument is ``device`` (the program was exported on CPU)."""
     for node in graph["nodes"]:
         op = _resolve(torch, str(node["target"]))
         args, kwargs = [], {}
         for item in node.get("inputs") or []:
-            value = _argument(torch, item.get("arg") or {}, env)
+            value = _argument(torch, item.get("arg") or {}, env, device)
             if item.get("kind", 1) == 2:
                 kwargs[str(item["name"])] = value
             else:
@@ -452,7 +560,7 @@ def _names(out: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def _argument(torch: Any, arg: Mapping[str, Any], env: Mapping[str, Any]) -> Any:
+def _argument(torch: Any, arg: Mapping[str, Any], env: Mapping[str, Any], device: Any) -> Any:
     ((kind, value),) = arg.items()
     if kind == "as_tensor":
         return env[value["name"]]
@@ -484,7 +592,7 @@ def _argument(torch: Any, arg: Mapping[str, Any], env: Mapping[str, Any]) -> Any
     if kind == "as_layout":
         return torch.strided
     if kind == "as_device":
-        return torch.device("cpu")
+        return device
     if kind in ("as_sym_int", "as_sym_float", "as_sym_bool"):
         return env[value["as_name"]] if "as_name" in value else value.get("as_int", value)
     if kind in ("as_sym_ints",):
