@@ -302,6 +302,44 @@ def test_the_recorded_step_is_the_one_make_fx_traces(tmp_path, model, x, optimiz
     assert recorded == made and recorded_values == made_values
 
 
+class GatherHeld(nn.Module):
+    """A linear layer's output gathered along its last axis (DeBERTa's relative positions):
+    autograd's gather node saves its whole input, though its backward reads only the sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 64)
+
+    def forward(self, x):
+        index = torch.arange(8).view(1, 1, 8).expand(x.shape[0], x.shape[1], 8)
+        return torch.gather(self.proj(x), -1, index)
+
+
+def test_what_autograd_saves_lives_until_its_backward_runs(tmp_path):
+    """The gather's input is held until the gather's backward op ends, though no backward op
+    reads it; without that hold the simulated peak is lower by about its size."""
+    from baechi_cli.app.place import load
+    from baechi_cli.core.devices import parse_devices
+    from baechi_cli.costs.analytic import estimate_costs
+    from baechi_cli.evaluator.sim import simulate
+    from baechi_cli.io.formats import FORMATS
+    from baechi_cli.search.candidates import PlaceOptions
+
+    path = save(tmp_path, GatherHeld(), torch.randn(4, 32, 16))
+    devices = parse_devices("1x1TB")
+    g, fmt, _ = load(path, PlaceOptions(training=True, optimizer="sgd"))  # views marked
+    g, _ = estimate_costs(g, devices, op_set=FORMATS[fmt].op_set)
+    (gather,) = [v for v in range(g.num_ops) if g.op_types[v].endswith("gather") and not g.is_backward[v]]
+    # the linear's addmm: the gather reads a view of it
+    (source,) = [v for v in range(g.num_ops) if g.op_types[v] == "aten.addmm" and not g.is_backward[v]]
+    held = [(v, w) for v, _, w in g.scope_holds if v == source]
+    assert held and all(g.is_backward[w] and g.forward_op[w] == gather for _, w in held)
+    assert not any(g.edge_dst[e] in {w for _, w in held} for e in g.out_edges[source])  # not read there
+    with_holds = max(simulate(g, devices, [0] * g.num_ops).peak_bytes)
+    without = max(simulate(g.replace(scope_holds=()), devices, [0] * g.num_ops).peak_bytes)
+    assert with_holds - without >= 4 * 32 * 64 * 4 * 0.9
+
+
 def _read_training_in_a_fresh_process(path: str, cache: str, before: str = "", after: str = "") -> dict:
     """Read ``path``'s training step in a new interpreter with the cache in ``cache``, running
     the code ``before`` ahead of it and ``after`` it: its graph's op names and sizes, whether torch

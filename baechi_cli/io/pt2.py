@@ -264,6 +264,7 @@ class _Reader:
                 if name in producer:
                     builder.hold(*producer[name])
         _link_phases(builder, self.phases, consumers)
+        _hold_saved(builder, self.phases, producer, self.graph.get("baechi_saved") or [])
         return Pt2Read(
             _with_sources_together(own_initializers(builder.build(), inits, consumers)), self.notes
         )
@@ -501,6 +502,22 @@ def _link_phases(builder: GraphBuilder, phases: list[_Phase], consumers: Mapping
         builder.add_edge(v, step, CONTROL_PORT)
     for v in updates:
         builder.add_edge(step, v, CONTROL_PORT)
+
+
+def _hold_saved(
+    builder: GraphBuilder, phases: list[_Phase], producer: Mapping[str, tuple[int, int]], saved: Any
+) -> None:
+    """Keep each tensor an autograd node saves (``saved``: [tensor name, sequence number], the
+    traced step's ``baechi_saved``) until the last backward op of that sequence number ends: the
+    engine releases a node's saved tensors when its backward returns, whether the backward reads
+    them or only their sizes. A node whose backward traced no op keeps nothing here."""
+    if not isinstance(saved, list) or not all(isinstance(s, list) and len(s) == 2 for s in saved):
+        raise InputError("the traced step's baechi_saved is not a list of [tensor, sequence number]")
+    last = {seq: v for v, phase, seq, *_ in phases if phase == "backward"}
+    for name, seq in saved:
+        w, source = last.get(str(seq)), producer.get(str(name))
+        if w is not None and source is not None:
+            builder.hold_until(*source, w)
 
 
 def _hold_run(builder: GraphBuilder, run: list[tuple[int, int, list[tuple[int, int]]]]) -> None:

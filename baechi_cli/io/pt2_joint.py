@@ -92,7 +92,10 @@ def joint_program(
     if traced is None:  # anew: what the recorder left half done must not reach make_fx
         traced = run(_trace_with_make_fx)
     trace = traces[-1]
-    return _as_program(torch, traced, placeholders, params, state_names, trace.marks, specs, trace.sources)
+    saved = traced.saved(trace.saved) if hasattr(traced, "saved") else []
+    return _as_program(
+        torch, traced, placeholders, params, state_names, trace.marks, specs, trace.sources, saved
+    )
 
 
 @functools.cache
@@ -170,6 +173,8 @@ class _Trace:
         self.placeholders, self.params, self.state_names = placeholders, params, state_names
         self.marks: dict[str, int] = {}
         self.sources: list[tuple[int, Mapping[str, Any]]] = []
+        self.saved: list[tuple[Any, int]] = []  # (storage, sequence number): _saved_storages
+        self.read_saved = False  # read them (the recorder's meta tensors; not make_fx's fakes)
         self.count: Callable[[], int] = _count
         self.device: Any = None  # where the program's tensors are made: "cpu" (fake) or "meta"
 
@@ -190,6 +195,9 @@ class _Trace:
         outputs = _run(torch, self.graph, env, lambda node: self.sources.append((count(), node)), self.device)
         self.marks["forward"] = count()
         loss = _loss(torch, outputs)
+        if self.read_saved:  # unrecorded: unpacking a saved output dispatches a detach
+            with torch._C._DisableTorchDispatch():
+                self.saved = _saved_storages(torch, loss)
         self.marks["loss"] = count()
         _label_backward(loss)
         grads = torch.autograd.grad(loss, [env[p] for p in params], allow_unused=True)
@@ -221,7 +229,7 @@ def _trace_recorded(torch: Any, trace: _Trace, sizes: Mapping[str, tuple[int, ..
     :func:`_trace_with_make_fx`, which raises what it raises. A target the step refuses is
     refused here as that path refuses it."""
     recorder = _recorder_class()()
-    trace.count = recorder.count
+    trace.count, trace.read_saved = recorder.count, True
     try:
         examples = trace.examples(sizes, "meta")
         recorder.placeholders(examples)
@@ -316,6 +324,10 @@ def _recorder_class() -> Any:
             # reuses a tensor no one else holds (make_variable), a detach make_fx does not see
             self.node_of = WeakTensorKeyDictionary()
             self.decomposes: dict[tuple[Any, bool], bool] = {}
+            # each storage's first node (a view's is its base's), the storages kept alive so that
+            # no address is reused
+            self.storage_node: dict[int, Any] = {}
+            self.storages: list[Any] = []
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:  # nothing here is compiled: no dynamo wrapper per op
@@ -332,6 +344,15 @@ def _recorder_class() -> Any:
         def _track(self, tensor: Any, node: Any) -> None:
             node.meta["val"] = _Val(tensor)
             self.node_of[tensor] = node
+            storage = tensor.untyped_storage()
+            if storage._cdata not in self.storage_node:
+                self.storage_node[storage._cdata] = node
+                self.storages.append(storage)
+
+        def saved(self, storages: Sequence[tuple[Any, int]]) -> list[tuple[str, int]]:
+            """(node name, sequence number) per (storage, sequence number) a traced node made."""
+            found = ((self.storage_node.get(s._cdata), seq) for s, seq in storages)
+            return [(node.name, seq) for node, seq in found if node is not None and node.op != "placeholder"]
 
         def _arg(self, value: Any) -> Any:
             if isinstance(value, tensor_type):
@@ -442,6 +463,31 @@ def _cpu_conv_layout(torch: Any, func: Any, args: Any, kwargs: Any, out: Any) ->
     if func is torch.ops.aten.convolution.default:
         return convert(out)
     return (convert(out[0]), convert(out[1]), out[2])
+
+
+def _saved_storages(torch: Any, loss: Any) -> list[tuple[Any, int]]:
+    """(storage, sequence number) per tensor an autograd node behind ``loss`` saves: the engine
+    keeps it until the node's backward has run, whether its formula reads the data or only the
+    sizes (``gather`` saves its input). O(autograd nodes)."""
+    out: list[tuple[Any, int]] = []
+    seen = set()
+    queue = [loss.grad_fn]
+    for node in queue:
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, name)
+            except RuntimeError:  # freed or not a value
+                continue
+            for t in value if isinstance(value, list | tuple) else (value,):
+                if isinstance(t, torch.Tensor):
+                    out.append((t.untyped_storage(), node._sequence_nr()))
+        queue.extend(n for n, _ in node.next_functions)
+    return out
 
 
 def _first_tensor(value: Any, tensor_type: type) -> Any:
@@ -657,13 +703,15 @@ def _as_program(
     marks: Mapping[str, int],
     specs: Sequence[tuple[str, str]],
     sources: Sequence[tuple[int, Mapping[str, Any]]] = (),
+    saved: Sequence[tuple[str, int]] = (),
 ) -> dict[str, Any]:
     """The traced GraphModule as a program of the export schema (the module docstring's metadata).
 
     ``sources``: (traced nodes counted after it ran, program node) in program order; a forward
     node's ``baechi_source`` is the program node it was traced from, and it keeps that node's
     ``nn_module_stack``; the first forward node's ``baechi_untraced`` lists the program nodes that
-    traced no op."""
+    traced no op; ``saved``: (traced node, sequence number) per tensor an autograd node saves,
+    as the graph's ``baechi_saved`` ([tensor name, sequence number], sorted)."""
     import bisect
     import operator
 
@@ -753,6 +801,10 @@ def _as_program(
                 "outputs": [],
                 "nodes": out_nodes,
                 "tensor_values": values,
+                "baechi_saved": [
+                    list(pair)
+                    for pair in sorted({(rename[n], str(seq)) for n, seq in saved if rename.get(n) in values})
+                ],
             },
             "signature": {"input_specs": input_specs},
         }
