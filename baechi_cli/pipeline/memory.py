@@ -20,9 +20,7 @@ microbatches, but for the weight gradients an update reads (a microbatch's is th
 size); a stage's gradients of one weight live until the last of them is made (autograd sums them
 before ``.grad``), and the sum of a tied weight's gradients allocates nothing. A stage runs as a
 graph module, which frees each value after its last use: the eager caller's holds
-(``OpGraph.scope_holds`` that end at a forward op: a module call's arguments) do not apply, but
-autograd's do (those that end at a backward op: what a node saves, and what its backward makes
-and reads, live until its backward returns), as reads by that op.
+(``OpGraph.scope_holds``) do not apply.
 
 Complexity: O(V + E) to index, O(V + E) per call (numpy).
 
@@ -131,11 +129,6 @@ class MicrobatchMemory:
                 continue
             reads_t.append(t)
             reads_op.append(dst)
-        for v, port, w in graph.scope_holds:  # autograd's holds: until a backward op ends
-            t = storage(v, port)
-            if backward[w] and not skipped[w] and t >= 0:
-                reads_t.append(t)
-                reads_op.append(w)
         # A sum of a weight's gradients (a tied weight's readers') adds gradients: its inputs of
         # its size are gradients too, and it allocates nothing (torch adds each into ``.grad``).
         grad = set(gradients)
