@@ -681,7 +681,11 @@ def prediction(outcome: Any, t0: float) -> dict[str, Any]:
     backward = [v for v in range(graph.num_ops) if graph.is_backward[v]]
     boundary_t = min((sim.start[v] for v in backward), default=sim.step_time_us)
     duration = [sim.end[v] - sim.start[v] for v in range(graph.num_ops)]
-    update = [v for v in backward if graph.names[v].startswith("optimizer/")]
+    update = [  # the synthesized step's optimizer ops, or a traced step's update phase
+        v
+        for v in backward
+        if graph.names[v].startswith("optimizer/") or graph.attrs[v].get("_phase") == "update"
+    ]
     made, freed = live_at(graph, sim, boundary_t)
     boundary = level_before(sim.memory_curve[device], boundary_t)
     return {

@@ -1309,6 +1309,14 @@ def method_lines(results: dict[str, Any]) -> list[str]:
 
 
 AGREEMENT = 0.05  # issue 38: the same plan's predicted step from the .pt2 and from ONNX, within 5%
+PHASES = ("forward", "backward", "optimizer")
+
+
+def ratio_text(a: float, b: float) -> str:
+    """``a / b`` to two places; ``-`` when both are 0 (an optimizer without a step of its own)."""
+    if b == 0:
+        return "-" if a == 0 else "inf"
+    return f"{a / b:.2f}"
 
 
 def agreement_lines(results: dict[str, Any]) -> list[str]:
@@ -1328,7 +1336,22 @@ def agreement_lines(results: dict[str, Any]) -> list[str]:
             both += 1
             agree += abs(r - 1) <= AGREEMENT
             peak = a["peak_bytes"] / b["peak_bytes"]
-            rows.append([name, o, f"{r:.2f}", f"{peak:.2f}"])
+            phases = {p: a[f"{p}_s"] - b[f"{p}_s"] for p in PHASES}
+            where = max(phases, key=lambda p: abs(phases[p]))
+            measured = entry["measured"][o]["step_s"]
+            nearer = "pt2" if abs(a["step_s"] - measured) <= abs(b["step_s"] - measured) else "legacy"
+            rows.append(
+                [
+                    name,
+                    o,
+                    f"{r:.2f}",
+                    *(ratio_text(a[f"{p}_s"], b[f"{p}_s"]) for p in PHASES),
+                    f"{where} ({phases[where] * 1e3:+.2f} ms)",
+                    f"{a['ops']:,} / {b['ops']:,}",
+                    nearer,
+                    f"{peak:.2f}",
+                ]
+            )
     return [
         "## torch.export against ONNX",
         "",
@@ -1336,9 +1359,23 @@ def agreement_lines(results: dict[str, Any]) -> list[str]:
         f"ONNX export, where both are complete: within ±{AGREEMENT:.0%} on {percent(agree, both)} rows. "
         "They differ where the graphs differ: the `.pt2` step is autograd's own (its backward ops, their "
         "temporaries and order), the ONNX one is synthesized from per-op rules; and an export's ops are "
-        "not eager's (the legacy exporter decomposes ops PyTorch runs as one kernel).",
+        "not eager's (the legacy exporter decomposes ops PyTorch runs as one kernel). Per row: the "
+        "ratio per phase, the phase whose predicted time differs most (pt2 less legacy), the ops each "
+        "graph has, and which prediction is nearer PyTorch's measured step.",
         "",
-        *table(["model", "optimizer", "step pt2 / legacy", "peak pt2 / legacy"], rows),
+        *table(
+            [
+                "model",
+                "optimizer",
+                "step pt2 / legacy",
+                *(f"{p} pt2 / legacy" for p in PHASES),
+                "differs most in",
+                "ops pt2 / legacy",
+                "nearer PyTorch",
+                "peak pt2 / legacy",
+            ],
+            rows,
+        ),
     ]
 
 

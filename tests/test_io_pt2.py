@@ -231,9 +231,9 @@ class DepthwiseTokens(nn.Module):
     keeps its channels-last-strided input's layout, which decides how the linear after the
     transpose back is traced."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernel: int = 3) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.conv = nn.Conv2d(16, 16, kernel, padding=kernel // 2, groups=16)
         self.head = nn.Linear(16, 8)
 
     def forward(self, x):
@@ -247,11 +247,19 @@ class DepthwiseTokens(nn.Module):
     [
         (Block(), torch.randn(4, 16), "adam"),
         (DepthwiseTokens(), torch.randn(2, 64, 16), "sgd"),
+        (DepthwiseTokens(7), torch.randn(2, 64, 16), "momentum"),
         (TiedResidual(), torch.randint(0, 50, (4, 8)), "sgd"),
         (ConvNorm(), torch.randn(2, 3, 8, 8), "momentum"),
         (MaskedAttention(), torch.randn(2, 6, 16), "sgd"),
     ],
-    ids=["block-adam", "depthwise-sgd", "tied-sgd", "convnorm-momentum", "attention-sgd"],
+    ids=[
+        "block-adam",
+        "depthwise-sgd",
+        "depthwise7-momentum",
+        "tied-sgd",
+        "convnorm-momentum",
+        "attention-sgd",
+    ],
 )
 def test_the_recorded_step_is_the_one_make_fx_traces(tmp_path, model, x, optimizer):
     """The recorder (pt2_joint's fast path) traces the step make_fx traces: the same nodes, in
@@ -300,6 +308,41 @@ def test_the_recorded_step_is_the_one_make_fx_traces(tmp_path, model, x, optimiz
     made, made_values = summary(traced(joint._trace_with_make_fx))
     assert len(recorded) == len(made) > 20
     assert recorded == made and recorded_values == made_values
+
+
+def _conv_backward_scratch(model, x) -> int:
+    """Bytes torch's CPU convolution_backward allocates beyond its outputs, measured by
+    torch.profiler's allocation records over one backward of ``model(x)``'s sum."""
+    from torch.profiler import ProfilerActivity, profile
+
+    y = model(x).sum()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        y.backward()
+    events = list(prof.profiler.kineto_results.events())
+    (conv,) = [e for e in events if e.name() == "aten::convolution_backward"]
+    start, end = conv.start_ns(), conv.start_ns() + conv.duration_ns()
+    level = peak = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
+        level += nbytes if start <= _ <= end else 0
+        peak = max(peak, level)
+    return peak - sum(p.grad.numel() * 4 for p in model.conv.parameters())  # x needs no gradient
+
+
+@pytest.mark.parametrize("kernel", [3, 7])
+def test_a_depthwise_convolutions_cpu_workspace_is_the_one_torch_allocates(tmp_path, kernel):
+    """A 7 x 7 depthwise convolution over a channels-last input (ConvNeXt's): its backward's
+    scratch, as the traced step charges it, is what torch's CPU kernel allocates (within 2%); a 3 x 3
+    one allocates almost none and is charged none."""
+    model = DepthwiseTokens(kernel)
+    x = torch.randn(4, 64, 16)
+    g = read_pt2_with_notes(save(tmp_path, model, x), training="sgd").graph
+    (backward,) = [v for v in range(g.num_ops) if g.op_types[v] == "aten.convolution_backward"]
+    charged = g.attrs[backward].get("_workspace_bytes", 0)
+    measured = _conv_backward_scratch(model, x)
+    if kernel == 3:
+        assert charged == 0 and measured < 4096
+    else:
+        assert charged > 0 and abs(measured - charged) <= 0.02 * charged
 
 
 class GatherHeld(nn.Module):

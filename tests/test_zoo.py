@@ -86,6 +86,8 @@ def test_quick_run_of_one_model_writes_the_tables(tmp_path):
     assert results["summary"]["export_and_place"] == 1
     text = (tmp_path / "zoo.md").read_text()
     assert "## Summary" in text and "| vit | sgd |" in text and "legacy peak" in text
+    assert entry["sources"]["pt2"]["predicted"]["adam"]["optimizer_s"] > 0  # the traced update phase
+    assert "differs most in" in text and "| vit | adam |" in text.split("## torch.export against ONNX")[1]
     # --only predict: again from zoo.json and the cached exports, the measurements kept
     repredict = [
         "--only",

@@ -395,7 +395,7 @@ _reads(*_TRANSPOSED, args=("transposed", "groups", "stride", "padding", "dilatio
 
 @register("aten.convolution_backward", kind=FLOPS, op_set=ATEN, compute_class=CONV)
 def _convolution_backward(view: OpView) -> OpCount:
-    """the forward's FLOPs for grad_input and for grad_weight, per output_mask (FlopCounterMode's but for groups)"""
+    """the forward's FLOPs for grad_input and for grad_weight, per output_mask (FlopCounterMode's but for groups); scratch: the kernel's workspace the tracer found (attrs["_workspace_bytes"])"""
     # FlopCounterMode counts a grouped convolution's weight gradient `groups` times; grad_bias
     # (a sum over grad_output) is not counted, as there.
     dy = known_shape(view.input_shapes, 0, "grad_output")
@@ -403,7 +403,8 @@ def _convolution_backward(view: OpView) -> OpCount:
     transposed = bool(_arg(view, "transposed", False))
     forward = _conv_flops(x, w, dy[2:], transposed)
     grad_input, grad_weight, _ = _mask(view, "output_mask", 3)
-    return with_flops(view, forward * (grad_input + grad_weight))
+    count = with_flops(view, forward * (grad_input + grad_weight))
+    return count._replace(temporary_bytes=int(view.attrs.get("_workspace_bytes", 0)))
 
 
 _reads("aten.convolution_backward", args=("transposed", "output_mask", "groups"))

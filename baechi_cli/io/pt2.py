@@ -367,6 +367,11 @@ class _Reader:
             attrs["_source"] = str(source)
         if metadata.get("baechi_untraced"):
             attrs["_untraced"] = str(metadata["baechi_untraced"]).split(",")
+        if "baechi_workspace_bytes" in metadata:  # a traced step's: pt2_joint._cpu_workspace_bytes
+            workspace = str(metadata["baechi_workspace_bytes"])
+            if not workspace.isdigit():
+                raise InputError(f"node {name}: baechi_workspace_bytes {workspace!r} is not a byte count")
+            attrs["_workspace_bytes"] = int(workspace)
         if "baechi_phase" in metadata:
             attrs["_phase"] = phase
             self.phase_of[v] = phase
