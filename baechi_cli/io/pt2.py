@@ -512,17 +512,26 @@ def _link_phases(builder: GraphBuilder, phases: list[_Phase], consumers: Mapping
 def _hold_saved(
     builder: GraphBuilder, phases: list[_Phase], producer: Mapping[str, tuple[int, int]], saved: Any
 ) -> None:
-    """Keep each tensor an autograd node saves (``saved``: [tensor name, sequence number], the
-    traced step's ``baechi_saved``) until the last backward op of that sequence number ends: the
-    engine releases a node's saved tensors when its backward returns, whether the backward reads
-    them or only their sizes. A node whose backward traced no op keeps nothing here."""
+    """Give the last backward op of each autograd node an edge from each tensor the node saved
+    (``saved``: [tensor name, sequence number], the traced step's ``baechi_saved``) that none of
+    its backward ops reads (what they read is held to the last of them, :func:`_hold_run`): the engine releases a node's saved tensors when its backward returns,
+    whether the backward reads them or only their sizes (a ``gather`` saves its whole input). As
+    the synthesized step's saved-tensor edges (:mod:`baechi_cli.passes.training`), the edge keeps
+    the tensor, or its copy on the backward op's device, until that op ends. A node whose
+    backward traced no op keeps nothing here."""
     if not isinstance(saved, list) or not all(isinstance(s, list) and len(s) == 2 for s in saved):
         raise InputError("the traced step's baechi_saved is not a list of [tensor, sequence number]")
-    last = {seq: v for v, phase, seq, *_ in phases if phase == "backward"}
+    last: dict[str, int] = {}
+    read: dict[str, set[tuple[int, int]]] = {}  # what each node's backward ops read
+    for v, phase, seq, *_, inputs in phases:
+        if phase == "backward":
+            last[seq] = v
+            read.setdefault(seq, set()).update(inputs)
     for name, seq in saved:
         w, source = last.get(str(seq)), producer.get(str(name))
-        if w is not None and source is not None:
-            builder.hold_until(*source, w)
+        if w is not None and source is not None and source not in read[str(seq)]:
+            builder.add_edge(source[0], w, source[1])
+            read[str(seq)].add(source)
 
 
 def _hold_run(builder: GraphBuilder, run: list[tuple[int, int, list[tuple[int, int]]]]) -> None:

@@ -92,7 +92,7 @@ def joint_program(
     if traced is None:  # anew: what the recorder left half done must not reach make_fx
         traced = run(_trace_with_make_fx)
     trace = traces[-1]
-    saved = traced.saved(trace.saved) if hasattr(traced, "saved") else []
+    saved = trace.saved
     return _as_program(
         torch, traced, placeholders, params, state_names, trace.marks, specs, trace.sources, saved
     )
@@ -173,8 +173,8 @@ class _Trace:
         self.placeholders, self.params, self.state_names = placeholders, params, state_names
         self.marks: dict[str, int] = {}
         self.sources: list[tuple[int, Mapping[str, Any]]] = []
-        self.saved: list[tuple[Any, int]] = []  # (storage, sequence number): _saved_storages
-        self.read_saved = False  # read them (the recorder's meta tensors; not make_fx's fakes)
+        self.saved: list[tuple[str, int]] = []  # (node name, sequence number): _saved_tensors
+        self.node_name: Callable[[Any], str | None] | None = None  # the recorder's; None: not read
         self.count: Callable[[], int] = _count
         self.device: Any = None  # where the program's tensors are made: "cpu" (fake) or "meta"
 
@@ -195,9 +195,9 @@ class _Trace:
         outputs = _run(torch, self.graph, env, lambda node: self.sources.append((count(), node)), self.device)
         self.marks["forward"] = count()
         loss = _loss(torch, outputs)
-        if self.read_saved:  # unrecorded: unpacking a saved output dispatches a detach
+        if self.node_name is not None:  # unrecorded: unpacking a saved output dispatches a detach
             with torch._C._DisableTorchDispatch():
-                self.saved = _saved_storages(torch, loss)
+                self.saved = _saved_tensors(torch, loss, self.node_name)
         self.marks["loss"] = count()
         _label_backward(loss)
         grads = torch.autograd.grad(loss, [env[p] for p in params], allow_unused=True)
@@ -229,7 +229,7 @@ def _trace_recorded(torch: Any, trace: _Trace, sizes: Mapping[str, tuple[int, ..
     :func:`_trace_with_make_fx`, which raises what it raises. A target the step refuses is
     refused here as that path refuses it."""
     recorder = _recorder_class()()
-    trace.count, trace.read_saved = recorder.count, True
+    trace.count, trace.node_name = recorder.count, recorder.node_name
     try:
         examples = trace.examples(sizes, "meta")
         recorder.placeholders(examples)
@@ -327,10 +327,6 @@ def _recorder_class() -> Any:
             # reuses a tensor no one else holds (make_variable), a detach make_fx does not see
             self.node_of = WeakTensorKeyDictionary()
             self.decomposes: dict[tuple[Any, bool], bool] = {}
-            # each storage's first node (a view's is its base's), the storages kept alive so that
-            # no address is reused
-            self.storage_node: dict[int, Any] = {}
-            self.storages: list[Any] = []
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:  # nothing here is compiled: no dynamo wrapper per op
@@ -347,15 +343,13 @@ def _recorder_class() -> Any:
         def _track(self, tensor: Any, node: Any) -> None:
             node.meta["val"] = _Val(tensor)
             self.node_of[tensor] = node
-            storage = tensor.untyped_storage()
-            if storage._cdata not in self.storage_node:
-                self.storage_node[storage._cdata] = node
-                self.storages.append(storage)
 
-        def saved(self, storages: Sequence[tuple[Any, int]]) -> list[tuple[str, int]]:
-            """(node name, sequence number) per (storage, sequence number) a traced node made."""
-            found = ((self.storage_node.get(s._cdata), seq) for s, seq in storages)
-            return [(node.name, seq) for node, seq in found if node is not None and node.op != "placeholder"]
+        def node_name(self, tensor: Any) -> str | None:
+            """The traced node that made ``tensor``; None for a placeholder's or one no traced node
+            made (a saved output, unpacked anew: its backward reads it through a traced
+            ``detach``)."""
+            node = self.node_of.get(tensor)
+            return None if node is None or node.op == "placeholder" else node.name
 
         def _arg(self, value: Any) -> Any:
             if isinstance(value, tensor_type):
@@ -468,11 +462,12 @@ def _cpu_conv_layout(torch: Any, func: Any, args: Any, kwargs: Any, out: Any) ->
     return (convert(out[0]), convert(out[1]), out[2])
 
 
-def _saved_storages(torch: Any, loss: Any) -> list[tuple[Any, int]]:
-    """(storage, sequence number) per tensor an autograd node behind ``loss`` saves: the engine
-    keeps it until the node's backward has run, whether its formula reads the data or only the
-    sizes (``gather`` saves its input). O(autograd nodes)."""
-    out: list[tuple[Any, int]] = []
+def _saved_tensors(torch: Any, loss: Any, node_name: Callable[[Any], str | None]) -> list[tuple[str, int]]:
+    """(``node_name(tensor)``, sequence number) per tensor an autograd node behind ``loss`` saves
+    (those ``node_name`` names): the engine keeps it until the node's backward has run, whether
+    its formula reads the data or only the sizes (``gather`` saves its input). O(autograd
+    nodes)."""
+    out: list[tuple[str, int]] = []
     seen = set()
     queue = [loss.grad_fn]
     for node in queue:
@@ -487,8 +482,9 @@ def _saved_storages(torch: Any, loss: Any) -> list[tuple[Any, int]]:
             except RuntimeError:  # freed or not a value
                 continue
             for t in value if isinstance(value, list | tuple) else (value,):
-                if isinstance(t, torch.Tensor):
-                    out.append((t.untyped_storage(), node._sequence_nr()))
+                name = node_name(t) if isinstance(t, torch.Tensor) else None
+                if name is not None:
+                    out.append((name, node._sequence_nr()))
         queue.extend(n for n, _ in node.next_functions)
     return out
 
