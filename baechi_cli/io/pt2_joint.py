@@ -18,7 +18,10 @@ reads like any other:
    ``div``, ``add_``, ``addcdiv_``), its state as buffers of the program.
 
 Every traced node carries ``metadata["baechi_phase"]`` (forward, loss, backward, update) and
-``metadata["seq_nr"]``, autograd's sequence number: a backward node's is its forward node's.
+``metadata["seq_nr"]``, autograd's sequence number: a backward node's is its forward node's; a
+node whose CPU kernel allocates scratch beyond its outputs, ``metadata["baechi_workspace_bytes"]``
+(:func:`_cpu_workspace_bytes`). The graph's ``baechi_saved`` lists [tensor, sequence number] per
+tensor an autograd node saved (the recorder's trace only).
 Needs torch (``MissingDependencyError`` without it). O(nodes) traced ops.
 """
 
