@@ -514,11 +514,12 @@ def _hold_saved(
 ) -> None:
     """Give the last backward op of each autograd node an edge from each tensor the node saved
     (``saved``: [tensor name, sequence number], the traced step's ``baechi_saved``) that none of
-    its backward ops reads (what they read is held to the last of them, :func:`_hold_run`): the engine releases a node's saved tensors when its backward returns,
-    whether the backward reads them or only their sizes (a ``gather`` saves its whole input). As
-    the synthesized step's saved-tensor edges (:mod:`baechi_cli.passes.training`), the edge keeps
-    the tensor, or its copy on the backward op's device, until that op ends. A node whose
-    backward traced no op keeps nothing here."""
+    its backward ops reads (what they read is held to the last of them, :func:`_hold_run`): the
+    engine releases a node's saved tensors when its backward returns, whether the backward reads
+    them or only their sizes (a ``gather`` saves its whole input). As the synthesized step's
+    saved-tensor edges (:mod:`baechi_cli.passes.training`), the edge keeps the tensor, or its
+    copy on the backward op's device, until that op ends. A node whose backward traced no op
+    keeps nothing here."""
     if not isinstance(saved, list) or not all(isinstance(s, list) and len(s) == 2 for s in saved):
         raise InputError("the traced step's baechi_saved is not a list of [tensor, sequence number]")
     last: dict[str, int] = {}
@@ -527,11 +528,12 @@ def _hold_saved(
         if phase == "backward":
             last[seq] = v
             read.setdefault(seq, set()).update(inputs)
-    for name, seq in saved:
-        w, source = last.get(str(seq)), producer.get(str(name))
-        if w is not None and source is not None and source not in read[str(seq)]:
+    for name, number in saved:
+        seq = str(number)
+        w, source = last.get(seq), producer.get(str(name))
+        if w is not None and source is not None and source not in read[seq]:
             builder.add_edge(source[0], w, source[1])
-            read[str(seq)].add(source)
+            read[seq].add(source)
 
 
 def _hold_run(builder: GraphBuilder, run: list[tuple[int, int, list[tuple[int, int]]]]) -> None:

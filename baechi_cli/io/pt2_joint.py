@@ -95,9 +95,8 @@ def joint_program(
     if traced is None:  # anew: what the recorder left half done must not reach make_fx
         traced = run(_trace_with_make_fx)
     trace = traces[-1]
-    saved = trace.saved
     return _as_program(
-        torch, traced, placeholders, params, state_names, trace.marks, specs, trace.sources, saved
+        torch, traced, placeholders, params, state_names, trace.marks, specs, trace.sources, trace.saved
     )
 
 
@@ -428,8 +427,7 @@ def _cpu_conv_layout(torch: Any, func: Any, args: Any, kwargs: Any, out: Any) ->
     these sizes and strides decides, asked of CPU tensors that are never written (so never
     touched). What a later op decomposes into can depend on it (a transpose of a channels-last
     output is contiguous)."""
-    named = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
-    named.update(kwargs)
+    named = _named_args(func, args, kwargs)
     source, weight = named["input"], named["weight"]
 
     def on_cpu(t: Any) -> Any:
@@ -465,6 +463,13 @@ def _cpu_conv_layout(torch: Any, func: Any, args: Any, kwargs: Any, out: Any) ->
     return (convert(out[0]), convert(out[1]), out[2])
 
 
+def _named_args(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """An operator call's arguments by their schema names."""
+    named = dict(zip((a.name for a in op._schema.arguments), args, strict=False))
+    named.update(kwargs)
+    return named
+
+
 def _saved_tensors(torch: Any, loss: Any, node_name: Callable[[Any], str | None]) -> list[tuple[str, int]]:
     """(``node_name(tensor)``, sequence number) per tensor an autograd node behind ``loss`` saves
     (those ``node_name`` names): the engine keeps it until the node's backward has run, whether
@@ -477,17 +482,17 @@ def _saved_tensors(torch: Any, loss: Any, node_name: Callable[[Any], str | None]
         if node is None or node in seen:
             continue
         seen.add(node)
-        for name in dir(node):
-            if not name.startswith("_saved_"):
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
                 continue
             try:
-                value = getattr(node, name)
+                value = getattr(node, attr)
             except RuntimeError:  # freed or not a value
                 continue
             for t in value if isinstance(value, list | tuple) else (value,):
-                name = node_name(t) if isinstance(t, torch.Tensor) else None
-                if name is not None:
-                    out.append((name, node._sequence_nr()))
+                made_by = node_name(t) if isinstance(t, torch.Tensor) else None
+                if made_by is not None:
+                    out.append((made_by, node._sequence_nr()))
         queue.extend(n for n, _ in node.next_functions)
     return out
 
@@ -506,8 +511,7 @@ def _cpu_workspace_bytes(torch: Any, node: Any) -> int:
     for anything else."""
     if node.target is not torch.ops.aten.convolution_backward.default:
         return 0
-    named = dict(zip((a.name for a in node.target._schema.arguments), node.args, strict=False))
-    named.update(node.kwargs)
+    named = _named_args(node.target, node.args, node.kwargs)
     source = getattr(named.get("input"), "meta", {}).get("val")
     weight = getattr(named.get("weight"), "meta", {}).get("val")
     mask = named.get("output_mask") or (True, True, True)
