@@ -143,8 +143,26 @@ def devices_yaml(device: dict[str, Any], count: int) -> str:
     )
 
 
+def measured_profile(pt2: str, folder: str, name: str) -> str:
+    """``baechi profile PT2 --training --measure --threads 1 -o ...``: the training step's ops
+    timed in torch on one thread, as a rank runs them; the profile's path."""
+    from baechi_cli.app.profile import profile_model
+    from baechi_cli.core.devices import parse_devices
+
+    out = os.path.join(folder, f"{name.split(' ')[0]}.profile.json")
+    profile_model(pt2, parse_devices("1x64GB"), training="sgd", measure=True, threads=1, output=out)
+    return out
+
+
 def run_plan(
-    pt2: str, folder: str, schedule: str, count: int, model: Any, inputs: tuple, device: dict[str, Any]
+    pt2: str,
+    folder: str,
+    schedule: str,
+    count: int,
+    model: Any,
+    inputs: tuple,
+    device: dict[str, Any],
+    profile: str | None = None,
 ) -> dict[str, Any]:
     from baechi_cli.app.place import place_model
     from baechi_cli.app.report import build_report
@@ -156,10 +174,14 @@ def run_plan(
     with open(spec, "w") as f:
         f.write(devices_yaml(device, count))
     if schedule == "makespan":  # --algo auto's plan for one step's time, run op for op
-        options = PlaceOptions(training=True)
+        options = PlaceOptions(training=True, profile=profile)
     else:
         options = PlaceOptions(
-            training=True, objective="throughput", microbatches=MICROBATCHES, schedule=schedule
+            training=True,
+            objective="throughput",
+            microbatches=MICROBATCHES,
+            schedule=schedule,
+            profile=profile,
         )
     t0 = time.perf_counter()
     try:
@@ -193,13 +215,19 @@ def run_plan(
         tied=[t["parameter"] for t in result["tied"]],
         per_rank=result["per_rank"],
         compute_imbalance=result["compute_imbalance"],
+        per_stage=result["per_stage"],
         verify_s=round(time.perf_counter() - t0, 3),
     )
     return row
 
 
 def run_model(
-    name: str, builder: Any, plans: list[tuple[str, int]], folder: str, device: dict[str, Any]
+    name: str,
+    builder: Any,
+    plans: list[tuple[str, int]],
+    folder: str,
+    device: dict[str, Any],
+    measure: bool = False,
 ) -> dict[str, Any]:
     import torch
 
@@ -211,10 +239,15 @@ def run_model(
     except Exception as err:  # noqa: BLE001
         entry["error"] = f"export: {str(err).splitlines()[0]}"
         return entry
+    profile = None
+    if measure:
+        t0 = time.perf_counter()
+        profile = measured_profile(pt2, folder, name)
+        entry["profile_s"] = round(time.perf_counter() - t0, 2)
     for schedule, count in plans:
         log(f"{name}: {schedule} on {count} devices")
         try:
-            entry["plans"][schedule] = run_plan(pt2, folder, schedule, count, model, inputs, device)
+            entry["plans"][schedule] = run_plan(pt2, folder, schedule, count, model, inputs, device, profile)
         except Exception:  # noqa: BLE001 - a bench bug must not lose the other rows
             entry["plans"][schedule] = {"placed": False, "error": traceback.format_exc().splitlines()[-1]}
         row = entry["plans"][schedule]
@@ -332,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         "--threads 1`'s YAML) or an earlier run's torch_runs.json",
     )
     parser.add_argument("--allow-noisy", action="store_true", help="keep a calibration that measured noise")
+    parser.add_argument(
+        "--measure",
+        action="store_true",
+        help="plan on each model's measured costs (`baechi profile --training --measure --threads 1`) "
+        "instead of the calibrated spec's analytic ones",
+    )
     args = parser.parse_args(argv)
     try:
         import torch
@@ -346,11 +385,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         log("calibrating this machine's CPU on one thread")
         device = spec(args.allow_noisy)
-    results: dict[str, Any] = {"load": load, "torch": torch.__version__, "device": device, "models": {}}
+    results: dict[str, Any] = {
+        "load": load,
+        "torch": torch.__version__,
+        "device": device,
+        "costs": "measured" if args.measure else "analytic",
+        "models": {},
+    }
     with tempfile.TemporaryDirectory(prefix="baechi-torch-runs-") as folder:
         for name, family, builder in models(names):
             t0 = time.perf_counter()
-            entry = run_model(name, builder, plans, folder, device)
+            entry = run_model(name, builder, plans, folder, device, args.measure)
             entry["family"] = family
             entry["seconds"] = round(time.perf_counter() - t0, 1)
             results["models"][name] = entry

@@ -193,6 +193,8 @@ def cost(
         from baechi_cli.costs.profile import apply_profile, load_profile
 
         profile = load_profile(options.profile)
+        if FORMATS[fmt].traces_training and profile.model.format == fmt:
+            _check_profiled_step(profile.model.training, options)
         graph = apply_profile(graph, profile, options.profile, path)
         cost_report = ProfileCosts(
             options.profile, profile.source, profile.device, profile.model.sha256 == sha256
@@ -215,6 +217,25 @@ def cost(
 
         graph = one_kernel_activations(graph)
     return graph, cost_report
+
+
+def _check_profiled_step(profiled: str, options: PlaceOptions) -> None:
+    """A PyTorch program's profile is of one step (the forward, or the training step of one
+    optimizer): InputError naming both when ``options`` place another."""
+    wanted = options.optimizer if options.training else ""
+
+    def step(optimizer: str) -> str:
+        return (
+            f"the {optimizer} training step (--training --optimizer {optimizer})"
+            if optimizer
+            else "the forward pass"
+        )
+
+    if profiled != wanted:
+        raise InputError(
+            f"the profile is of {step(profiled)}, this places {step(wanted)}: profile that step",
+            path=options.profile,
+        )
 
 
 @cyclic_gc_paused()

@@ -1,8 +1,9 @@
 """``baechi profile``: cost every op of a model and build its ``baechi.profile/v1`` message.
 
 Analytic costs first (a workload JSON's given costs instead); with
-``measure``, the GraphDef runs in TensorFlow (:mod:`baechi_cli.costs.measured`)
-and measured costs replace analytic ones for every op that ran. Like the
+``measure``, the GraphDef runs in TensorFlow (:mod:`baechi_cli.costs.measured`), a ``.pt2``
+in torch (:mod:`baechi_cli.costs.measured_torch`; with ``training``, its traced training
+step), and measured costs replace analytic ones for every op that ran. Like the
 placement pipeline it never prints: ``progress(stage)`` is called as each
 stage starts.
 """
@@ -22,7 +23,7 @@ from baechi_cli.core.errors import InputError
 from baechi_cli.core.graph import OpGraph
 from baechi_cli.evaluator.evaluate import evaluate
 from baechi_cli.evaluator.placement import Placement
-from baechi_cli.io.formats import FORMATS, check_writable, load_model, op_set_of, sha256_of
+from baechi_cli.io.formats import FORMATS, check_writable, format_of, load_model, op_set_of, sha256_of
 from baechi_cli.passes.manager import constraint_passes
 
 PROFILE_STAGES = ("load", "profile", "measure", "simulate", "write")
@@ -57,6 +58,8 @@ def profile_model(
     batch_size: int | None = None,
     dims: dict[str, int] | None = None,
     measure: bool = False,
+    training: str | None = None,
+    threads: int | None = None,
     warmup: int = 2,
     steps: int = 10,
     init_op: str | None = None,
@@ -68,9 +71,12 @@ def profile_model(
 
     Analytic costs first (a workload JSON's given costs instead); with
     ``measure``, the GraphDef runs in TensorFlow (see
-    :mod:`baechi_cli.costs.measured`) and measured costs replace analytic
-    ones for every op that ran. The totals' peak activation memory and step
-    time come from simulating all ops on one device of unbounded memory.
+    :mod:`baechi_cli.costs.measured`), a ``.pt2`` in torch on ``threads`` CPU
+    threads (:mod:`baechi_cli.costs.measured_torch`), and measured costs
+    replace analytic ones for every op that ran. ``training`` (an optimizer)
+    profiles a ``.pt2``'s traced training step, the graph ``baechi place
+    --training`` places. The totals' peak activation memory and step time come
+    from simulating all ops on one device of unbounded memory.
     """
     from baechi_cli.costs.analytic import estimate_costs
     from baechi_cli.costs.profile import (
@@ -89,10 +95,19 @@ def profile_model(
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     step("load")
-    graph, fmt, notes = load_model(path, batch_size, dims)
+    if not os.path.exists(path):
+        raise InputError("no such file", path=path)
+    fmt = format_of(path).name
+    if training is not None and not FORMATS[fmt].traces_training:
+        raise InputError(f"--training profiles a .pt2's traced training step; this input is {fmt}", path=path)
+    if measure and not (FORMATS[fmt].runs_in_tensorflow or FORMATS[fmt].traces_training):
+        raise InputError(
+            f"--measure runs TensorFlow GraphDefs and PyTorch programs (.pt2); this input is {fmt}", path=path
+        )
+    if threads is not None and not FORMATS[fmt].traces_training:
+        raise InputError("--threads sets torch's threads for a .pt2; TensorFlow picks its own", path=path)
+    graph, fmt, notes = load_model(path, batch_size, dims, training=training)
     graph = with_views(graph, fmt)
-    if measure and not FORMATS[fmt].runs_in_tensorflow:
-        raise InputError(f"--measure runs TensorFlow GraphDefs; this input is {fmt}", path=path)
     sha256 = sha256_of(path)
     timings["load"] = time.perf_counter() - t_start
 
@@ -111,7 +126,26 @@ def profile_model(
     timings["profile"] = time.perf_counter() - t0
 
     run = None
-    if measure:
+    if measure and FORMATS[fmt].traces_training:
+        from baechi_cli.costs.measured_torch import measure_program
+        from baechi_cli.io.pt2 import load_program
+
+        step("measure")
+        t0 = time.perf_counter()
+        try:
+            run = measure_program(
+                load_program(path),
+                training=training,
+                batch_size=batch_size,
+                dims=dims,
+                threads=threads,
+                warmup=warmup,
+                steps=steps,
+                progress=measure_progress,
+            )
+        except InputError as err:
+            raise err.with_path(path) from None
+    elif measure:
         from baechi_cli.costs.measured import measure_graphdef
 
         step("measure")
@@ -124,6 +158,7 @@ def profile_model(
             steps=steps,
             progress=measure_progress,
         )
+    if run is not None:
         graph, source_of, device_of = merge_measurements(graph, run)
         device = run.device
         timings["measure"] = time.perf_counter() - t0
@@ -144,7 +179,7 @@ def profile_model(
         flops=flops,
         device=device,
         device_of=device_of,
-        model={"path": path, "sha256": sha256, "format": fmt, "batch_size": batch_size},
+        model={"path": path, "sha256": sha256, "format": fmt, "batch_size": batch_size, "training": training},
         single=single,
         run=run,
         generator=f"baechi {__version__}",

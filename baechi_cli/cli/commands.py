@@ -661,7 +661,28 @@ def _verify_torch(report_path: str, spec: str, steps: int, as_json: str | None) 
 @click.option("--batch-size", type=click.IntRange(min=1), help="Value for unknown (batch) dimensions.")
 @_DIM_OPTION
 @click.option(
-    "--measure", is_flag=True, help="Run MODEL in TensorFlow and measure every op (needs the tf extra)."
+    "--measure",
+    is_flag=True,
+    help="Run MODEL and measure every op: a GraphDef in TensorFlow (the tf extra), a .pt2 in torch "
+    "on this CPU (the torch extra).",
+)
+@click.option(
+    "--training",
+    is_flag=True,
+    help="A .pt2: profile its training step as `baechi place --training` places it (traced by autograd).",
+)
+@click.option(
+    "--optimizer",
+    type=click.Choice(["sgd", "momentum", "adam"]),
+    default="sgd",
+    show_default=True,
+    help="With --training: the optimizer whose update the step runs.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="With --measure on a .pt2: torch's CPU threads (a pipeline rank on one thread: 1; default: torch's).",
 )
 @click.option(
     "--warmup",
@@ -723,6 +744,9 @@ def profile(
     batch_size: int | None,
     dims: dict[str, int] | None,
     measure: bool,
+    training: bool,
+    optimizer: str,
+    threads: int | None,
     warmup: int,
     steps: int,
     init_op: str | None,
@@ -742,7 +766,9 @@ def profile(
     \b
     Analytic by default: FLOPs and bytes per op from the graph's shapes, timed
     on the first device of --devices. --measure runs the graph in TensorFlow
-    and keeps each op's median time, output and temporary bytes. Prints the
+    and keeps each op's median time, output and temporary bytes; a .pt2 runs
+    in torch op for op (its training step with --training) and keeps each
+    op's median time. Prints the
     totals (compute, FLOPs, persistent and peak activation memory of a
     one-device run), the top ops by time, a breakdown by op type and the
     analytic rules' coverage.
@@ -752,6 +778,7 @@ def profile(
       baechi profile testdata/cnn.pb
       baechi profile testdata/cnn.pb --measure -o costs.json
       baechi place testdata/cnn.pb -d 4x8GB --profile costs.json
+      baechi profile model.pt2 --training --measure --threads 1 -o step.json
       baechi profile --comm -d 4x8GB -o devices.yaml
     """
     try:
@@ -767,6 +794,8 @@ def profile(
             raise click.UsageError("missing MODEL (or --comm to calibrate communication)")
         if init_op is not None and not measure:
             raise click.UsageError("--init-op needs --measure")
+        if threads is not None and not measure:
+            raise click.UsageError("--threads needs --measure")
         if between is not None:
             raise click.UsageError("--between needs --comm")
         from baechi_cli.app.profile import PROFILE_STAGES, profile_model
@@ -781,6 +810,8 @@ def profile(
                 batch_size=batch_size,
                 dims=dims,
                 measure=measure,
+                training=optimizer if training else None,
+                threads=threads,
                 warmup=warmup,
                 steps=steps,
                 init_op=init_op,

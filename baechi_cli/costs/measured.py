@@ -137,7 +137,7 @@ class MeasuredRun:
     """The device measured on, for humans: ``/device:CPU:0 (<CPU model>, 2 CPUs;
     TensorFlow 2.21.0, oneDNN off)`` or ``/device:GPU:0 (<GPU name>; TensorFlow 2.21.0)``."""
     tensorflow: str
-    """TensorFlow's version."""
+    """TensorFlow's version ("" for a PyTorch program, measured in torch)."""
     warmup: int
     steps: int
     batch_size: int | None
@@ -162,6 +162,10 @@ class MeasuredRun:
     """Median wall time of one measured ``Session.run`` (tracing included)."""
     sidecar: str | None = None
     """The sidecar JSON used, if any."""
+    torch: str = ""
+    """torch's version, for a PyTorch program (:mod:`baechi_cli.costs.measured_torch`)."""
+    threads: int = 0
+    """The CPU threads torch ran with (0: TensorFlow's own choice)."""
 
 
 def measure_graphdef(
@@ -534,12 +538,13 @@ def _describe_device(tf: Any, onednn: bool) -> str:
         name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
         return f"/device:GPU:0 ({name}; TensorFlow {version})"
     return (
-        f"/device:CPU:0 ({_cpu_model()}, {os.cpu_count()} CPUs; "
+        f"/device:CPU:0 ({cpu_model()}, {os.cpu_count()} CPUs; "
         f"TensorFlow {version}, oneDNN {'on' if onednn else 'off'})"
     )
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``; else :mod:`platform`'s word for it)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:

@@ -244,6 +244,8 @@ def build_profile(
                 fetches=run.fetches,
                 not_run=not_run[:NOT_RUN_LISTED],
                 not_run_count=len(not_run),
+                torch=run.torch,
+                threads=run.threads,
             )
         )
     return p

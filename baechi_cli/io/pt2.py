@@ -183,6 +183,38 @@ def read_program(
     return Pt2Read(joint.graph, [*reader.notes, note])
 
 
+def load_program(path: str) -> Mapping[str, Any]:
+    """The program JSON of the ``torch.export`` archive at ``path`` (read as :func:`read_pt2_with_notes`
+    reads it: no pickle is loaded); InputError naming the file when it is not one."""
+    try:
+        return _load_program(path)
+    except InputError as err:
+        raise err.with_path(path) from None
+
+
+def step_program(
+    program: Mapping[str, Any],
+    *,
+    batch_size: int | None = None,
+    dims: Mapping[str, int] | None = None,
+    training: str | None = None,
+) -> tuple[Mapping[str, Any], dict[str, str], dict[str, tuple[int, ...]]]:
+    """What runs of ``program``: its graph (with ``training``, an optimizer's name, the training
+    step :func:`read_program` reads, from the same cache), each graph input's kind (parameter,
+    buffer, user_input, ...) and its shape, symbols bound as :func:`read_program` binds them. The
+    graph's node names are the names :func:`read_program` gives their ops. Tracing a training step
+    needs torch."""
+    reader = _Reader(program, batch_size, dict(dims or {}))
+    sizes = reader.placeholder_sizes()
+    if training is not None:
+        from baechi_cli.io.pt2_cache import cached_joint
+        from baechi_cli.io.pt2_joint import joint_program
+
+        reader = _Reader(cached_joint(program, sizes, training, joint_program), None, {})
+        sizes = reader.placeholder_sizes()
+    return reader.graph, reader._inputs(), sizes
+
+
 def _load_program(path: str) -> Mapping[str, Any]:
     try:
         with zipfile.ZipFile(path) as archive:

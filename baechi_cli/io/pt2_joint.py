@@ -194,7 +194,9 @@ class _Trace:
         env = dict(zip(placeholders, flat[: len(placeholders)], strict=True))
         state = dict(zip((s for s, _ in self.state_names), flat[len(placeholders) :], strict=True))
         self.marks["start"] = count()
-        outputs = _run(torch, self.graph, env, lambda node: self.sources.append((count(), node)), self.device)
+        outputs = interpret(
+            torch, self.graph, env, lambda node: self.sources.append((count(), node)), self.device
+        )
         self.marks["forward"] = count()
         loss = _loss(torch, outputs)
         if self.node_name is not None:  # unrecorded: unpacking a saved output dispatches a detach
@@ -564,7 +566,7 @@ def _state_names(params: Sequence[str], optimizer: str) -> list[tuple[str, str]]
 
 
 def _empty(torch: Any, shape: Sequence[int], code: int, grad: bool, device: str) -> Any:
-    dtype = _torch_dtype(torch, code)
+    dtype = torch_dtype(torch, code)
     return torch.empty(
         tuple(shape), dtype=dtype, device=device, requires_grad=grad and dtype.is_floating_point
     )
@@ -573,7 +575,8 @@ def _empty(torch: Any, shape: Sequence[int], code: int, grad: bool, device: str)
 _DTYPE_NAMES = {code: name for name, code in _SCALAR_TYPES.items()}
 
 
-def _torch_dtype(torch: Any, code: int) -> Any:
+def torch_dtype(torch: Any, code: int) -> Any:
+    """The torch dtype of an export schema ScalarType code; InputError for one it has no name for."""
     name = _DTYPE_NAMES.get(code)
     if name is None:
         raise InputError(f"--training: dtype {code} cannot be traced")
@@ -595,9 +598,20 @@ def _resolve(torch: Any, target: str) -> Any:
         raise InputError(f"--training: torch has no operator {target} (a custom op not loaded?)") from None
 
 
-def _run(torch: Any, graph: Mapping[str, Any], env: dict[str, Any], ran: Any, device: Any) -> list[Any]:
-    """Interpret the program's nodes on ``env``; the user outputs. ``ran(node)`` is called after
-    each node runs; a node's device argument is ``device`` (the program was exported on CPU)."""
+def interpret(
+    torch: Any,
+    graph: Mapping[str, Any],
+    env: dict[str, Any],
+    ran: Callable[[Mapping[str, Any]], None] | None,
+    device: Any,
+    call: Callable[[Mapping[str, Any], Any, list[Any], dict[str, Any]], Any] | None = None,
+) -> list[Any]:
+    """Interpret a program graph's nodes on ``env`` (tensor name -> value, the inputs' bound
+    before); the user outputs. Each node's target is looked up among torch's registered
+    operators (nothing from the program runs) and called, or handed with its arguments to
+    ``call(node, op, args, kwargs)``, which returns what the op returns (a timer); ``ran(node)``
+    is called after each node runs; a node's device argument is ``device`` (the program was
+    exported on CPU). Needs torch. O(nodes)."""
     for node in graph["nodes"]:
         op = _resolve(torch, str(node["target"]))
         args, kwargs = [], {}
@@ -607,7 +621,7 @@ def _run(torch: Any, graph: Mapping[str, Any], env: dict[str, Any], ran: Any, de
                 kwargs[str(item["name"])] = value
             else:
                 args.append(value)
-        result = op(*args, **kwargs)
+        result = op(*args, **kwargs) if call is None else call(node, op, args, kwargs)
         if ran is not None:
             ran(node)
         outs = node.get("outputs") or []
@@ -665,7 +679,7 @@ def _argument(torch: Any, arg: Mapping[str, Any], env: Mapping[str, Any], device
     ):
         return value
     if kind == "as_scalar_type":
-        return _torch_dtype(torch, value)
+        return torch_dtype(torch, value)
     if kind == "as_memory_format":
         return {1: torch.contiguous_format, 2: torch.channels_last, 3: torch.channels_last_3d}.get(
             value, torch.preserve_format
@@ -866,6 +880,24 @@ def _inputs(node: Any, rename: Mapping[str, str]) -> list[dict[str, Any]]:
     return out
 
 
+def _encode_torch_value(value: Any) -> dict[str, Any] | None:
+    """A dtype, device, memory format or layout argument in the export schema's form (as
+    ``torch.export`` writes them, so that :func:`interpret` gives the operator the same value);
+    None for any other value."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return {"as_scalar_type": _SCALAR_TYPES[str(value).removeprefix("torch.")]}
+    if isinstance(value, torch.device):
+        return {"as_device": {"type": value.type, "index": value.index}}
+    if isinstance(value, torch.memory_format):
+        formats = {torch.contiguous_format: 1, torch.channels_last: 2, torch.channels_last_3d: 3}
+        return {"as_memory_format": formats.get(value, 4)}
+    if isinstance(value, torch.layout):
+        return {"as_layout": 7 if value == torch.strided else 0}
+    return None
+
+
 def _encode(value: Any, rename: Mapping[str, str], node_type: type) -> dict[str, Any]:
     if isinstance(value, node_type):
         return {"as_tensor": {"name": rename.get(value.name, value.name)}}
@@ -894,7 +926,7 @@ def _encode(value: Any, rename: Mapping[str, str], node_type: type) -> dict[str,
         return {"as_ints": list(value)}
     if isinstance(value, list | tuple) and all(isinstance(v, int | float) for v in value):
         return {"as_floats": [float(v) for v in value]}
-    return {"as_string": str(value)}
+    return _encode_torch_value(value) or {"as_string": str(value)}
 
 
 def _tensor_value(torch: Any, val: Any) -> dict[str, Any]:

@@ -31,20 +31,22 @@ class CostProfile(_message.Message):
     def __init__(self, schema: _Optional[str] = ..., source: _Optional[str] = ..., device: _Optional[str] = ..., model: _Optional[_Union[Model, _Mapping]] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[OpProfile, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[EdgeProfile, _Mapping]]] = ..., coverage: _Optional[_Iterable[_Union[RuleCoverage, _Mapping]]] = ..., measurement: _Optional[_Union[Measurement, _Mapping]] = ..., generator: _Optional[str] = ...) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("path", "sha256", "format", "ops", "edges", "batch_size")
+    __slots__ = ("path", "sha256", "format", "ops", "edges", "batch_size", "training")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     EDGES_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
     path: str
     sha256: str
     format: str
     ops: int
     edges: int
     batch_size: int
-    def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., format: _Optional[str] = ..., ops: _Optional[int] = ..., edges: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    training: str
+    def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., format: _Optional[str] = ..., ops: _Optional[int] = ..., edges: _Optional[int] = ..., batch_size: _Optional[int] = ..., training: _Optional[str] = ...) -> None: ...
 
 class Totals(_message.Message):
     __slots__ = ("compute_us", "flops", "persistent_bytes", "peak_activation_bytes", "temporary_bytes", "measured_ops", "analytic_ops", "single_device_step_us")
@@ -113,7 +115,7 @@ class RuleCoverage(_message.Message):
     def __init__(self, op_type: _Optional[str] = ..., rule: _Optional[str] = ..., ops: _Optional[int] = ...) -> None: ...
 
 class Measurement(_message.Message):
-    __slots__ = ("tensorflow", "warmup", "steps", "init_op", "fetches", "not_run", "not_run_count")
+    __slots__ = ("tensorflow", "warmup", "steps", "init_op", "fetches", "not_run", "not_run_count", "torch", "threads")
     TENSORFLOW_FIELD_NUMBER: _ClassVar[int]
     WARMUP_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +123,8 @@ class Measurement(_message.Message):
     FETCHES_FIELD_NUMBER: _ClassVar[int]
     NOT_RUN_FIELD_NUMBER: _ClassVar[int]
     NOT_RUN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TORCH_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
     tensorflow: str
     warmup: int
     steps: int
@@ -128,4 +132,6 @@ class Measurement(_message.Message):
     fetches: _containers.RepeatedScalarFieldContainer[str]
     not_run: _containers.RepeatedScalarFieldContainer[str]
     not_run_count: int
-    def __init__(self, tensorflow: _Optional[str] = ..., warmup: _Optional[int] = ..., steps: _Optional[int] = ..., init_op: _Optional[str] = ..., fetches: _Optional[_Iterable[str]] = ..., not_run: _Optional[_Iterable[str]] = ..., not_run_count: _Optional[int] = ...) -> None: ...
+    torch: str
+    threads: int
+    def __init__(self, tensorflow: _Optional[str] = ..., warmup: _Optional[int] = ..., steps: _Optional[int] = ..., init_op: _Optional[str] = ..., fetches: _Optional[_Iterable[str]] = ..., not_run: _Optional[_Iterable[str]] = ..., not_run_count: _Optional[int] = ..., torch: _Optional[str] = ..., threads: _Optional[int] = ...) -> None: ...

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from baechi_cli.cli.render.common import fmt_bytes, fmt_us, make_console, make_table
 
@@ -104,7 +104,7 @@ def render_profile(outcome: ProfileOutcome, top: int, output: str | None) -> Non
         m = p.measurement
         console.print(
             f"measured: {t.measured_ops} of {g.num_ops} ops ran ({m.warmup} warm-up + {m.steps} steps, "
-            f"TensorFlow {m.tensorflow}); {m.not_run_count} kept analytic costs"
+            f"{_framework(m)}); {m.not_run_count} kept analytic costs"
             + (f", e.g. {', '.join(m.not_run[:3])}" if m.not_run else "")
         )
     for note in outcome.notes:
@@ -153,3 +153,10 @@ def render_comm_fit(fit: CommFit, max_exp: int, text: str, output: str | None) -
         console.print(text, end="", markup=False, highlight=False)
     else:
         console.print(f"wrote {output}")
+
+
+def _framework(m: Any) -> str:
+    """What ran a measurement: ``torch 2.13.0+cpu, 1 thread`` or ``TensorFlow 2.21.0``."""
+    if m.torch:
+        return f"torch {m.torch}, {m.threads} thread{'s' if m.threads != 1 else ''}"
+    return f"TensorFlow {m.tensorflow}"
