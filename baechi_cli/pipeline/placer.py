@@ -7,7 +7,7 @@ exactly or with a stated bound), and returns the placement with the split in ``i
 * without ``options.microbatches`` the objective is theirs: the least max-load, i.e. the
   steady-state throughput of an endless stream of samples;
 * with ``microbatches = M`` the graph is one minibatch of M microbatches, each costing 1/M of its
-  compute and transfers, run by ``options.schedule`` (:mod:`baechi_cli.pipeline.schedules`, which
+  compute and transfers but a whole launch per op (:func:`_microbatched`), run by ``options.schedule`` (:mod:`baechi_cli.pipeline.schedules`, which
   flushes the pipeline every minibatch). The best split for every stage count from 1 to the
   devices is simulated, and the fastest whose stages fit their memory (persistent bytes plus the
   activations in flight) is kept: more stages spread the work but add bubbles
@@ -91,6 +91,8 @@ def _place_for_throughput(graph: OpGraph, devices: DeviceSpec, options: Pipeline
         split = solve(model, max_sets=options.max_sets, orders=[program] if program else (), cuts=cuts)
         info = _info(model, split, None, options)
     else:
+        one_device_us = sum(model.accel_us)  # the minibatch in one go, on one device
+        model = _microbatched(model, devices, options.microbatches)
         # --schedule left out: the registry's default ones, the simplest first (it wins ties).
         tried = schedules.compared_by_default() if options.schedule == "auto" else (options.schedule,)
         best = None
@@ -103,7 +105,7 @@ def _place_for_throughput(graph: OpGraph, devices: DeviceSpec, options: Pipeline
         if not from_workload:
             untied = load_model(graph, devices, cpus=options.cpus, replicate_tied=True)
             if untied.tied:
-                models.append(untied)
+                models.append(_microbatched(untied, devices, options.microbatches))
         solved: dict[tuple[int, int, float], Split | BaechiError] = {}  # interleaved's are zbv's
         for schedule in tried:
             found = _best_for_schedule(
@@ -122,6 +124,8 @@ def _place_for_throughput(graph: OpGraph, devices: DeviceSpec, options: Pipeline
             assert first_error is not None
             raise first_error
         split, info = best
+        minibatch = info["schedule"]["minibatch_us"]
+        info["schedule"]["speedup_vs_one_device"] = round(one_device_us / minibatch, 6) if minibatch > 0 else None
         if len(tried) > 1:  # what the default compared (None: no split fit under it)
             info["schedule"]["compared_minibatch_us"] = minibatch_us
     if cuts is not None:
@@ -133,6 +137,31 @@ def _place_for_throughput(graph: OpGraph, devices: DeviceSpec, options: Pipeline
     # Several stages per device: stage s runs on the device the schedule gives it.
     device_of_stage = stage_devices(info["schedule"]["name"], len(split.stage_device), devices_used)
     return Placement([device_of_stage[s] for s in _stage_of(split)], info={"pipeline": info})
+
+
+def _microbatched(model: LoadModel, devices: DeviceSpec, microbatches: int) -> LoadModel:
+    """``model`` with each op's time as ``microbatches`` (M) microbatches take it in all: its work
+    split M ways but its launch, the first ``launch_overhead`` µs of its time (the least of the
+    devices'), paid by each: ``us + (M - 1) * min(us, launch)``. The solver balances these loads
+    and the schedules divide them by M, so one microbatch of an op costs ``launch + work / M``; an
+    op of less than a launch (a view) costs the same at any batch. O(ops).
+
+    >>> from baechi_cli.core.devices import parse_devices
+    >>> m = _microbatched(LoadModel.chain([2.0, 105.0], send_us=[0, 0], accelerators=1), parse_devices("1x1GB"), 4)
+    >>> m.accel_us  # a 2 µs op: 2 per microbatch; 5 µs launch + 100 µs work: 5 + 25 per microbatch
+    [8.0, 120.0]
+    """
+    launch = min(d.launch_overhead_us for d in devices.devices)
+    if microbatches <= 1 or launch <= 0:
+        return model
+    extra = microbatches - 1
+    return LoadModel(
+        **{
+            **model.__dict__,
+            "accel_us": [us + extra * min(us, launch) for us in model.accel_us],
+            "cpu_us": [us + extra * min(us, launch) for us in model.cpu_us],
+        }
+    )
 
 
 def _place_for_latency(graph: OpGraph, devices: DeviceSpec, options: PipelineOptions) -> Placement:
