@@ -125,7 +125,9 @@ def _place_for_throughput(graph: OpGraph, devices: DeviceSpec, options: Pipeline
             raise first_error
         split, info = best
         minibatch = info["schedule"]["minibatch_us"]
-        info["schedule"]["speedup_vs_one_device"] = round(one_device_us / minibatch, 6) if minibatch > 0 else None
+        info["schedule"]["speedup_vs_one_device"] = (
+            round(one_device_us / minibatch, 6) if minibatch > 0 else None
+        )
         if len(tried) > 1:  # what the default compared (None: no split fit under it)
             info["schedule"]["compared_minibatch_us"] = minibatch_us
     if cuts is not None:
