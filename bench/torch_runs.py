@@ -20,6 +20,7 @@ measured peak against the predicted one and the slowest stage's compute over the
 and predicted. Nothing here is timed against a target.
 
     python bench/torch_runs.py [--models a,b] [--plans 1f1b,zbv] [--out bench/torch_runs.md]
+    python bench/torch_runs.py --measure   # plans on measured costs: bench/torch_runs_measured.md
 """
 
 from __future__ import annotations
@@ -316,6 +317,16 @@ def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
         f"Devices: this machine's CPU on one thread, calibrated: `{json.dumps(results.get('device'))}`.",
         "",
     ]
+    if results.get("costs") == "measured":
+        lines += [
+            "Costs: measured. Each model's training step was run op for op in torch on one thread "
+            "(`baechi profile MODEL.pt2 --training --measure --threads 1`) and every plan was made "
+            "on those times (`--profile`); the spec above gives the devices' memory, launch overhead "
+            "and interconnect.",
+            "",
+        ]
+    else:
+        lines += ["Costs: analytic, from the calibrated spec above. `--measure` plans on measured ones.", ""]
     header = "| model | family | params | " + " | ".join(f"{s} ({c} dev)" for s, c in plans) + " |"
     lines += [header, "|" + "---|" * (3 + len(plans))]
     for name, entry in results["models"].items():
@@ -326,8 +337,8 @@ def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
         lines.append(f"| {name} | {entry['family']} | {entry['params']:,} | " + " | ".join(cells) + " |")
     lines += ["", "## Memory and balance (the default plan)", ""]
     lines += [
-        "| model | stages | threaded | tied | peak measured / predicted, per rank | slowest / mean stage, measured | predicted |",
-        "|---|---|---|---|---|---|---|",
+        "| model | stages | threaded | tied | peak measured / predicted, per rank | slowest / mean stage, measured | predicted | stage compute per microbatch, measured / predicted |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in results["models"].items():
         row = entry.get("plans", {}).get("auto")
@@ -339,9 +350,14 @@ def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
             if r.get("peak_bytes") and r.get("predicted_peak_bytes")
         )
         imb = row["compute_imbalance"]
+        per_stage = ", ".join(
+            f"{s['compute_us'] / s['predicted_compute_us']:.2f}"
+            for s in row.get("per_stage") or []
+            if s.get("compute_us") and s.get("predicted_compute_us")
+        )
         lines.append(
             f"| {name} | {row['stages']} ({row['schedule']}) | {row['threaded']} | {len(row['tied'])} | {peaks} | "
-            f"{imb['measured']} | {imb['predicted']} |"
+            f"{imb['measured']} | {imb['predicted']} | {per_stage or '-'} |"
         )
     failures = [
         f"- {name} {s}: {row.get('error')}"
@@ -358,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated names (default: all)")
     parser.add_argument("--plans", help="comma-separated schedules of " + ",".join(s for s, _ in PLANS))
-    parser.add_argument("--out", default=os.path.join(HERE, "torch_runs.md"))
+    parser.add_argument(
+        "--out", help="the table (default bench/torch_runs.md; with --measure bench/torch_runs_measured.md)"
+    )
     parser.add_argument(
         "--devices",
         help="instead of calibrating: a one-thread CPU spec (`baechi devices calibrate --torch cpu "
@@ -372,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         "instead of the calibrated spec's analytic ones",
     )
     args = parser.parse_args(argv)
+    args.out = args.out or os.path.join(HERE, "torch_runs_measured.md" if args.measure else "torch_runs.md")
     try:
         import torch
     except ImportError:
