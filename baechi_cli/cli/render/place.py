@@ -37,10 +37,12 @@ def header(console: Console, prepared: Prepared) -> None:
         console.print(f"costs: {costs.path}, {article} {costs.source} profile for {costs.device}")
     t = prepared.training
     if t is not None:
+        # A traced step's ops are all in the model read; a synthesized one's are added to them.
+        forward = prepared.model_ops - (t.loss_ops + t.backward_ops + t.update_ops if t.traced else 0)
         console.print(
-            f"training: {prepared.model_ops} forward ops + {t.loss_ops} loss + {t.backward_ops} backward + "
+            f"training: {forward} forward ops + {t.loss_ops} loss + {t.backward_ops} backward + "
             f"{t.update_ops} {t.optimizer} updates ({fmt_bytes(t.optimizer_state_bytes)} optimizer state) "
-            "synthesized"
+            + ("traced by autograd" if t.traced else "synthesized")
         )
     pg = prepared.placement_graph
     ran = [
