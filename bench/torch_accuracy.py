@@ -19,7 +19,10 @@ the measured one (target: within 25%), each rank's peak against the predicted on
 slowest stage over the mean, measured against predicted (20%). Run it on an idle machine: it
 refuses a noisy calibration.
 
-    python bench/torch_accuracy.py [--models a,b] [--out bench/torch_accuracy.md] [--allow-noisy]
+    python bench/torch_accuracy.py [--models a,b] [--out bench/torch_accuracy.md] [--allow-noisy] [--measure]
+
+``--measure`` plans on each model's training step measured op for op on one thread (``baechi profile
+MODEL.pt2 --training --measure --threads 1``) and writes ``torch_accuracy_measured.md``.
 """
 
 from __future__ import annotations
@@ -158,7 +161,7 @@ def medium_model(name: str) -> tuple[Any, tuple[Any, ...]]:
     )
 
 
-def run(name: str, devices: str, folder: str) -> dict[str, Any]:
+def run(name: str, devices: str, folder: str, measure: bool = False) -> dict[str, Any]:
     import torch
 
     from baechi_cli.app.place import place_model
@@ -170,7 +173,15 @@ def run(name: str, devices: str, folder: str) -> dict[str, Any]:
     model, inputs = medium_model(name)
     pt2 = os.path.join(folder, f"{name}.pt2")
     torch.export.save(torch.export.export(model, inputs), pt2)
-    options = PlaceOptions(training=True, objective="throughput", microbatches=4, schedule="1f1b")
+    profile = None
+    if measure:  # the step timed op for op on one thread, as a rank runs it
+        from baechi_cli.app.profile import profile_model
+
+        profile = os.path.join(folder, f"{name}.profile.json")
+        profile_model(pt2, parse_devices(devices), training="sgd", measure=True, threads=1, output=profile)
+    options = PlaceOptions(
+        training=True, objective="throughput", microbatches=4, schedule="1f1b", profile=profile
+    )
     report = build_report(place_model(pt2, parse_devices(devices), options), options)
     schedule = report["pipeline"]["schedule"]
     result = verify_torch(model, inputs, report, steps=STEPS, threads=1)
@@ -205,7 +216,12 @@ def render(results: dict[str, Any]) -> str:
         "",
         "Made by `python bench/torch_accuracy.py` (docstring: the method). The harness's models at",
         f"medium sizes (`MEDIUM`), 1F1B, 4 microbatches, batch 8, {STEPS} steps; gloo between the ranks",
-        f"measured at {link['latency_us']} µs + {link['bandwidth_GBps']} GB/s.",
+        f"measured at {link['latency_us']} µs + {link['bandwidth_GBps']} GB/s. Costs: "
+        + (
+            "measured (`baechi profile MODEL.pt2 --training --measure --threads 1`), the plans made on them."
+            if results.get("costs") == "measured"
+            else "analytic, from the calibrated one-thread spec."
+        ),
         f"Machine: {os.cpu_count()} cores, load {results['load']:.2f} at the start, "
         f"{results.get('load_end', 0):.2f} at the end.",
         *(
@@ -250,25 +266,37 @@ def render(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--out", default=os.path.join(HERE, "torch_accuracy.md"))
+    parser.add_argument(
+        "--out", help="default bench/torch_accuracy.md; with --measure torch_accuracy_measured.md"
+    )
+    parser.add_argument(
+        "--measure", action="store_true", help="plan on each model's measured step (baechi profile --measure)"
+    )
     parser.add_argument(
         "--allow-noisy",
         action="store_true",
         help="keep a calibration that measured noise (the table says so)",
     )
     args = parser.parse_args(argv)
+    args.out = args.out or os.path.join(
+        HERE, "torch_accuracy_measured.md" if args.measure else "torch_accuracy.md"
+    )
     try:
         import torch  # noqa: F401
     except ImportError:
         print("torch_accuracy: needs torch; skipped", file=sys.stderr)
         return 0
-    results: dict[str, Any] = {"load": os.getloadavg()[0], "models": {}}
+    results: dict[str, Any] = {
+        "load": os.getloadavg()[0],
+        "costs": "measured" if args.measure else "analytic",
+        "models": {},
+    }
     with tempfile.TemporaryDirectory(prefix="baechi-timing-") as folder:
         devices, results["interconnect"] = spec(folder, args.allow_noisy)
         for name in args.models.split(","):
             print(f"[torch_accuracy] {name}", file=sys.stderr, flush=True)
             try:
-                results["models"][name] = run(name, devices, folder)
+                results["models"][name] = run(name, devices, folder, args.measure)
             except Exception as err:  # noqa: BLE001 - a row, not a lost table
                 results["models"][name] = {"error": str(err).splitlines()[0]}
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:

@@ -6,6 +6,7 @@ Real programs saved by ``torch.export``; the step that runs is checked against e
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -149,6 +150,10 @@ def test_a_measured_training_profile_is_placed_and_another_step_is_refused(tmp_p
         report,
     )
     assert r.exit_code == 0, r.output
+    counts = re.search(r"training: (\d+) forward ops \+ (\d+) loss \+ (\d+) backward \+ (\d+) adam updates", r.output)
+    total = re.search(r": (\d+) ops, \d+ edges", r.output)
+    assert counts and total and "traced by autograd" in r.output, r.output
+    assert sum(int(c) for c in counts.groups()) == int(total.group(1))  # the step's ops, each counted once
     placed = json.loads(open(report).read())
     assert placed["costs"]["source"] == "mixed" and placed["costs"]["same_model_sha256"] is True
 
