@@ -867,6 +867,30 @@ def predict_source(
         )
     first = record["predicted"][OPTIMIZERS[0]]
     record["unknown_sizes"] = first.get("unknown_sizes")
+    if path.endswith(".pt2"):
+        record["on_measured_costs"] = {}
+        for optimizer in OPTIMIZERS:
+            log(f"{name} {optimizer}: measuring {record['path']}'s step op for op")
+            record["on_measured_costs"][optimizer] = on_measured_costs(path, devices, optimizer)
+
+
+def on_measured_costs(path: str, devices: DeviceSpec, optimizer: str) -> dict[str, Any]:
+    """``baechi profile PATH --training --optimizer O --measure``: the one-device step simulated on
+    the training step's ops timed in torch (this process's threads, as the eager step's), or
+    ``error``."""
+    from baechi_cli.app.profile import profile_model
+
+    t0 = time.perf_counter()
+    try:
+        outcome = profile_model(path, devices, training=optimizer, measure=True)
+    except BaechiError as err:
+        return {"error": fw.problem_line(err)}
+    totals = outcome.profile.totals
+    return {
+        "step_s": totals.single_device_step_us / 1e6,
+        "measured_ops": totals.measured_ops,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 # ---------------------------------------------------------------- one model
@@ -1379,6 +1403,48 @@ def agreement_lines(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def measured_costs_lines(results: dict[str, Any]) -> list[str]:
+    """The one-device step on the ``.pt2``'s measured op times (``baechi profile --measure``)
+    beside the analytic one, both over PyTorch's measured step."""
+    rows, hits = [], {"analytic": 0, "measured": 0}
+    for name, entry in results["models"].items():
+        record = entry["sources"].get("pt2", {})
+        for o in OPTIMIZERS:
+            on = (record.get("on_measured_costs") or {}).get(o)
+            analytic = (record.get("predicted") or {}).get(o)
+            step = entry.get("measured", {}).get(o, {}).get("step_s")
+            if not on or "error" in on or not analytic or "error" in analytic or not step:
+                continue
+            a, m = analytic["step_s"] / step, on["step_s"] / step
+            hits["analytic"] += abs(a - 1) <= TIME_TOLERANCE
+            hits["measured"] += abs(m - 1) <= TIME_TOLERANCE
+            rows.append([name, o, fw.fmt_s(step), f"{a:.2f}", f"{m:.2f}", f"{on['seconds']:.1f} s"])
+    if not rows:
+        return []
+    return [
+        "## torch.export on measured op times",
+        "",
+        "The one-device training step simulated on the `.pt2`'s step as `baechi profile MODEL.pt2 --training "
+        "--measure` times it (every op run in torch, op for op, on this machine's CPU, as many threads as the "
+        f"eager step), over PyTorch's measured step: within ±{TIME_TOLERANCE:.0%} on {hits['measured']} of "
+        f"{len(rows)} rows (the analytic prediction: {hits['analytic']} of {len(rows)}). What is left out: the "
+        "autograd engine's and the optimizer's Python between ops, and the forward's recording of the autograd "
+        "graph (the ops run without it).",
+        "",
+        *table(
+            [
+                "model",
+                "optimizer",
+                "measured step",
+                "analytic / measured",
+                "on measured op times / measured",
+                "profile took",
+            ],
+            rows,
+        ),
+    ]
+
+
 def render(results: dict[str, Any]) -> str:
     lines = [
         TITLE,
@@ -1409,6 +1475,8 @@ def render(results: dict[str, Any]) -> str:
         *targets_table(results),
         "",
         *agreement_lines(results),
+        "",
+        *measured_costs_lines(results),
     ]
     for key, title in source_titles(results):
         lines += [
