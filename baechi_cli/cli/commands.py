@@ -65,6 +65,8 @@ def main() -> None:
 
 
 ALGOS = ("auto", *placers.names())
+# --optimizer of place, compare and profile: the update a training step runs.
+OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
 def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int] | None:
@@ -172,7 +174,7 @@ def _common_options(fn: Callable) -> Callable:
         ),
         click.option(
             "--optimizer",
-            type=click.Choice(["sgd", "momentum", "adam"]),
+            type=click.Choice(OPTIMIZERS),
             default="sgd",
             show_default=True,
             help="With --training: the optimizer whose update ops and state are added.",
@@ -673,7 +675,7 @@ def _verify_torch(report_path: str, spec: str, steps: int, as_json: str | None) 
 )
 @click.option(
     "--optimizer",
-    type=click.Choice(["sgd", "momentum", "adam"]),
+    type=click.Choice(OPTIMIZERS),
     default="sgd",
     show_default=True,
     help="With --training: the optimizer whose update the step runs.",

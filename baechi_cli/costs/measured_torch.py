@@ -37,6 +37,7 @@ from typing import Any
 
 from baechi_cli.core.errors import InputError, MissingDependencyError, one_line
 from baechi_cli.costs.measured import MeasuredRun, OpMeasurement, cpu_model
+from baechi_cli.io.pt2 import tensor_names
 
 INSTALL_HINT = "pip install 'baechi[torch]'"
 #: Seeds the synthetic inputs.
@@ -160,15 +161,15 @@ def _inputs(
 
 def _last_use(graph: Mapping[str, Any]) -> dict[int, list[str]]:
     """Node index -> the tensors (not graph inputs) no later node reads: freed once it has run."""
-    inputs = {t["as_tensor"]["name"] for t in graph.get("inputs") or [] if "as_tensor" in t}
+    inputs = {n for t in graph.get("inputs") or [] for n in tensor_names(t)}
     last: dict[str, int] = {}
     for index, node in enumerate(graph["nodes"]):
         for name in _made(node):
             last[name] = index
         for item in node.get("inputs") or []:
-            for name in _read(item.get("arg") or {}):
+            for name in tensor_names(item.get("arg") or {}):
                 last[name] = index
-    kept = inputs | {n for out in graph.get("outputs") or [] for n in _read(out)}
+    kept = inputs | {n for out in graph.get("outputs") or [] for n in tensor_names(out)}
     out: dict[int, list[str]] = {}
     for name, index in last.items():
         if name not in kept:
@@ -177,22 +178,7 @@ def _last_use(graph: Mapping[str, Any]) -> dict[int, list[str]]:
 
 
 def _made(node: Mapping[str, Any]) -> list[str]:
-    return [n for out in node.get("outputs") or [] for n in _read(out)]
-
-
-def _read(arg: Mapping[str, Any]) -> list[str]:
-    """The tensor names an argument or output of the export schema refers to."""
-    out: list[str] = []
-    for kind, value in arg.items():
-        if kind == "as_tensor":
-            out.append(str(value["name"]))
-        elif kind == "as_tensors":
-            out.extend(str(t["name"]) for t in value)
-        elif kind == "as_optional_tensor" and isinstance(value, dict) and "as_tensor" in value:
-            out.append(str(value["as_tensor"]["name"]))
-        elif kind == "as_optional_tensors":
-            out.extend(str(t["as_tensor"]["name"]) for t in value if isinstance(t, dict) and "as_tensor" in t)
-    return out
+    return [n for out in node.get("outputs") or [] for n in tensor_names(out)]
 
 
 def _step(

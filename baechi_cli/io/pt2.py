@@ -292,7 +292,7 @@ class _Reader:
             if kind == "user_input":
                 builder.hold(*producer[name])
         for out in self.graph.get("outputs") or []:
-            for name in _tensor_names(out):
+            for name in tensor_names(out):
                 if name in producer:
                     builder.hold(*producer[name])
         _link_phases(builder, self.phases, consumers)
@@ -309,11 +309,11 @@ class _Reader:
                 raise InputError("a malformed input spec in the program's signature")
             ((kind, body),) = spec.items()
             arg = body.get("arg") or {}
-            names = _tensor_names(arg) if "name" not in arg else [arg["name"]]
+            names = tensor_names(arg) if "name" not in arg else [arg["name"]]
             for name in names:
                 kinds[name] = kind
         for arg in self.graph.get("inputs") or []:
-            for name in _tensor_names(arg):
+            for name in tensor_names(arg):
                 kinds.setdefault(name, "user_input")
         return kinds
 
@@ -339,7 +339,7 @@ class _Reader:
     ) -> None:
         name = str(node.get("name", ""))
         target = str(node.get("target", ""))
-        outputs = [n for out in node.get("outputs") or [] for n in _tensor_names(out, keep_none=True)]
+        outputs = [n for out in node.get("outputs") or [] for n in tensor_names(out, keep_none=True)]
         if not any(outputs):
             return  # symbolic-size arithmetic (sym_size, ...): nothing to place
         tensors = [self._tensor(o, name) if o else None for o in outputs]
@@ -351,7 +351,7 @@ class _Reader:
         args: dict[str, Any] = {}
         for position, item in enumerate(node.get("inputs") or []):
             arg_name, arg = str(item.get("name", position)), item.get("arg") or {}
-            names = _tensor_names(arg)
+            names = tensor_names(arg)
             if not names:
                 args[arg_name] = _plain(arg)
                 continue
@@ -623,7 +623,7 @@ def _field(mapping: Mapping[str, Any], key: str, kind: type) -> Any:
     return value
 
 
-def _tensor_names(arg: Any, keep_none: bool = False) -> list[str]:
+def tensor_names(arg: Any, keep_none: bool = False) -> list[str]:
     """The tensor names an argument or output refers to ('' for an absent output with ``keep_none``)."""
     if not isinstance(arg, dict):
         return []
