@@ -150,7 +150,9 @@ def test_a_measured_training_profile_is_placed_and_another_step_is_refused(tmp_p
         report,
     )
     assert r.exit_code == 0, r.output
-    counts = re.search(r"training: (\d+) forward ops \+ (\d+) loss \+ (\d+) backward \+ (\d+) adam updates", r.output)
+    counts = re.search(
+        r"training: (\d+) forward ops \+ (\d+) loss \+ (\d+) backward \+ (\d+) adam updates", r.output
+    )
     total = re.search(r": (\d+) ops, \d+ edges", r.output)
     assert counts and total and "traced by autograd" in r.output, r.output
     assert sum(int(c) for c in counts.groups()) == int(total.group(1))  # the step's ops, each counted once

@@ -451,6 +451,28 @@ def test_verify_torch_runs_a_makespan_plan_op_for_op(decoder_pt2):
     assert doc["schedule"] == "makespan" and doc["gradients_match"] and doc["ranks"] > 1
 
 
+def test_a_makespan_plan_keeps_each_nodes_backward_where_autograd_runs_it(decoder_pt2):
+    """Even with forward-only placement off, every traced op of a program node (its forward ops,
+    their backward and update ops) is planned on the node's device: autograd runs a node's backward
+    where its forward ran, so a plan that moved it would predict a step that does not run."""
+    placed = _place(decoder_pt2, "makespan_free", 4, flags=["--algo", "etf", "--no-forward-only"])
+    assert placed["graph_split"] == [] and len(set(placed["graph_devices"].values())) > 1
+    # the plan placed the traced step's backward and update ops too, not the forward alone
+    assert len(placed["placement"]) > 2 * len(placed["graph_devices"])
+
+
+def test_verify_torch_refuses_a_plan_that_splits_a_node_from_its_backward(decoder_pt2):
+    """A report whose plan put some node's backward ops elsewhere (``graph_split``) ran, but not as
+    placed: verify says which nodes and fails, gradients equal or not."""
+    report = _place(decoder_pt2, "makespan", 4, flags=["--algo", "etf"])
+    node = sorted(report["graph_devices"])[0]
+    report["graph_split"] = [node]
+    (decoder_pt2 / "makespan_split.json").write_text(json.dumps(report))
+    code, doc = _verify(decoder_pt2, "makespan_split")
+    assert code != 0 and doc["ran"] and doc["gradients_match"]
+    assert doc["as_placed"] is False and doc["split_nodes"] == [node] and not doc["ok"]
+
+
 def test_a_makespan_plan_that_splits_writes_through_views_across_devices_trains(decoder_pt2):
     """BEiT's relative position index, its nodes dealt to two devices in turn: the writes through
     views of one tensor run on one rank, so the index gathers the rows one process does."""

@@ -181,6 +181,7 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
         graph_stages = program_stages(g, pipeline.get("stage_of"))
         if graph_stages is not None:
             report["pipeline"]["graph_stages"] = graph_stages
+            report["pipeline"]["graph_split"] = split_nodes(g, pipeline["stage_of"], graph_stages)
             untraced = [name for attrs in g.attrs for name in attrs.get("_untraced", ())]
             report["pipeline"]["graph_untraced"] = untraced
         formats = plan_formats(g, n, pipeline, graph_stages)
@@ -190,6 +191,7 @@ def build_report(outcome: PlaceOutcome, options: PlaceOptions) -> dict[str, Any]
         graph_devices = program_stages(g, list(sim.device_of))
         if graph_devices is not None:
             report["graph_devices"] = graph_devices
+            report["graph_split"] = split_nodes(g, list(sim.device_of), graph_devices)
             report["graph_untraced"] = [name for attrs in g.attrs for name in attrs.get("_untraced", ())]
     modules = outcome.module_map
     if modules is not None:
@@ -216,6 +218,21 @@ def program_stages(graph: OpGraph, stage_of: list[int] | None) -> dict[str, int]
         if source is not None and not graph.is_backward[v]:
             stages[source] = stage_of[v]
     return stages or None
+
+
+def split_nodes(graph: OpGraph, stage_of: list[int], stages: dict[str, int]) -> list[str]:
+    """The program nodes (of :func:`program_stages`' ``stages``) some of whose traced ops the plan
+    puts in another stage (or on another device) than the node: a forward op of the node, or a
+    backward or update op of one (``forward_op``). The runtime runs a node whole and autograd
+    runs its backward where its forward ran, so those ops would not run where they were planned.
+    Sorted; empty for a plan that runs as placed. O(ops)."""
+    split: set[str] = set()
+    for v in range(graph.num_ops):
+        forward = graph.forward_op[v] if graph.is_backward[v] else v
+        source = graph.attrs[forward].get("_source") if forward >= 0 else None
+        if source in stages and stage_of[v] != stages[source]:
+            split.add(source)
+    return sorted(split)
 
 
 def plan_formats(

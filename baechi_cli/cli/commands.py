@@ -637,7 +637,7 @@ def _verify_torch(report_path: str, spec: str, steps: int, as_json: str | None) 
         "schema": "baechi.verify/v1",
         "kind": "torch",
         "report": report_path,
-        "ok": bool(result["gradients_match"]),
+        "ok": bool(result["gradients_match"] and result["as_placed"]),
         **result,
     }
     if as_json == "-":

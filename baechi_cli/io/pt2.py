@@ -581,11 +581,13 @@ def _hold_run(builder: GraphBuilder, run: list[tuple[int, int, list[tuple[int, i
 
 
 def _with_sources_together(graph: OpGraph) -> OpGraph:
-    """``graph`` with the forward ops traced from one program node (``linear``: ``t``, ``addmm``,
-    ``view``) in one colocation group: a plan places the program's nodes, which the runtime runs
-    whole, and a weight's bytes (on its first reader, the ``t``) then sit where its node runs. The
-    nodes reading a tied weight are left apart (the pipeline copies such a weight). O(V)."""
-    first: dict[str, int] = {}
+    """``graph`` with the ops of one program node in one colocation group: the forward ops traced
+    from it (``linear``: ``t``, ``addmm``, ``view``) and, in a traced step, the backward and
+    update ops of those forward ops (``forward_op``). A plan then places the program's nodes,
+    which the runtime runs whole: autograd runs a node's backward where its forward ran, and a
+    weight's bytes (on its first reader, the ``t``) sit where its node runs. The nodes reading a
+    tied weight are left apart (the pipeline copies such a weight); each keeps its own backward.
+    O(V)."""
     parent = list(graph.group)
 
     def find(v: int) -> int:
@@ -594,24 +596,34 @@ def _with_sources_together(graph: OpGraph) -> OpGraph:
             v = parent[v]
         return v
 
+    def union(a: int, b: int) -> None:
+        a, b = find(a), find(b)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+
     readers: dict[str, set[str]] = {}  # a weight -> the program nodes reading it in the forward
     for v, attrs in enumerate(graph.attrs):
         if not graph.is_backward[v] and "_source" in attrs:
             for name in attrs.get("_initializers", ()):
                 readers.setdefault(name, set()).add(attrs["_source"])
     tied = {source for sources in readers.values() if len(sources) > 1 for source in sources}
+    first: dict[str, int] = {}
     for v, attrs in enumerate(graph.attrs):
         source = attrs.get("_source")
         # A tied weight's readers stay apart: the pipeline copies the weight to each (maxload).
         if source is None or source in tied or graph.is_backward[v] or "_phase" not in attrs:
             continue
-        if source not in first:
+        if source in first:
+            union(first[source], v)
+        else:
             first[source] = v
-            continue
-        a, b = find(first[source]), find(v)
-        if a != b:
-            parent[max(a, b)] = min(a, b)
-    if not first:
+    joined = False
+    for v in range(graph.num_ops):
+        forward = graph.forward_op[v]
+        if graph.is_backward[v] and forward >= 0 and "_source" in graph.attrs[forward]:
+            union(forward, v)
+            joined = True
+    if not first and not joined:
         return graph
     return graph.replace(group=[find(v) for v in range(graph.num_ops)])
 

@@ -12,6 +12,8 @@ rank, the plan's torch schedule) and trains the same steps. It returns a JSON-ab
   largest gradient's, as a gradient zero in exact arithmetic is noise), the losses likewise;
 * ``threaded``: values passed through stages between their maker and reader; ``tied``: weights
   copied into several stages, their gradients all-reduced; ``cut_by``: program nodes or modules;
+* ``as_placed``: the report splits no program node from its own traced ops (``split_nodes``:
+  those it does): the runtime runs a node whole, its backward where its forward ran;
 * per rank: the stages it ran, its measured peak (bytes held at once during the first step: its
   stages' weights and buffers plus what the step allocates, torch's receive buffers included,
   from torch's profiler) beside the report's
@@ -500,6 +502,10 @@ def _summary(
         # zbv stages whose weight gradients are computed with their input gradients (no split)
         "whole_backward": prepared.whole_backward,
         "unplanned_nodes": len(cut.unplanned),
+        # nodes the plan split over stages or devices: the runtime runs each whole, so the plan
+        # did not run as placed (a plan of this version's reader never has any)
+        "split_nodes": list(plan.graph_split),
+        "as_placed": not plan.graph_split,
         "per_rank": [
             {
                 "rank": r,

@@ -58,6 +58,8 @@ class Plan:
     graph_untraced: tuple[str, ...] = ()  # program nodes the traced step ran as no op: unplaced
     graph_devices: dict[str, int] | None = None  # a makespan plan: program node -> device
     module_devices: dict[str, int] | None = None  # a makespan plan of an ONNX export: module -> device
+    # program nodes whose traced ops the plan put elsewhere than the node (they run with it)
+    graph_split: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -89,6 +91,7 @@ def read_plan(report: Mapping[str, Any]) -> Plan:
         return _makespan_plan(
             graph_untraced=tuple(str(n) for n in report.get("graph_untraced") or ()),
             graph_devices={str(k): int(v) for k, v in devices_of.items()},
+            graph_split=tuple(str(n) for n in report.get("graph_split") or ()),
         )
     modules = (report.get("module_map") or {}).get("modules")
     if not isinstance(pipeline, Mapping) and isinstance(modules, Mapping) and modules:
@@ -136,6 +139,7 @@ def read_plan(report: Mapping[str, Any]) -> Plan:
         graph_stages=graph_stages,
         split_points=None if split is None else list(split),
         graph_untraced=tuple(str(n) for n in pipeline.get("graph_untraced") or ()),
+        graph_split=tuple(str(n) for n in pipeline.get("graph_split") or ()),
     )
 
 

@@ -212,6 +212,13 @@ def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
         )
     if doc.get("moved_nodes"):
         say(f"moved: {len(doc['moved_nodes'])} node(s) planned before an input they read")
+    if doc.get("split_nodes"):
+        shown = ", ".join(map(escape, doc["split_nodes"][:5]))
+        verdict(
+            False,
+            f"not as placed: the plan splits {len(doc['split_nodes'])} node(s) ({shown}) from their own "
+            "ops or backward, which run with them",
+        )
     verdict(
         bool(doc["ran"]),
         f"ran {doc['steps']} step(s)" if doc["ran"] else f"did not run: {escape(str(doc['error']))}",
