@@ -585,9 +585,10 @@ def _with_sources_together(graph: OpGraph) -> OpGraph:
     from it (``linear``: ``t``, ``addmm``, ``view``) and, in a traced step, the backward and
     update ops of those forward ops (``forward_op``). A plan then places the program's nodes,
     which the runtime runs whole: autograd runs a node's backward where its forward ran, and a
-    weight's bytes (on its first reader, the ``t``) sit where its node runs. The nodes reading a
-    tied weight are left apart (the pipeline copies such a weight); each keeps its own backward.
-    O(V)."""
+    weight's bytes (on its first reader, the ``t``) sit where its node runs. The readers of a
+    tied weight are in one group already (:func:`~baechi_cli.io.initializers.own_initializers`),
+    so their nodes are too: a makespan plan keeps them on one device; a pipeline copies such a
+    weight into each stage that reads it instead (maxload's ``tied``). O(V)."""
     parent = list(graph.group)
 
     def find(v: int) -> int:
@@ -601,17 +602,10 @@ def _with_sources_together(graph: OpGraph) -> OpGraph:
         if a != b:
             parent[max(a, b)] = min(a, b)
 
-    readers: dict[str, set[str]] = {}  # a weight -> the program nodes reading it in the forward
-    for v, attrs in enumerate(graph.attrs):
-        if not graph.is_backward[v] and "_source" in attrs:
-            for name in attrs.get("_initializers", ()):
-                readers.setdefault(name, set()).add(attrs["_source"])
-    tied = {source for sources in readers.values() if len(sources) > 1 for source in sources}
     first: dict[str, int] = {}
     for v, attrs in enumerate(graph.attrs):
         source = attrs.get("_source")
-        # A tied weight's readers stay apart: the pipeline copies the weight to each (maxload).
-        if source is None or source in tied or graph.is_backward[v] or "_phase" not in attrs:
+        if source is None or graph.is_backward[v] or "_phase" not in attrs:
             continue
         if source in first:
             union(first[source], v)

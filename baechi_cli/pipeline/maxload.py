@@ -540,11 +540,14 @@ def load_model(
     ic = devices.interconnect
     tied = _tied_weights(graph, ic.latency_us, ic.bandwidth_bytes_per_us) if replicate_tied else ()
     copies = {r for weight in tied for r in weight.readers}
+    # A copy's reader runs as one with the other ops of its program node (a linear's t, addmm).
+    copy_nodes = {graph.attrs[r]["_source"] for r in copies if "_source" in graph.attrs[r]}
     uf = UnionFind(range(n))
     source_op: dict[str, int] = {}
     for v in range(n):
         forward = graph.forward_op[v] if graph.is_backward[v] and graph.forward_op[v] >= 0 else v
-        if forward not in copies:  # a copy's reader, its backward and update go with it alone
+        if forward not in copies and graph.attrs[forward].get("_source") not in copy_nodes:
+            # a copy's reader (its node's ops), its backward and update go with it alone
             uf.union(v, graph.group[v])
         if follow_forward and forward != v:
             uf.union(v, forward)
