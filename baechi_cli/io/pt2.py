@@ -569,15 +569,23 @@ def _hold_saved(
 
 
 def _hold_run(builder: GraphBuilder, run: list[tuple[int, int, list[tuple[int, int]]]]) -> None:
-    """Keep what one autograd node's ops make and read until its last op ends."""
+    """Keep what one autograd node's ops make and read until its last op ends. What they make
+    is held where it was made; what they read from outside the node gets an edge to the last op,
+    which keeps it, or its copy on the node's device when it was made elsewhere, until then."""
     if len(run) < 2:
         return
     last = run[-1][0]
+    mine = {v for v, _, _ in run}
+    read_by_last = set(run[-1][2])
     for v, outputs, inputs in run:
         for port in range(outputs if v != last else 0):
             builder.hold_until(v, port, last)
         for src, port in inputs:
-            builder.hold_until(src, port, last)
+            if src in mine:
+                builder.hold_until(src, port, last)
+            elif (src, port) not in read_by_last:
+                builder.add_edge(src, last, port)
+                read_by_last.add((src, port))
 
 
 def _with_sources_together(graph: OpGraph) -> OpGraph:

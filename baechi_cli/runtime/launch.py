@@ -266,6 +266,8 @@ def _run_rank(
     run_step = _stepper(prepared, rank, device)
     local = [s for s in range(plan.num_stages) if plan.stage_rank[s] == rank]
     modules = {s: cut.stages[s].module for s in local}
+    if plan.kind == "makespan":
+        _share_tied(prepared, local)
     # Tied weights: one gloo group per weight held on several ranks, made in one order everywhere.
     syncs = []
     for fqn, held in sorted(cut.tied.items()):
@@ -275,20 +277,19 @@ def _run_rank(
             copies = [
                 getattr(modules[s], _attr_of(cut.stages[s].parameters, fqn)) for s in held if s in modules
             ]
-            syncs.append((fqn, copies, group))
+            syncs.append((fqn, list({id(p): p for p in copies}.values()), group))
     losses: list[float] = []
     worst: dict[str, float] = {}
     step_s: list[float] = []
     peak = 0
-    resident = sum(  # before the first step: weights and buffers (no gradients yet)
+    parameters = list({id(p): p for m in modules.values() for p in m.parameters()}.values())
+    resident = sum(  # before the first step: weights and buffers (no gradients yet), each once
         t.numel() * t.element_size()
-        for module in modules.values()
-        for t in [*module.parameters(), *module.buffers()]
+        for t in {id(t): t for m in modules.values() for t in [*m.parameters(), *m.buffers()]}.values()
     )
     for step in range(steps):
-        for module in modules.values():
-            for p in module.parameters():
-                p.grad = None
+        for p in parameters:
+            p.grad = None
         dist.barrier()  # every rank starts the step together: its time is the minibatch's
         t0 = time.perf_counter()
         if measure and step == 0:  # the first step allocates torch's receive buffers too
@@ -309,10 +310,9 @@ def _run_rank(
                     continue
                 worst[fqn] = max(worst.get(fqn, 0.0), _relative_l2(got, expected, scale))
         with torch.no_grad():
-            for module in modules.values():
-                for p in module.parameters():
-                    if p.grad is not None:
-                        p.add_(p.grad, alpha=-LR)
+            for p in parameters:  # a weight two runs of this rank share: updated once
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-LR)
     out: dict[str, Any] = {"stages": local, "losses": losses, "worst": worst, "step_s": step_s}
     if measure:
         # One rank at a time: ranks sharing cores (4 on 2) would time each other's work.
@@ -365,6 +365,21 @@ def _stepper(prepared: Prepared, rank: int, device: Any) -> Any:
         return losses
 
     return pipeline_step
+
+
+def _share_tied(prepared: Prepared, local: Sequence[int]) -> None:
+    """Give the runs of this rank that read one weight one copy of it (the first's): a makespan
+    plan holds a weight once per device, and autograd sums its gradients into one ``.grad``."""
+    cut = prepared.cut
+    for fqn, held in cut.tied.items():
+        mine = [s for s in held if s in local]
+        if len(mine) < 2:
+            continue
+        first = cut.stages[mine[0]]
+        shared = getattr(first.module, _attr_of(first.parameters, fqn))
+        for s in mine[1:]:
+            stage = cut.stages[s]
+            setattr(stage.module, _attr_of(stage.parameters, fqn), shared)
 
 
 def _sync_tied(syncs: list[tuple[str, list[Any], Any]]) -> None:

@@ -6,11 +6,16 @@ Contract. A makespan plan puts each node of the program on a device (``graph_dev
 training step of them on the ranks (one per device): forward in program order, each run
 receiving from the run that made each value it reads, *directly* (no value passes through a
 device that does not read it), then the backward in reverse, each input's gradient sent back to
-the run that made it. Sends are non-blocking and receives block in the one global order every
-rank follows, so no rank waits on one that waits on it; a send is waited on (gloo completes one
-only then) before the first run of its rank that comes after its reader in that order, so its
-bytes go when the reader has them, as the plan's memory model counts. A weight two devices read is copied to
-each (:mod:`~baechi_cli.runtime.cut`'s ``tied``) and its gradients summed by the caller.
+the run that made it. The forward of run k and the backward of run k are positions k and
+2 * runs - 1 - k of one global order that every rank follows. Sends are non-blocking; at each of
+its positions a rank first posts the receives of everything sent to it before that position
+(non-blocking too) and waits on its own sends that their receivers have posted by then (gloo
+completes a send only when waited on); a run waits on a receive when it reads it. A receiver
+reaches a position needing only what was sent before it, so no rank waits on one that waits on
+it, and a value's bytes move to its reader's rank when it is sent, as the plan's memory model
+counts. A weight two devices read is copied to each (:mod:`~baechi_cli.runtime.cut`'s ``tied``)
+and its gradients summed by the caller; runs of one rank share one copy (the caller's
+``_share_tied``).
 
 Needs torch and a gloo group. O(nodes) to segment; a step sends each cross-device value once per
 run that reads it.
@@ -22,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,6 +82,34 @@ class MakespanStep:
             for v in cut.stages[k].inputs:
                 if cut.made_in[v] >= 0 and self.run_rank[cut.made_in[v]] == rank:
                     self.last_local[v] = k
+        # The global order: run k's forward at position k, its backward at last - k. A rank posts
+        # its receives for what was sent before a position when it gets there (:meth:`step`).
+        self.last = 2 * len(cut.stages) - 1
+        self.positions: dict[int, list[int]] = {}  # rank -> its positions, in order
+        for k, r in enumerate(self.run_rank):
+            self.positions.setdefault(r, []).append(k)
+        for ks in self.positions.values():
+            ks.extend(self.last - k for k in reversed(ks))
+        # What this rank receives, by the position it is sent at: (position, kind, value, reader)
+        incoming = []
+        for k in self.local:
+            for v in cut.stages[k].inputs:
+                src = cut.made_in[v]
+                if src >= 0 and self.run_rank[src] != rank:
+                    incoming.append((src, 0, v, k))  # an activation, sent after run src's forward
+            for v in cut.stages[k].outputs:
+                for c in self.consumers.get(v, ()):
+                    i = cut.stages[c].inputs.index(v)
+                    if self.run_rank[c] != rank and metas[c][0][i][2]:
+                        incoming.append((self.last - c, 1, v, c))  # its gradient, after c's backward
+        self.incoming = sorted(incoming, key=lambda m: (m[0], m[1], m[3], m[2]))
+
+    def due(self, receiver: int, sent_at: int) -> int:
+        """The position at which rank ``receiver`` posts the receive of what was sent at position
+        ``sent_at``: its first position after it (past the last: it posts at the end)."""
+        ks = self.positions[receiver]
+        i = bisect_right(ks, sent_at)
+        return ks[i] if i < len(ks) else self.last + 1
 
     @property
     def modules(self) -> dict[int, Any]:
@@ -83,7 +117,13 @@ class MakespanStep:
 
     def step(self, args: Sequence[Any]) -> Any:
         """Forward and backward of one minibatch ``args`` (the user inputs, on every rank); the
-        loss on the rank whose run computes it, else None."""
+        loss on the rank whose run computes it, else None.
+
+        Every rank goes through its positions in the global order. At each it first posts the
+        receives of everything sent to it before that position (a buffer and a non-blocking
+        receive each, as the plan's model receives a value when it is sent), and waits on each of
+        its own sends that the receiver has posted by now (gloo completes a send only when
+        waited on; its bytes go then). A run waits on its receives when it reads them."""
         import torch
         import torch.distributed as dist
         from torch.profiler import record_function
@@ -91,27 +131,48 @@ class MakespanStep:
         user = dict(zip(self.user_inputs, args, strict=True))
         made: dict[str, Any] = {}  # values made here that a later run here still reads
         taps: dict[tuple[int, str], Any] = {}  # (run, value) -> the gradient its tap received
-        anchors: dict[int, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
-        # (when in the global order its reader receives it, the send): a gloo send completes only
-        # when waited on, so each is waited on once its reader is surely past its receive
-        sends: list[tuple[int, Any]] = []
-        last = 2 * len(self.cut.stages) - 1  # a run's forward is at k, its backward at last - k
+        anchors: dict[int, tuple[Any, dict[str, Any], list[str]]] = {}
+        posted: dict[tuple[int, str, int], tuple[Any, Any]] = {}  # (kind, value, reader) -> buffer, work
+        sends: list[tuple[int, Any]] = []  # (the position its receiver posts it at, the send)
+        pending = list(self.incoming)
+        offset = len(self.tags)  # gradient tags follow the activations'
+        last = self.last
         loss = None
+
+        def arrive(position: int) -> None:  # post what was sent before ``position``
+            nonlocal sends, pending
+            while pending and pending[0][0] < position:
+                _, kind, v, c = pending.pop(0)
+                shape, dtype, _ = self.metas[c][0][self.cut.stages[c].inputs.index(v)]
+                buffer = torch.empty(shape, dtype=getattr(torch, dtype))
+                if kind == 0:  # run c's input v, from the run that made it
+                    src, tag = self.run_rank[self.cut.made_in[v]], self.tags[(v, c)]
+                else:  # the gradient of v, from run c
+                    src, tag = self.run_rank[c], offset + self.tags[(v, c)]
+                posted[(kind, v, c)] = (buffer, dist.irecv(buffer, src, tag=tag))
+            sends = _settle(sends, position)
+
+        def received(kind: int, v: str, c: int) -> Any:  # None: nothing is sent (no gradient)
+            if (kind, v, c) not in posted:
+                return None
+            buffer, work = posted.pop((kind, v, c))
+            work.wait()
+            return buffer
+
         for k in self.local:
-            sends = _settle(sends, k)
+            arrive(k)
             stage = self.cut.stages[k]
             ins = []
             for i, v in enumerate(stage.inputs):
                 src = self.cut.made_in[v]
-                shape, dtype, grad = self.metas[k][0][i]
+                grad = self.metas[k][0][i][2]
                 if src < 0:
                     ins.append(user[v])
                     continue
                 if self.run_rank[src] == self.rank:
                     t = made[v] if self.last_local[v] != k else made.pop(v)
                 else:
-                    t = torch.empty(shape, dtype=getattr(torch, dtype))
-                    dist.recv(t, self.run_rank[src], tag=self.tags[(v, k)])
+                    t = received(0, v, k)
                 ins.append(_tap(t, taps, (k, v)) if grad else t)
                 del t
             with record_function(f"baechi run {k} forward"):
@@ -126,16 +187,15 @@ class MakespanStep:
                 for c in self.consumers.get(v, ()):
                     if self.run_rank[c] != self.rank:
                         work = dist.isend(o.detach().contiguous(), self.run_rank[c], tag=self.tags[(v, c)])
-                        sends.append((c, work))
+                        sends.append((self.due(self.run_rank[c], k), work))
                 if v in self.last_local:
                     made[v] = o.detach()
             if needing:  # the outputs' shapes and dtypes stay for their gradients; their bytes go
                 anchor = _anchor(grads, list(needing), list(needing.values()))
-                anchors[k] = (anchor, grads, {v: (o.shape, o.dtype) for v, o in needing.items()})
+                anchors[k] = (anchor, grads, list(needing))
             del outs, needing
-        offset = len(self.tags)  # gradient tags follow the activations'
         for k in reversed(self.local):
-            sends = _settle(sends, last - k)
+            arrive(last - k)
             stage = self.cut.stages[k]
             if k in anchors:
                 anchor, grads, needing = anchors.pop(k)
@@ -145,8 +205,7 @@ class MakespanStep:
                         if self.run_rank[c] == self.rank:
                             g = taps.pop((c, v), None)  # its run's backward is done
                         else:
-                            g = torch.empty(needing[v][0], dtype=needing[v][1])
-                            dist.recv(g, self.run_rank[c], tag=offset + self.tags[(v, c)])
+                            g = received(1, v, c)
                         if g is not None:
                             total = g if total is None else total + g
                     grads[v] = total
@@ -164,16 +223,17 @@ class MakespanStep:
                     shape, dtype, _ = self.metas[k][0][i]
                     g = torch.zeros(shape, dtype=getattr(torch, dtype))
                 work = dist.isend(g.contiguous(), self.run_rank[src], tag=offset + self.tags[(v, k)])
-                sends.append((last - src, work))
+                sends.append((self.due(self.run_rank[src], last - k), work))
                 del g
-        _settle(sends, last + 1)
+        arrive(last + 2)
+        assert not posted, f"received but not read: {sorted(posted)[:3]}"
         return loss
 
 
 def _settle(sends: list[tuple[int, Any]], position: int) -> list[tuple[int, Any]]:
-    """Wait on the sends whose reader comes before ``position`` in the global order, and return
-    the others. Every rank runs its part in that order, receiving before each run, so a reader
-    before ``position`` needs nothing this rank makes from ``position`` on: the wait ends."""
+    """Wait on the sends whose receiver posts them before ``position`` in the global order, and
+    return the others. Every rank runs its part in that order, so a receiver before ``position``
+    needs nothing this rank makes from ``position`` on: the wait ends."""
     for due, work in sends:
         if due < position:
             work.wait()
