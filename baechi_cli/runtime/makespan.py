@@ -134,15 +134,17 @@ class MakespanStep:
         anchors: dict[int, tuple[Any, dict[str, Any], list[str]]] = {}
         posted: dict[tuple[int, str, int], tuple[Any, Any]] = {}  # (kind, value, reader) -> buffer, work
         sends: list[tuple[int, Any]] = []  # (the position its receiver posts it at, the send)
-        pending = list(self.incoming)
+        pending = iter(self.incoming)
+        coming = next(pending, None)  # the next receive to post
         offset = len(self.tags)  # gradient tags follow the activations'
         last = self.last
         loss = None
 
         def arrive(position: int) -> None:  # post what was sent before ``position``
-            nonlocal sends, pending
-            while pending and pending[0][0] < position:
-                _, kind, v, c = pending.pop(0)
+            nonlocal sends, coming
+            while coming is not None and coming[0] < position:
+                _, kind, v, c = coming
+                coming = next(pending, None)
                 shape, dtype, _ = self.metas[c][0][self.cut.stages[c].inputs.index(v)]
                 buffer = torch.empty(shape, dtype=getattr(torch, dtype))
                 if kind == 0:  # run c's input v, from the run that made it
