@@ -299,6 +299,15 @@ def summary(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def peak_ratios(row: dict[str, Any]) -> str:
+    """A plan's ranks' measured peak over the predicted one, comma-separated."""
+    return ", ".join(
+        f"{r['peak_bytes'] / r['predicted_peak_bytes']:.2f}"
+        for r in row["per_rank"]
+        if r.get("peak_bytes") and r.get("predicted_peak_bytes")
+    )
+
+
 def makespan_section(results: dict[str, Any]) -> list[str]:
     """Per model, the makespan plan run op for op: its runs, whether it ran as placed and each
     rank's measured peak over the predicted. Its step time is not compared: one step is run,
@@ -309,11 +318,7 @@ def makespan_section(results: dict[str, Any]) -> list[str]:
         row = entry.get("plans", {}).get("makespan")
         if not row or not row.get("ran"):
             continue
-        peaks = ", ".join(
-            f"{r['peak_bytes'] / r['predicted_peak_bytes']:.2f}"
-            for r in row["per_rank"]
-            if r.get("peak_bytes") and r.get("predicted_peak_bytes")
-        )
+        peaks = peak_ratios(row)
         placed = {True: "yes", False: f"**no** ({row.get('split_nodes')} nodes split)"}.get(
             row.get("as_placed"), "-"
         )
@@ -385,11 +390,7 @@ def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
         row = entry.get("plans", {}).get("auto")
         if not row or not row.get("ran"):
             continue
-        peaks = ", ".join(
-            f"{r['peak_bytes'] / r['predicted_peak_bytes']:.2f}"
-            for r in row["per_rank"]
-            if r.get("peak_bytes") and r.get("predicted_peak_bytes")
-        )
+        peaks = peak_ratios(row)
         imb = row["compute_imbalance"]
         per_stage = ", ".join(
             f"{s['compute_us'] / s['predicted_compute_us']:.2f}"

@@ -619,15 +619,12 @@ def _with_sources_together(graph: OpGraph) -> OpGraph:
             union(first[source], v)
         else:
             first[source] = v
-    joined = False
     for v in range(graph.num_ops):
         forward = graph.forward_op[v]
         if graph.is_backward[v] and forward >= 0 and "_source" in graph.attrs[forward]:
             union(forward, v)
-            joined = True
-    if not first and not joined:
-        return graph
-    return graph.replace(group=[find(v) for v in range(graph.num_ops)])
+    group = [find(v) for v in range(graph.num_ops)]
+    return graph if group == graph.group else graph.replace(group=group)
 
 
 def _field(mapping: Mapping[str, Any], key: str, kind: type) -> Any:

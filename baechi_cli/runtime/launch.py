@@ -33,7 +33,7 @@ import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from baechi_cli.core.errors import InputError, one_line
@@ -277,15 +277,15 @@ def _run_rank(
             copies = [
                 getattr(modules[s], _attr_of(cut.stages[s].parameters, fqn)) for s in held if s in modules
             ]
-            syncs.append((fqn, list({id(p): p for p in copies}.values()), group))
+            syncs.append((fqn, _each_once(copies), group))
     losses: list[float] = []
     worst: dict[str, float] = {}
     step_s: list[float] = []
     peak = 0
-    parameters = list({id(p): p for m in modules.values() for p in m.parameters()}.values())
+    parameters = _each_once(p for m in modules.values() for p in m.parameters())
     resident = sum(  # before the first step: weights and buffers (no gradients yet), each once
         t.numel() * t.element_size()
-        for t in {id(t): t for m in modules.values() for t in [*m.parameters(), *m.buffers()]}.values()
+        for t in [*parameters, *_each_once(b for m in modules.values() for b in m.buffers())]
     )
     for step in range(steps):
         for p in parameters:
@@ -365,6 +365,11 @@ def _stepper(prepared: Prepared, rank: int, device: Any) -> Any:
         return losses
 
     return pipeline_step
+
+
+def _each_once(tensors: Iterable[Any]) -> list[Any]:
+    """``tensors`` without repeats (by identity: runs of one rank share a tied weight), in order."""
+    return list({id(t): t for t in tensors}.values())
 
 
 def _share_tied(prepared: Prepared, local: Sequence[int]) -> None:

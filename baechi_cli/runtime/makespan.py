@@ -90,18 +90,19 @@ class MakespanStep:
             self.positions.setdefault(r, []).append(k)
         for ks in self.positions.values():
             ks.extend(self.last - k for k in reversed(ks))
-        # What this rank receives, by the position it is sent at: (position, kind, value, reader)
+        # What this rank receives, by the position it is sent at: (position, kind, value, reader,
+        # the value's index among the reader's inputs)
         incoming = []
         for k in self.local:
-            for v in cut.stages[k].inputs:
+            for i, v in enumerate(cut.stages[k].inputs):
                 src = cut.made_in[v]
                 if src >= 0 and self.run_rank[src] != rank:
-                    incoming.append((src, 0, v, k))  # an activation, sent after run src's forward
+                    incoming.append((src, 0, v, k, i))  # an activation, sent after run src's forward
             for v in cut.stages[k].outputs:
                 for c in self.consumers.get(v, ()):
                     i = cut.stages[c].inputs.index(v)
                     if self.run_rank[c] != rank and metas[c][0][i][2]:
-                        incoming.append((self.last - c, 1, v, c))  # its gradient, after c's backward
+                        incoming.append((self.last - c, 1, v, c, i))  # its gradient, after c's backward
         self.incoming = sorted(incoming, key=lambda m: (m[0], m[1], m[3], m[2]))
 
     def due(self, receiver: int, sent_at: int) -> int:
@@ -143,9 +144,9 @@ class MakespanStep:
         def arrive(position: int) -> None:  # post what was sent before ``position``
             nonlocal sends, coming
             while coming is not None and coming[0] < position:
-                _, kind, v, c = coming
+                _, kind, v, c, i = coming
                 coming = next(pending, None)
-                shape, dtype, _ = self.metas[c][0][self.cut.stages[c].inputs.index(v)]
+                shape, dtype, _ = self.metas[c][0][i]
                 buffer = torch.empty(shape, dtype=getattr(torch, dtype))
                 if kind == 0:  # run c's input v, from the run that made it
                     src, tag = self.run_rank[self.cut.made_in[v]], self.tags[(v, c)]
