@@ -473,17 +473,56 @@ def test_verify_torch_refuses_a_plan_that_splits_a_node_from_its_backward(decode
     assert doc["as_placed"] is False and doc["split_nodes"] == [node] and not doc["ok"]
 
 
-def test_a_makespan_plan_that_splits_writes_through_views_across_devices_trains(decoder_pt2):
+def test_a_makespan_plan_that_splits_writes_through_views_across_devices_trains_but_not_as_placed(
+    decoder_pt2,
+):
     """BEiT's relative position index, its nodes dealt to two devices in turn: the writes through
-    views of one tensor run on one rank, so the index gathers the rows one process does."""
+    views of one tensor run on one rank, so the index gathers the rows one process does; the nodes
+    moved off their device are named and the plan fails as not run as placed."""
     model, args = make_relative_bias()
     nodes = call_nodes(torch.export.export(model, args))
     report = {"schema": "baechi.report/v1", "graph_devices": {n: i % 2 for i, n in enumerate(nodes)}}
     (decoder_pt2 / "relative_makespan.json").write_text(json.dumps(report))
     code, doc = _verify(decoder_pt2, "relative_makespan", func="make_relative_bias")
+    assert doc["schedule"] == "makespan" and doc["ranks"] == 2 and doc["ran"] and doc["gradients_match"]
+    assert "select" in doc["displaced_nodes"] and set(doc["displaced_nodes"]) <= set(doc["moved_nodes"])
+    assert code == 1 and doc["as_placed"] is False
+
+
+@pytest.fixture(scope="module")
+def relative_pt2(decoder_pt2):
+    model, args = make_relative_bias()
+    torch.export.save(torch.export.export(model, args), str(decoder_pt2 / "relative.pt2"))
+    return decoder_pt2
+
+
+def test_the_reader_groups_a_tensor_written_in_place_with_the_nodes_reading_around_the_writes():
+    """The traced step puts every op of the nodes that make, write and read the relative index
+    before its last write in one colocation group, as the runtime cuts them: a planner that split
+    them would predict stages the runtime does not run."""
+    from baechi_cli.io.aliasing import write_groups
+    from baechi_cli.io.pt2 import program_json, read_program
+    from baechi_cli.runtime.cut import _shared_writes
+
+    model, args = make_relative_bias()
+    program = torch.export.export(model, args)
+    (group,) = _shared_writes([n for n in program.graph.nodes if n.op == "call_function"])
+    assert {"contiguous", "add_", "mul_"} <= set(group) and write_groups([]) == []
+    graph = read_program(program_json(program), training="sgd").graph
+    ops = [v for v in range(graph.num_ops) if graph.attrs[v].get("_source") in group]
+    assert {graph.attrs[v]["_source"] for v in ops} == set(group) - {"getitem"}
+    assert len({graph.group[v] for v in ops}) == 1
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "makespan"])
+def test_a_plan_baechi_makes_runs_a_tensor_written_in_place_as_placed(relative_pt2, schedule):
+    """BEiT's relative index planned by baechi: its writes and the reads around them sit in one
+    stage (one device), so the runtime moves nothing and verify passes as placed."""
+    flags = ["--algo", "etf"] if schedule == "makespan" else None
+    _place(relative_pt2, schedule, 2, model="relative", flags=flags)
+    code, doc = _verify(relative_pt2, f"relative_{schedule}", func="make_relative_bias")
     assert code == 0, doc
-    assert doc["schedule"] == "makespan" and doc["ranks"] == 2 and doc["gradients_match"]
-    assert "contiguous" in doc["moved_nodes"]
+    assert doc["as_placed"] and doc["displaced_nodes"] == [] and doc["gradients_match"]
 
 
 def test_a_zbv_stage_whose_inputs_carry_no_gradient_runs_its_backward_whole(decoder_pt2):

@@ -46,11 +46,12 @@ import ast
 import json
 import math
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from baechi_cli.core.errors import InputError, one_line
 from baechi_cli.core.graph import CONTROL_PORT, GraphBuilder, OpGraph
+from baechi_cli.io.aliasing import tensor_names
 from baechi_cli.io.initializers import Initializer, own_initializers
 
 #: torch's export schema ScalarType value -> (numpy-style dtype name, bits per element).
@@ -297,8 +298,11 @@ class _Reader:
                     builder.hold(*producer[name])
         _link_phases(builder, self.phases, consumers)
         _hold_saved(builder, self.phases, producer, self.graph.get("baechi_saved") or [])
+        groups = self.graph.get("baechi_write_groups") or []
+        if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
+            raise InputError("the traced step's baechi_write_groups is not a list of node lists")
         return Pt2Read(
-            _with_sources_together(own_initializers(builder.build(), inits, consumers)), self.notes
+            _with_sources_together(own_initializers(builder.build(), inits, consumers), groups), self.notes
         )
 
     def _inputs(self) -> dict[str, str]:
@@ -588,7 +592,7 @@ def _hold_run(builder: GraphBuilder, run: list[tuple[int, int, list[tuple[int, i
                 read_by_last.add((src, port))
 
 
-def _with_sources_together(graph: OpGraph) -> OpGraph:
+def _with_sources_together(graph: OpGraph, write_groups: Sequence[Sequence[str]] = ()) -> OpGraph:
     """``graph`` with the ops of one program node in one colocation group: the forward ops traced
     from it (``linear``: ``t``, ``addmm``, ``view``) and, in a traced step, the backward and
     update ops of those forward ops (``forward_op``). A plan then places the program's nodes,
@@ -596,7 +600,9 @@ def _with_sources_together(graph: OpGraph) -> OpGraph:
     weight's bytes (on its first reader, the ``t``) sit where its node runs. The readers of a
     tied weight are in one group already (:func:`~baechi_cli.io.initializers.own_initializers`),
     so their nodes are too: a makespan plan keeps them on one device; a pipeline copies such a
-    weight into each stage that reads it instead (maxload's ``tied``). O(V)."""
+    weight into each stage that reads it instead (maxload's ``tied``). The program nodes of each
+    of ``write_groups`` (a tensor written in place and read around the write, which the runtime
+    runs in one process: :func:`~baechi_cli.io.aliasing.write_groups`) share one group too. O(V)."""
     parent = list(graph.group)
 
     def find(v: int) -> int:
@@ -619,6 +625,10 @@ def _with_sources_together(graph: OpGraph) -> OpGraph:
             union(first[source], v)
         else:
             first[source] = v
+    for names in write_groups:
+        ops = [first[str(n)] for n in names if str(n) in first]
+        for v in ops[1:]:
+            union(ops[0], v)
     for v in range(graph.num_ops):
         forward = graph.forward_op[v]
         if graph.is_backward[v] and forward >= 0 and "_source" in graph.attrs[forward]:
@@ -632,24 +642,6 @@ def _field(mapping: Mapping[str, Any], key: str, kind: type) -> Any:
     if not isinstance(value, kind):
         raise InputError(f"the program's {key} is missing or not a {kind.__name__}")
     return value
-
-
-def tensor_names(arg: Any, keep_none: bool = False) -> list[str]:
-    """The tensor names an argument or output refers to ('' for an absent output with ``keep_none``)."""
-    if not isinstance(arg, dict):
-        return []
-    if "as_tensor" in arg:
-        return [str(arg["as_tensor"]["name"])]
-    if "as_tensors" in arg:
-        return [str(t["name"]) for t in arg["as_tensors"]]
-    if "as_optional_tensor" in arg:
-        inner = arg["as_optional_tensor"]
-        return [str(inner["as_tensor"]["name"])] if "as_tensor" in inner else []
-    if "as_optional_tensors" in arg:
-        return [str(t["as_tensor"]["name"]) for t in arg["as_optional_tensors"] if "as_tensor" in t]
-    if keep_none and "as_none" in arg:
-        return [""]
-    return []
 
 
 def _plain(arg: Mapping[str, Any]) -> Any:

@@ -35,7 +35,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
-_TRACERS = ("pt2.py", "pt2_joint.py")  # the modules whose code makes the cached value
+_TRACERS = ("pt2.py", "pt2_joint.py", "aliasing.py")  # the modules whose code makes the cached value
 
 
 def cache_folder() -> str | None:

@@ -21,7 +21,9 @@ Every traced node carries ``metadata["baechi_phase"]`` (forward, loss, backward,
 ``metadata["seq_nr"]``, autograd's sequence number: a backward node's is its forward node's; a
 node whose CPU kernel allocates scratch beyond its outputs, ``metadata["baechi_workspace_bytes"]``
 (:func:`_cpu_workspace_bytes`). The graph's ``baechi_saved`` lists [tensor, sequence number] per
-tensor an autograd node saved (the recorder's trace only).
+tensor an autograd node saved (the recorder's trace only); its ``baechi_write_groups``, the
+program nodes that must run in one process (a tensor written in place and read around the write,
+:func:`~baechi_cli.io.aliasing.write_groups`).
 Needs torch (``MissingDependencyError`` without it). O(nodes) traced ops.
 """
 
@@ -36,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from baechi_cli.core.errors import InputError, MissingDependencyError, one_line
+from baechi_cli.io.aliasing import program_groups
 
 #: torch dtype name -> the export schema's ScalarType value (the inverse of pt2.DTYPES).
 _SCALAR_TYPES = {
@@ -95,9 +98,21 @@ def joint_program(
     if traced is None:  # anew: what the recorder left half done must not reach make_fx
         traced = run(_trace_with_make_fx)
     trace = traces[-1]
-    return _as_program(
+    step = _as_program(
         torch, traced, placeholders, params, state_names, trace.marks, specs, trace.sources, trace.saved
     )
+    step["graph_module"]["graph"]["baechi_write_groups"] = program_groups(
+        graph["nodes"], functools.partial(_schema, torch)
+    )
+    return step
+
+
+def _schema(torch: Any, target: str) -> Any:
+    """The schema of the operator ``target`` names (None: not one of torch's registered ops)."""
+    try:
+        return getattr(_resolve(torch, target), "_schema", None)
+    except InputError:
+        return None
 
 
 @functools.cache

@@ -42,7 +42,6 @@ Example:
 
 from __future__ import annotations
 
-import bisect
 import functools
 import operator
 from collections.abc import Collection, Mapping
@@ -50,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baechi_cli.core.errors import InputError
+from baechi_cli.io.aliasing import Access, schema_aliasing, write_groups
 
 
 @dataclass
@@ -141,7 +141,7 @@ def cut_program(
 
     # -- each node's stage: planned, else its latest input's; never before an input; the nodes of a
     # tensor written in place while read around the write, in one stage (_shared_writes)
-    groups = _shared_writes(graph, nodes)
+    groups = _shared_writes(nodes)
     forced: dict[str, int] = {}
     while True:
         stage = _node_stages(nodes, user_inputs, stage_of, forced)
@@ -228,54 +228,18 @@ def _node_stages(
     return stage
 
 
-def _shared_writes(graph: Any, nodes: list[Any]) -> list[list[str]]:
-    """The groups of nodes that must run in one stage: a tensor that an op writes in place (itself
-    or through a view: ``x[:, 0] += 1`` is ``select`` then ``add_``) and that a node reads, by
-    any of its names, on both sides of a write. Each group is the tensor's nodes up to its last
-    write (its maker, its views, the writes) and every node reading one of them before that write.
-
-    A stage receives a copy of what another stage made (another process's, or a copy it may
-    change), so a write in one stage never reaches a read of the same tensor in another; torch's
-    graph says the read comes after the write only by its order. In one stage, the nodes run in
-    program order on one tensor; later stages receive it after its last write. Aliasing is read
-    from the ops' schemas (``Tensor(a)``: a view of an argument; ``Tensor(a!)``: written)."""
-    order = {n.name: i for i, n in enumerate(graph.nodes)}
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent.get(x, x) != x:
-            parent[x] = parent.get(parent[x], parent[x])
-            x = parent[x]
-        return x
-
-    writes: set[str] = set()
+def _shared_writes(nodes: list[Any]) -> list[list[str]]:
+    """The groups of nodes that must run in one stage (:func:`~baechi_cli.io.aliasing.write_groups`):
+    a tensor that an op writes in place (itself or through a view: ``x[:, 0] += 1`` is ``select``
+    then ``add_``) and that a node reads, by any of its names, on both sides of a write. The
+    planner reads the same groups from the program (``baechi_write_groups``), so it keeps them on
+    one device."""
+    accesses = []
     for node in nodes:
-        aliased, written = _aliasing(node)
-        for a in aliased | written:
-            parent[find(node.name)] = find(a)
-        if written:
-            writes.add(node.name)
-    members: dict[str, list[Any]] = {}
-    for node in graph.nodes:
-        members.setdefault(find(node.name), []).append(node)
-    calls = {n.name for n in nodes}
-    groups = []
-    for tensor in members.values():
-        at = sorted(order[n.name] for n in tensor if n.name in writes)
-        if not at:
-            continue
-        last = at[-1]
-
-        def across(x: Any, r: Any, at: list[int] = at) -> bool:  # a write between x made and r read
-            k = bisect.bisect_right(at, order[x.name])
-            return k < len(at) and at[k] < order[r.name]
-
-        if not any(across(x, r) for x in tensor for r in x.users):
-            continue
-        group = {x.name for x in tensor if x.name in calls and order[x.name] <= last}
-        group |= {r.name for x in tensor for r in x.users if r.name in calls and order[r.name] < last}
-        groups.append(sorted(group, key=order.__getitem__))
-    return groups
+        views, writes = _aliasing(node)
+        reads = tuple(a.name for a in node.all_input_nodes)
+        accesses.append(Access(node.name, (node.name,), reads, frozenset(views), frozenset(writes)))
+    return write_groups(accesses)
 
 
 def _aliasing(node: Any) -> tuple[set[str], set[str]]:
@@ -289,24 +253,12 @@ def _aliasing(node: Any) -> tuple[set[str], set[str]]:
     schema = getattr(node.target, "_schema", None)
     if schema is None:
         return set(), set()
-    returned = set()
-    for r in schema.returns:
-        if r.alias_info is not None:
-            returned |= set(r.alias_info.before_set)
-    aliased: set[str] = set()
-    written: set[str] = set()
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is None:
-            continue
+
+    def names_of(i: int, arg: Any) -> set[str]:
         value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-        names = {
-            v.name for v in (value if isinstance(value, list | tuple) else [value]) if hasattr(v, "name")
-        }
-        if arg.alias_info.is_write:
-            written |= names
-        if returned & set(arg.alias_info.before_set):
-            aliased |= names
-    return aliased, written
+        return {v.name for v in (value if isinstance(value, list | tuple) else [value]) if hasattr(v, "name")}
+
+    return schema_aliasing(schema, names_of)
 
 
 @dataclass

@@ -13,7 +13,9 @@ rank, the plan's torch schedule) and trains the same steps. It returns a JSON-ab
 * ``threaded``: values passed through stages between their maker and reader; ``tied``: weights
   copied into several stages, their gradients all-reduced; ``cut_by``: program nodes or modules;
 * ``as_placed``: the report splits no program node from its own traced ops (``split_nodes``:
-  those it does): the runtime runs a node whole, its backward where its forward ran;
+  those it does; the runtime runs a node whole, its backward where its forward ran), and the
+  runtime ran every node in the stage the plan put it in (a makespan plan: on its device;
+  ``displaced_nodes``: those it did not, as a tensor written in place runs with its readers);
 * per rank: the stages it ran, its measured peak (bytes held at once during the first step: its
   stages' weights and buffers plus what the step allocates, torch's receive buffers included,
   from torch's profiler) beside the report's
@@ -459,6 +461,15 @@ def _stage_times(prepared: Prepared, modules: Mapping[int, Any], reps: int = 5) 
     return times
 
 
+def _displaced(plan: Plan, cut: Any) -> list[str]:
+    """The nodes the cut moved from the stage the plan put them in (a makespan plan: those it
+    moved to another device, not just to a later run of their own)."""
+    if plan.kind != "makespan":
+        return list(cut.moved)
+    planned = plan.graph_stages or {}
+    return [n for n in cut.moved if plan.stage_rank[cut.made_in[n]] != plan.stage_rank[planned[n]]]
+
+
 def _summary(
     prepared: Prepared,
     reference: Mapping[str, Any],
@@ -519,13 +530,15 @@ def _summary(
         "threaded": cut.threaded(),
         "tied": [{"parameter": fqn, "stages": stages} for fqn, stages in sorted(cut.tied.items())],
         "moved_nodes": cut.moved,
+        # nodes the runtime ran in another stage (a makespan plan: on another device) than planned
+        "displaced_nodes": _displaced(plan, cut),
         # zbv stages whose weight gradients are computed with their input gradients (no split)
         "whole_backward": prepared.whole_backward,
         "unplanned_nodes": len(cut.unplanned),
         # nodes the plan split over stages or devices: the runtime runs each whole, so the plan
         # did not run as placed (a plan of this version's reader never has any)
         "split_nodes": list(plan.graph_split),
-        "as_placed": not plan.graph_split,
+        "as_placed": not plan.graph_split and not _displaced(plan, cut),
         "per_rank": [
             {
                 "rank": r,

@@ -210,8 +210,17 @@ def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
             f"stages {', '.join(map(str, doc['whole_backward']))} compute their weight gradients with their "
             "input gradients: torch cannot split their backward (a weight or intermediate read twice)"
         )
-    if doc.get("moved_nodes"):
-        say(f"moved: {len(doc['moved_nodes'])} node(s) planned before an input they read")
+    displaced = doc.get("displaced_nodes") or []
+    if displaced:
+        shown = ", ".join(map(escape, displaced[:5]))
+        where = "on another device" if doc.get("schedule") == "makespan" else "in another stage"
+        verdict(
+            False,
+            f"not as placed: {len(displaced)} node(s) ({shown}) ran {where} than planned, with the "
+            "nodes they must run with (an input, a tensor written in place)",
+        )
+    elif doc.get("moved_nodes"):
+        say(f"moved: {len(doc['moved_nodes'])} node(s) to a later run on their own device")
     if doc.get("split_nodes"):
         shown = ", ".join(map(escape, doc["split_nodes"][:5]))
         verdict(
