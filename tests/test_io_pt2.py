@@ -200,6 +200,37 @@ def test_every_op_of_the_step_is_of_a_forward_op_and_only_a_shared_weight_is_tie
     assert len({of[v] for v in range(g.num_ops) if sources[v] in blocks and not g.is_backward[v]}) == 4
 
 
+class TransposedWeights(nn.Module):
+    """Falcon's linear layers: ``x @ self.weight.T``, the weight's view a program node of its own;
+    and Gemma's norm, ``x * (1 + weight)``, a node computing on its weight alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(nn.Parameter(torch.randn(16, 16)) for _ in range(3))
+        self.scale = nn.Parameter(torch.zeros(16))
+
+    def forward(self, x):
+        for w in self.weights:
+            x = torch.tanh(x @ w.T)
+        return x * (1 + self.scale)
+
+
+def test_a_node_reading_weights_alone_is_grouped_with_the_node_reading_it(tmp_path):
+    """Cut apart, the whole weight (or ``1 + weight``) would cross to its reader every microbatch
+    and its gradient back, which the plan would count as a fraction of an activation: the reader
+    keeps the node that reads weights alone in its reader's group, and the blocks stay apart."""
+    path = save(tmp_path, TransposedWeights(), torch.randn(4, 16), name="transposed.pt2")
+    g = read_pt2_with_notes(path, training="sgd").graph
+    forward = [v for v in range(g.num_ops) if not g.is_backward[v] and "_source" in g.attrs[v]]
+    group_of = {g.attrs[v]["_source"]: g.group[v] for v in forward}
+    views = sorted(n for n in group_of if n.startswith("numpy_t"))
+    readers = sorted(n for n in group_of if n.startswith("matmul"))
+    assert len(views) == len(readers) == 3
+    assert [group_of[v] for v in views] == [group_of[r] for r in readers]
+    assert len({group_of[r] for r in readers}) == 3
+    assert group_of["add"] == group_of["mul"] != group_of[readers[-1]]
+
+
 class ConvNorm(nn.Module):
     """A convolution, a batch norm in training mode (its buffers mutated) and a pooled head."""
 

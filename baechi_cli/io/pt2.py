@@ -602,7 +602,9 @@ def _with_sources_together(graph: OpGraph, write_groups: Sequence[Sequence[str]]
     so their nodes are too: a makespan plan keeps them on one device; a pipeline copies such a
     weight into each stage that reads it instead (maxload's ``tied``). The program nodes of each
     of ``write_groups`` (a tensor written in place and read around the write, which the runtime
-    runs in one process: :func:`~baechi_cli.io.aliasing.write_groups`) share one group too. O(V)."""
+    runs in one process: :func:`~baechi_cli.io.aliasing.write_groups`) share one group too, and a
+    node reading weights alone shares the group of the one node reading it (:func:`_weight_views`).
+    O(V + E)."""
     parent = list(graph.group)
 
     def find(v: int) -> int:
@@ -629,12 +631,43 @@ def _with_sources_together(graph: OpGraph, write_groups: Sequence[Sequence[str]]
         ops = [first[str(n)] for n in names if str(n) in first]
         for v in ops[1:]:
             union(ops[0], v)
+    for v, reader in _weight_views(graph).items():
+        if reader in first:
+            union(v, first[reader])
     for v in range(graph.num_ops):
         forward = graph.forward_op[v]
         if graph.is_backward[v] and forward >= 0 and "_source" in graph.attrs[forward]:
             union(forward, v)
     group = [find(v) for v in range(graph.num_ops)]
     return graph if group == graph.group else graph.replace(group=group)
+
+
+def _weight_views(graph: OpGraph) -> dict[int, str]:
+    """The forward ops that read weights alone (a parameter's first reader with no input from
+    another op: falcon's ``weight.T``) whose output one other program node reads: op -> that node.
+    Apart from it, the whole weight would cross to it every microbatch, and its gradient back. O(E)."""
+    fed = [False] * graph.num_ops
+    readers: dict[int, set[str]] = {}
+    for e in range(graph.num_edges):
+        src, dst = graph.edge_src[e], graph.edge_dst[e]
+        if graph.edge_port[e] == CONTROL_PORT or graph.is_backward[dst]:
+            continue
+        fed[dst] = True
+        readers.setdefault(src, set()).add(graph.attrs[dst].get("_source"))
+    out: dict[int, str] = {}
+    for v, sources in readers.items():
+        own = graph.attrs[v].get("_source")
+        others = sources - {own}
+        if (
+            own is not None
+            and not graph.is_backward[v]
+            and graph.persistent_bytes[v] > 0
+            and not fed[v]
+            and len(others) == 1
+            and None not in others
+        ):
+            out[v] = next(iter(others))
+    return out
 
 
 def _field(mapping: Mapping[str, Any], key: str, kind: type) -> Any:
