@@ -219,6 +219,7 @@ def run_plan(
         per_stage=result["per_stage"],
         as_placed=result.get("as_placed"),
         split_nodes=len(result.get("split_nodes") or []),
+        displaced_nodes=len(result.get("displaced_nodes") or []),
         minibatch_us=result.get("minibatch_us"),
         verify_s=round(time.perf_counter() - t0, 3),
     )
@@ -270,8 +271,11 @@ def cell(row: dict[str, Any] | None) -> str:
         return f"**fails** ({row.get('stages')} st)"
     worst = row["worst"]["relative_l2"]
     mark = "ok" if row["gradients_match"] else "**differs**"
-    if row.get("as_placed") is False:  # ran, but the plan split nodes the runtime runs whole
-        mark += f" **not as placed** ({row.get('split_nodes')} nodes split)"
+    if row.get("as_placed") is False:  # ran, but not the plan: nodes split or moved by the runtime
+        mark += (
+            f" **not as placed** ({row.get('split_nodes')} nodes split, "
+            f"{row.get('displaced_nodes', 0)} moved)"
+        )
     return f"{mark} {row['stages']} st, {worst:.0e}" if worst is not None else f"{mark} {row['stages']} st"
 
 
