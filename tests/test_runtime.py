@@ -401,6 +401,29 @@ def test_verify_torch_trains_every_schedule(decoder_pt2, schedule, count):
     _assert_peaks_near_predicted(doc)
 
 
+def test_the_stages_of_one_rank_share_one_copy_of_a_tied_weight(decoder_pt2):
+    """zbv puts the first and the last stage on rank 0: the embedding and its tied head. The plan
+    holds the weight once per device, so the rank's two stages get one Parameter (autograd sums
+    both gradients into its ``.grad``), not a copy each with a gradient each."""
+    from baechi_cli.runtime.stages import attribute_of, prepare, share_tied
+
+    plan = read_plan(_place(decoder_pt2, "zbv", 2))
+    model, args = make_decoder()
+    cut = prepare(model, args, plan).cut
+    rank0 = [s for s in range(plan.num_stages) if plan.stage_rank[s] == 0]
+    ((fqn, held),) = [(f, h) for f, h in cut.tied.items() if len(set(h) & set(rank0)) > 1]
+
+    def copies() -> set[int]:
+        return {
+            id(getattr(cut.stages[s].module, attribute_of(cut.stages[s].parameters, fqn)))
+            for s in held
+            if s in rank0
+        }
+
+    assert len(copies()) == 2
+    assert share_tied(cut, rank0) and len(copies()) == 1
+
+
 def test_verify_torch_refuses_a_report_for_another_model(decoder_pt2):
     _place(decoder_pt2, "1f1b")
     code, doc = _verify(decoder_pt2, "1f1b", func="make_convnet")

@@ -40,7 +40,7 @@ from typing import Any
 
 from baechi_cli.core.errors import InputError, one_line
 from baechi_cli.runtime.plan import Plan, read_plan
-from baechi_cli.runtime.stages import Prepared, loss_of, prepare, reload
+from baechi_cli.runtime.stages import Prepared, attribute_of, loss_of, prepare, reload, share_tied
 
 RTOL = 1e-5  # relative L2 of a gradient against one process's
 # A gradient's norm is held to at least this share of the model's largest: one that is zero in exact
@@ -268,8 +268,8 @@ def _run_rank(
     run_step = _stepper(prepared, rank, device)
     local = [s for s in range(plan.num_stages) if plan.stage_rank[s] == rank]
     modules = {s: cut.stages[s].module for s in local}
-    if plan.kind == "makespan":
-        _share_tied(prepared, local)
+    if plan.kind == "makespan":  # a pipeline's stages share them as they are built
+        share_tied(cut, local)
     # Tied weights: one gloo group per weight held on several ranks, made in one order everywhere.
     syncs = []
     for fqn, held in sorted(cut.tied.items()):
@@ -277,7 +277,7 @@ def _run_rank(
         group = dist.new_group(ranks) if len(ranks) > 1 else None
         if rank in ranks:
             copies = [
-                getattr(modules[s], _attr_of(cut.stages[s].parameters, fqn)) for s in held if s in modules
+                getattr(modules[s], attribute_of(cut.stages[s].parameters, fqn)) for s in held if s in modules
             ]
             syncs.append((fqn, _each_once(copies), group))
     losses: list[float] = []
@@ -374,21 +374,6 @@ def _each_once(tensors: Iterable[Any]) -> list[Any]:
     return list({id(t): t for t in tensors}.values())
 
 
-def _share_tied(prepared: Prepared, local: Sequence[int]) -> None:
-    """Give the runs of this rank that read one weight one copy of it (the first's): a makespan
-    plan holds a weight once per device, and autograd sums its gradients into one ``.grad``."""
-    cut = prepared.cut
-    for fqn, held in cut.tied.items():
-        mine = [s for s in held if s in local]
-        if len(mine) < 2:
-            continue
-        first = cut.stages[mine[0]]
-        shared = getattr(first.module, _attr_of(first.parameters, fqn))
-        for s in mine[1:]:
-            stage = cut.stages[s]
-            setattr(stage.module, _attr_of(stage.parameters, fqn), shared)
-
-
 def _sync_tied(syncs: list[tuple[str, list[Any], Any]]) -> None:
     """Sum a tied weight's gradient over its copies (local ones, then across ranks)."""
     import torch
@@ -401,10 +386,6 @@ def _sync_tied(syncs: list[tuple[str, list[Any], Any]]) -> None:
             dist.all_reduce(total, group=group)
         for p in copies:
             p.grad = total.clone()
-
-
-def _attr_of(parameters: Mapping[str, str], fqn: str) -> str:
-    return next(attr for attr, f in parameters.items() if f == fqn)
 
 
 def _relative_l2(got: Any, expected: Any, floor: float = 0.0) -> float:

@@ -21,7 +21,7 @@ Example (one process, stages run in turn; launch.py runs them on ranks)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,11 +312,14 @@ def loss_of(output: Any, _target: Any = None) -> Any:
 def build(
     prepared: Prepared, rank: int, device: Any, group: Any = None, loss_fn: Callable[..., Any] = loss_of
 ) -> tuple[list[Any], Any]:
-    """The ``PipelineStage``\\ s rank ``rank`` runs and the plan's torch schedule over them."""
+    """The ``PipelineStage``\\ s rank ``rank`` runs and the plan's torch schedule over them. Its
+    stages that read one tied weight share one copy of it (:func:`share_tied`), as the plan
+    counts it; the schedule's ``step`` averages gradients over microbatches as torch's does."""
     from torch.distributed.pipelining import PipelineStage, schedules
 
     plan = prepared.plan
     local = [s for s in range(plan.num_stages) if plan.stage_rank[s] == rank]
+    shared = share_tied(prepared.cut, local)
     import torch
 
     def examples(metas: list[Meta]) -> tuple[Any, ...]:  # what the stage receives or sends: sizes only
@@ -344,4 +347,52 @@ def build(
     cls = getattr(schedules, plan.torch_schedule)
     if len(stages) == 1 and plan.schedule in ("gpipe", "1f1b"):
         return stages, cls(stages[0], plan.microbatches, loss_fn=loss_fn)
-    return stages, cls(stages, plan.microbatches, loss_fn=loss_fn)
+    if not shared:
+        return stages, cls(stages, plan.microbatches, loss_fn=loss_fn)
+    # torch would divide each stage's gradients by the microbatch count, so a weight two stages
+    # share twice: the schedule sums them, and its step averages each weight once.
+    schedule = cls(stages, plan.microbatches, loss_fn=loss_fn, scale_grads=False)
+    schedule.step = _averaging(
+        schedule.step, [p for s in stages for p in s.submod.parameters()], plan.microbatches
+    )
+    return stages, schedule
+
+
+def share_tied(cut: CutProgram, local: Sequence[int]) -> bool:
+    """Give the stages of one rank (``local``) that read one weight one copy of it (the first's):
+    a plan holds a weight once per device, and autograd sums its gradients into one ``.grad``.
+    Whether any was shared."""
+    shared = False
+    for fqn, held in cut.tied.items():
+        mine = [s for s in held if s in local]
+        if len(mine) < 2:
+            continue
+        first = cut.stages[mine[0]]
+        weight = getattr(first.module, attribute_of(first.parameters, fqn))
+        for s in mine[1:]:
+            stage = cut.stages[s]
+            setattr(stage.module, attribute_of(stage.parameters, fqn), weight)
+        shared = True
+    return shared
+
+
+def attribute_of(parameters: Mapping[str, str], fqn: str) -> str:
+    """The stage module's attribute holding the model's parameter ``fqn``."""
+    return next(attr for attr, f in parameters.items() if f == fqn)
+
+
+def _averaging(step: Callable[..., Any], parameters: list[Any], count: int) -> Callable[..., Any]:
+    """``step``, then each of ``parameters``' gradients (each once) divided by ``count``."""
+    import torch
+
+    once = list({id(p): p for p in parameters}.values())
+
+    def step_then_average(*args: Any, **kwargs: Any) -> Any:
+        out = step(*args, **kwargs)
+        with torch.no_grad():
+            for p in once:
+                if p.grad is not None:
+                    p.grad.div_(count)
+        return out
+
+    return step_then_average
