@@ -191,3 +191,38 @@ def test_flags_a_profile_cannot_take_are_one_line_exit_2(tmp_path, args, problem
     assert r.exit_code == 2, r.output
     said = [line for line in r.output.splitlines() if "rror" in line]
     assert len(said) == 1 and problem in said[0], r.output
+
+
+@torch.library.custom_op("baechi_test::scratchy", mutates_args=())
+def _scratchy(x: torch.Tensor) -> torch.Tensor:
+    """Holds a 1 MiB buffer while it runs, as a kernel's workspace, and returns x + 1."""
+    work = torch.ones(256, 1024)  # 1 MiB of float32
+    return x + work.sum() * 0
+
+
+@_scratchy.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Scratch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(32, 32, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(torch.ops.baechi_test.scratchy(self.conv(x)))
+
+
+def test_each_node_s_scratch_is_what_its_kernel_held_while_it_ran(tmp_path):
+    """A kernel holding a 1 MiB buffer while it runs has 1 MiB of scratch, measured: beyond its
+    inputs and outputs, freed before it returns. An op allocating only its output has none; a
+    CPU convolution reorders its input into a blocked layout (oneDNN), which is scratch too."""
+    model, x = Scratch(), torch.randn(2, 32, 16, 16)
+    program = load_program(_saved(tmp_path, model, (x,), name="scratch.pt2"))
+    run = measure_program(program, warmup=0, steps=1, threads=1)
+    by_kernel = {m.kernel.split(".")[1]: m.temporary_bytes for m in run.ops.values()}
+    assert 1 << 20 <= by_kernel["scratchy"] <= (1 << 20) + 64  # and the sum's scalar
+    assert by_kernel["relu"] == 0
+    if torch.backends.mkldnn.is_available():
+        assert by_kernel["conv2d"] >= x.numel() * x.element_size()

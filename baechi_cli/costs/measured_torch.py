@@ -9,9 +9,11 @@ runs its nodes op for op on the CPU with real tensors: ``warmup`` untimed steps,
 timed ones. It returns a :class:`~baechi_cli.costs.measured.MeasuredRun` whose ``ops`` maps each
 node's name, the name the reader gives its op, to an
 :class:`~baechi_cli.costs.measured.OpMeasurement`: the median over the timed steps of the node's
-time (the call of its operator, the output's allocation included, as eager PyTorch pays it).
-Output, temporary and persistent bytes are left to the analytic model, which sizes them exactly
-from the graph's shapes.
+time (the call of its operator, the output's allocation included, as eager PyTorch pays it),
+and its scratch: the bytes its kernel held while it ran beyond its inputs and outputs (a CPU
+convolution reorders its weight and input into blocked layouts each call), from one more step
+under torch's profiler. Output and persistent bytes are left to the analytic model, which sizes
+them exactly from the graph's shapes.
 
 What runs is what the plan is made of, in its order: every node's target is looked up among
 torch's registered operators (:func:`~baechi_cli.io.pt2_joint.interpret`; nothing from the file
@@ -101,6 +103,8 @@ def measure_program(
                     times.setdefault(name, []).append(us)
             if progress is not None:
                 progress(step + 1, total)
+        # on copies: the step updates the parameters and the optimizer's state in place
+        scratch = _scratch(torch, graph, {name: t.clone() for name, t in made.items()}, last_use)
         used = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
@@ -108,7 +112,7 @@ def measure_program(
         name: OpMeasurement(
             compute_us=statistics.median(us),
             output_bytes=(),
-            temporary_bytes=None,
+            temporary_bytes=scratch.get(name, 0),
             persistent_bytes=None,
             device="cpu",
             kernel=kernel,
@@ -181,21 +185,59 @@ def _made(node: Mapping[str, Any]) -> list[str]:
     return [n for out in node.get("outputs") or [] for n in tensor_names(out)]
 
 
-def _step(
+def _scratch(
     torch: Any, graph: Mapping[str, Any], env: dict[str, Any], last_use: Mapping[int, list[str]]
+) -> dict[str, int]:
+    """Per node, the scratch its kernel allocated while it ran (bytes, by name): one more step
+    under torch's profiler, each node marked; the most bytes held during the node above both the
+    level it started at and the level it left (its outputs), as a CPU convolution's reordered
+    weight and input are."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _step(torch, graph, env, last_use, marked=True)
+    names = {str(n["name"]) for n in graph["nodes"]}
+    events = prof.profiler.kineto_results.events()
+    spans = sorted((e.start_ns(), e.end_ns(), e.name()) for e in events if e.name() in names)
+    changes = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    out: dict[str, int] = {}
+    level, i = 0, 0
+    for start, end, name in spans:
+        while i < len(changes) and changes[i][0] < start:
+            level += changes[i][1]
+            i += 1
+        before = top = level
+        while i < len(changes) and changes[i][0] <= end:
+            level += changes[i][1]
+            top = max(top, level)
+            i += 1
+        out[name] = max(0, top - max(before, level))
+    return out
+
+
+def _step(
+    torch: Any,
+    graph: Mapping[str, Any],
+    env: dict[str, Any],
+    last_use: Mapping[int, list[str]],
+    marked: bool = False,
 ) -> dict[str, float]:
     """One step: every node run and timed (µs, by name), each tensor freed once the node after its
-    last reader has run."""
+    last reader has run; ``marked``: each node's call in a profiler range named as the node."""
+    import contextlib
+
     from baechi_cli.io.pt2_joint import interpret
 
     took: dict[str, float] = {}
     clock = time.perf_counter_ns
     index = 0
+    mark = torch.profiler.record_function if marked else lambda _: contextlib.nullcontext()
 
     def call(node: Mapping[str, Any], op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         t0 = clock()
         try:
-            result = op(*args, **kwargs)
+            with mark(str(node["name"])):
+                result = op(*args, **kwargs)
         except Exception as err:  # the operator's own refusal, on these inputs
             raise InputError(
                 f"--measure: {node.get('target')} failed in torch: {one_line(err, 200)}", op=str(node["name"])
