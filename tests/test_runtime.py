@@ -119,6 +119,25 @@ class RelativeBias(torch.nn.Module):
         return (self.fc(x) + bias).pow(2).mean()
 
 
+class ChannelsLast(torch.nn.Module):
+    """ConvNeXt's block: a linear over channels (NHWC), permuted back to NCHW, which leaves the
+    activation channels-last for the convolution that reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.conv = torch.nn.Conv2d(8, 8, 7, padding=3, groups=8)
+
+    def forward(self, x):
+        h = self.fc(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.conv(torch.relu(h)).pow(2).mean()
+
+
+def make_channels_last():
+    torch.manual_seed(0)
+    return ChannelsLast(), (torch.randn(4, 8, 6, 6),)
+
+
 def make_relative_bias():
     torch.manual_seed(0)
     return RelativeBias(), (torch.randn(4, 2, 9, 9),)
@@ -301,7 +320,7 @@ MODEL_FILE = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, {tests!r})
-    from test_runtime import make_decoder, make_convnet, make_shared, make_relative_bias
+    from test_runtime import make_decoder, make_convnet, make_shared, make_relative_bias, make_channels_last
     """
 )
 
@@ -510,6 +529,37 @@ def test_a_makespan_plan_that_splits_writes_through_views_across_devices_trains_
     assert doc["schedule"] == "makespan" and doc["ranks"] == 2 and doc["ran"] and doc["gradients_match"]
     assert "select" in doc["displaced_nodes"] and set(doc["displaced_nodes"]) <= set(doc["moved_nodes"])
     assert code == 1 and doc["as_placed"] is False
+
+
+def test_a_makespan_run_receives_a_channels_last_value_channels_last():
+    """What a run sends keeps its memory format (:func:`dense`), and gloo moves it as its NHWC view
+    (``_wire``), which shares the receiving buffer's storage: the reader gets the tensor its kernels
+    get in one process (a CPU convolution's path and scratch depend on it)."""
+    from baechi_cli.runtime.cut import dense, layout_of
+    from baechi_cli.runtime.makespan import _wire
+
+    model, (x,) = make_channels_last()
+    h = model.fc(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).detach()
+    assert layout_of(h) is torch.channels_last and dense(h) is h
+    buffer = torch.empty(h.shape, memory_format=torch.channels_last)
+    wire = _wire(buffer)
+    assert wire.is_contiguous() and wire.data_ptr() == buffer.data_ptr()
+    wire.copy_(_wire(dense(h)))
+    assert torch.equal(buffer, h) and layout_of(buffer) is torch.channels_last
+    plain = torch.randn(2, 3, 4, 4)
+    assert layout_of(plain) is torch.contiguous_format and _wire(plain) is plain
+
+
+def test_a_makespan_plan_sending_channels_last_values_trains(decoder_pt2):
+    """Each node on the other device than the last: the channels-last activation and its gradient
+    cross devices as NHWC views, and the gradients equal one process's."""
+    model, args = make_channels_last()
+    nodes = call_nodes(torch.export.export(model, args))
+    report = {"schema": "baechi.report/v1", "graph_devices": {n: i % 2 for i, n in enumerate(nodes)}}
+    (decoder_pt2 / "channels_last_makespan.json").write_text(json.dumps(report))
+    code, doc = _verify(decoder_pt2, "channels_last_makespan", func="make_channels_last")
+    assert code == 0, doc
+    assert doc["ranks"] == 2 and doc["gradients_match"] and doc["as_placed"]
 
 
 @pytest.fixture(scope="module")

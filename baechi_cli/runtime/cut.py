@@ -202,7 +202,7 @@ def cut_program(
                 StageModule(s, None, inputs, outputs, [n.name for n in mine], _params_read(mine, params))
             )
             continue
-        out.append(_stage(s, graph, mine, inputs, outputs, lifted, mutated, copy_outputs))
+        out.append(_stage(s, graph, mine, inputs, outputs, lifted, mutated, copy_outputs, thread))
 
     tied: dict[str, list[int]] = {}
     for placeholder, held in readers.items():
@@ -280,6 +280,7 @@ def _stage(
     lifted: _Lifted,
     mutated: Mapping[str, str],
     copy_outputs: bool,
+    threaded: bool = True,
 ) -> StageModule:
     """Stage ``s``: a GraphModule running ``mine`` on ``inputs``, returning ``outputs``."""
     import torch
@@ -327,7 +328,7 @@ def _stage(
                 raise InputError(f"node {node.name!r} mutates {fqn!r}, which is no buffer")
             new = g.call_function(torch.ops.aten.detach.default, (env[node.name],))
             g.call_function(torch.ops.aten.copy_.default, (value(_placeholder(graph, target)), new))
-    send = owned if copy_outputs else contiguous
+    send = owned if copy_outputs else contiguous if threaded else dense
     g.output(tuple(g.call_function(send, (env[v],)) for v in outputs))
     module = torch.fx.GraphModule(root, g)
     parameters = {a: f for a, f in attrs.items() if isinstance(getattr(module, a, None), torch.nn.Parameter)}
@@ -386,18 +387,37 @@ def _grad_contiguous_class(copy: bool = False) -> Any:
     class GradContiguous(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: Any) -> Any:
+            ctx.layout = layout_of(x)
             return x.clone() if copy else x.view_as(x)
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
-            return grad.contiguous()
+            return grad.contiguous(memory_format=ctx.layout)
 
     return GradContiguous
 
 
+def layout_of(value: Any) -> Any:
+    """``value``'s dense memory format: channels-last (3-d) when it is laid out so and not also
+    plainly contiguous, else contiguous (a strided view is sent as a contiguous copy)."""
+    import torch
+
+    for rank, layout in ((4, torch.channels_last), (5, torch.channels_last_3d)):
+        if value.dim() == rank and not value.is_contiguous() and value.is_contiguous(memory_format=layout):
+            return layout
+    return torch.contiguous_format
+
+
 def contiguous(value: Any) -> Any:
-    """``value`` in contiguous memory (itself when it is): what gloo sends."""
+    """``value`` in contiguous memory (itself when it is): what torch's pipeline stages send."""
     return value.contiguous()
+
+
+def dense(value: Any) -> Any:
+    """``value`` in dense memory (itself when it is) in its own memory format: what a makespan
+    plan's run sends (:mod:`~baechi_cli.runtime.makespan` sends a channels-last one as its NHWC
+    view), so its reader runs the kernels, and holds the scratch, it does in one process."""
+    return value.contiguous(memory_format=layout_of(value))
 
 
 def _placeholder(graph: Any, name: str) -> Any:

@@ -429,7 +429,7 @@ def _stage_times(prepared: Prepared, modules: Mapping[int, Any], reps: int = 5) 
         for _ in range(reps):
             args = [
                 a.detach().requires_grad_(grad)
-                for a, (_, _, grad) in zip(prepared.inputs[s], prepared.metas[s][0], strict=True)
+                for a, (_, _, grad, _) in zip(prepared.inputs[s], prepared.metas[s][0], strict=True)
             ]
             t0 = time.perf_counter()
             outs = [o for o in module(*args) if isinstance(o, torch.Tensor) and o.requires_grad]

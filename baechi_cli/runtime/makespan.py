@@ -146,13 +146,14 @@ class MakespanStep:
             while coming is not None and coming[0] < position:
                 _, kind, v, c, i = coming
                 coming = next(pending, None)
-                shape, dtype, _ = self.metas[c][0][i]
-                buffer = torch.empty(shape, dtype=getattr(torch, dtype))
+                shape, dtype, _, layout = self.metas[c][0][i]  # a value and its gradient alike
+                buffer = torch.empty(shape, dtype=getattr(torch, dtype), memory_format=getattr(torch, layout))
+                wire = _wire(buffer)  # the buffer's storage, as gloo receives it
                 if kind == 0:  # run c's input v, from the run that made it
                     src, tag = self.run_rank[self.cut.made_in[v]], self.tags[(v, c)]
                 else:  # the gradient of v, from run c
                     src, tag = self.run_rank[c], offset + self.tags[(v, c)]
-                posted[(kind, v, c)] = (buffer, dist.irecv(buffer, src, tag=tag))
+                posted[(kind, v, c)] = (buffer, dist.irecv(wire, src, tag=tag))
             sends = _settle(sends, position)
 
         def received(kind: int, v: str, c: int) -> Any:  # None: nothing is sent (no gradient)
@@ -189,7 +190,7 @@ class MakespanStep:
                     grads[v] = torch.ones_like(o)
                 for c in self.consumers.get(v, ()):
                     if self.run_rank[c] != self.rank:
-                        work = dist.isend(o.detach().contiguous(), self.run_rank[c], tag=self.tags[(v, c)])
+                        work = dist.isend(_wire(o.detach()), self.run_rank[c], tag=self.tags[(v, c)])
                         sends.append((self.due(self.run_rank[c], k), work))
                 if v in self.last_local:
                     made[v] = o.detach()
@@ -222,15 +223,29 @@ class MakespanStep:
                 if src < 0 or self.run_rank[src] == self.rank or not self.metas[k][0][i][2]:
                     continue
                 g = taps.pop((k, v), None)
+                shape, dtype, _, layout = self.metas[k][0][i]
                 if g is None:
-                    shape, dtype, _ = self.metas[k][0][i]
                     g = torch.zeros(shape, dtype=getattr(torch, dtype))
-                work = dist.isend(g.contiguous(), self.run_rank[src], tag=offset + self.tags[(v, k)])
+                g = _wire(g.contiguous(memory_format=getattr(torch, layout)))
+                work = dist.isend(g, self.run_rank[src], tag=offset + self.tags[(v, k)])
                 sends.append((self.due(self.run_rank[src], last - k), work))
                 del g
         arrive(last + 2)
         assert not posted, f"received but not read: {sorted(posted)[:3]}"
         return loss
+
+
+def _wire(value: Any) -> Any:
+    """A dense tensor as gloo sends and receives it, plainly contiguous: a channels-last one as
+    its NHWC (NDHWC) view of the same storage, anything else made contiguous."""
+    from baechi_cli.runtime.cut import layout_of
+
+    layout = str(layout_of(value))
+    if layout.endswith("channels_last"):
+        return value.permute(0, 2, 3, 1)
+    if layout.endswith("channels_last_3d"):
+        return value.permute(0, 2, 3, 4, 1)
+    return value.contiguous()
 
 
 def _settle(sends: list[tuple[int, Any]], position: int) -> list[tuple[int, Any]]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from baechi_cli.core.errors import InputError
 from baechi_cli.io.pt2 import export
-from baechi_cli.runtime.cut import CutProgram, cut_program
+from baechi_cli.runtime.cut import CutProgram, cut_program, layout_of
 from baechi_cli.runtime.plan import Plan, stages_from_modules
 
 
@@ -40,14 +40,15 @@ class Prepared:
     cut: CutProgram
     plan: Plan
     stage_of: dict[str, int]  # what the program was cut by
-    # per stage, (inputs, outputs) as (shape, dtype name, requires_grad): one microbatch's values
+    # per stage, (inputs, outputs) as (shape, dtype name, requires_grad, memory format name): one
+    # microbatch's values
     metas: list[tuple[list[Meta], list[Meta]]] | None = None
     inputs: list[tuple[Any, ...]] | None = None  # each stage's inputs on microbatch 0 (detached)
     # zbv: the stages whose backward torch cannot split into input and weight gradients (tried)
     whole_backward: list[int] = field(default_factory=list)
 
 
-Meta = tuple[tuple[int, ...], str, bool]
+Meta = tuple[tuple[int, ...], str, bool, str]
 
 
 def stage_metas(prepared: Prepared) -> list[tuple[list[Meta], list[Meta]]]:
@@ -57,7 +58,8 @@ def stage_metas(prepared: Prepared) -> list[tuple[list[Meta], list[Meta]]]:
     import torch
 
     def meta(t: Any) -> Meta:
-        return tuple(t.shape), str(t.dtype).removeprefix("torch."), bool(t.requires_grad)
+        layout = str(layout_of(t)).removeprefix("torch.")
+        return tuple(t.shape), str(t.dtype).removeprefix("torch."), bool(t.requires_grad), layout
 
     user = prepared.program.graph_signature.user_inputs
     env = dict(zip(user, prepared.microbatches[0], strict=True))
@@ -217,7 +219,7 @@ def _splits_backward(prepared: Prepared, s: int) -> bool:
     def run(split: bool) -> list[Any]:
         module = copy.deepcopy(prepared.cut.stages[s].module)
         values = [
-            v.detach().requires_grad_(g) for v, (_, _, g) in zip(prepared.inputs[s], prepared.metas[s][0])
+            v.detach().requires_grad_(g) for v, (_, _, g, _) in zip(prepared.inputs[s], prepared.metas[s][0])
         ]
         outputs = list(module(*values))
         grads = None if last else [torch.ones_like(o) if o.requires_grad else None for o in outputs]
@@ -324,8 +326,10 @@ def build(
 
     def examples(metas: list[Meta]) -> tuple[Any, ...]:  # what the stage receives or sends: sizes only
         return tuple(
-            torch.empty(shape, dtype=getattr(torch, dtype), device=device).requires_grad_(grad)
-            for shape, dtype, grad in metas
+            torch.empty(
+                shape, dtype=getattr(torch, dtype), device=device, memory_format=getattr(torch, layout)
+            ).requires_grad_(grad)
+            for shape, dtype, grad, layout in metas
         )
 
     # Given the sizes, torch does not run a stage on uninitialised inputs to find them (which
