@@ -376,6 +376,28 @@ def test_a_depthwise_convolutions_cpu_workspace_is_the_one_torch_allocates(tmp_p
         assert charged > 0 and abs(measured - charged) <= 0.02 * charged
 
 
+class DepthwiseOnePixel(nn.Module):
+    """ConvNeXt's last stage at a small input: a 1 x 1 map, channels-last from a permute, through a
+    7 x 7 depthwise convolution. Its size-1 dimensions make it plainly contiguous too; its strides
+    (and torch's choice of kernel from them) say channels-last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(64, 64, 7, padding=3, groups=64)
+
+    def forward(self, x):
+        return self.conv(x[:, None, None, :].permute(0, 3, 1, 2)).flatten(1)
+
+
+def test_a_depthwise_convolution_over_a_one_pixel_map_is_charged_the_workspace_torch_allocates(tmp_path):
+    model, x = DepthwiseOnePixel(), torch.randn(4, 64)
+    g = read_pt2_with_notes(save(tmp_path, model, x, name="pixel.pt2"), training="sgd").graph
+    (backward,) = [v for v in range(g.num_ops) if g.op_types[v] == "aten.convolution_backward"]
+    charged = g.attrs[backward].get("_workspace_bytes", 0)
+    measured = _conv_backward_scratch(model, x)
+    assert charged > 0 and abs(measured - charged) <= 0.02 * charged
+
+
 class GatherHeld(nn.Module):
     """A linear layer's output gathered along its last axis (DeBERTa's relative positions):
     autograd's gather node saves its whole input, though its backward reads only the sizes."""

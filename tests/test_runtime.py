@@ -531,23 +531,27 @@ def test_a_makespan_plan_that_splits_writes_through_views_across_devices_trains_
     assert code == 1 and doc["as_placed"] is False
 
 
-def test_a_makespan_run_receives_a_channels_last_value_channels_last():
-    """What a run sends keeps its memory format (:func:`dense`), and gloo moves it as its NHWC view
-    (``_wire``), which shares the receiving buffer's storage: the reader gets the tensor its kernels
-    get in one process (a CPU convolution's path and scratch depend on it)."""
-    from baechi_cli.runtime.cut import dense, layout_of
+def test_a_makespan_run_receives_a_value_with_the_strides_one_process_gives_it():
+    """What a run sends keeps its strides (:func:`dense`), and gloo moves it as its view in
+    :func:`dense_order`, which shares the receiving buffer's storage: the reader gets the tensor
+    its kernels get in one process (a CPU convolution's path and scratch depend on the strides,
+    even of a 1 x 1 map's size-1 dimensions)."""
+    from baechi_cli.runtime.cut import dense, dense_order
     from baechi_cli.runtime.makespan import _wire
 
     model, (x,) = make_channels_last()
     h = model.fc(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).detach()
-    assert layout_of(h) is torch.channels_last and dense(h) is h
-    buffer = torch.empty(h.shape, memory_format=torch.channels_last)
-    wire = _wire(buffer)
-    assert wire.is_contiguous() and wire.data_ptr() == buffer.data_ptr()
-    wire.copy_(_wire(dense(h)))
-    assert torch.equal(buffer, h) and layout_of(buffer) is torch.channels_last
-    plain = torch.randn(2, 3, 4, 4)
-    assert layout_of(plain) is torch.contiguous_format and _wire(plain) is plain
+    pooled = h.mean((2, 3), keepdim=True)  # (4, 8, 1, 1), strides of a channels-last map
+    for value in (h, pooled):
+        assert dense(value) is value and dense_order(value.stride(), value.shape) is not None
+        buffer = torch.empty_strided(value.shape, value.stride())
+        wire = _wire(buffer)
+        assert wire.is_contiguous() and wire.data_ptr() == buffer.data_ptr()
+        wire.copy_(_wire(dense(value)))
+        assert torch.equal(buffer, value) and buffer.stride() == value.stride()
+    assert h.is_contiguous(memory_format=torch.channels_last) and not h.is_contiguous()
+    gappy = torch.randn(4, 6)[:, ::2]
+    assert dense_order(gappy.stride(), gappy.shape) is None and dense(gappy).is_contiguous()
 
 
 def test_a_makespan_plan_sending_channels_last_values_trains(decoder_pt2):

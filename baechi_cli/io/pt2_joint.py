@@ -441,10 +441,26 @@ def _recorder_class() -> Any:
 def _cpu_conv_layout(torch: Any, func: Any, args: Any, kwargs: Any, out: Any) -> Any:
     """A convolution's (or its backward's) meta result in the memory format CPU's kernel gives
     it, as a fake CPU tensor has it (torch's ``fake_impls.conv``): the backend CPU selects for
-    these sizes and strides decides, asked of CPU tensors that are never written (so never
-    touched). What a later op decomposes into can depend on it (a transpose of a channels-last
-    output is contiguous)."""
-    named = _named_args(func, args, kwargs)
+    these sizes and strides decides (:func:`_cpu_conv_format`). What a later op decomposes into
+    can depend on it (a transpose of a channels-last output is contiguous)."""
+    layout = _cpu_conv_format(torch, _named_args(func, args, kwargs))
+
+    def convert(t: Any) -> Any:
+        if t is None:
+            return t
+        if t.dim() == 3 and layout == torch.channels_last:
+            return t.unsqueeze(2).to(memory_format=layout).squeeze(2)
+        return t.to(memory_format=layout)
+
+    if func is torch.ops.aten.convolution.default:
+        return convert(out)
+    return (convert(out[0]), convert(out[1]), out[2])
+
+
+def _cpu_conv_format(torch: Any, named: Mapping[str, Any]) -> Any:
+    """The memory format CPU's convolution kernel runs a call in (``named``: its arguments by schema
+    name; fake or meta tensors), asked of CPU tensors of the same sizes and strides that are
+    never written (so never touched): torch's own choice of backend and layout."""
     source, weight = named["input"], named["weight"]
 
     def on_cpu(t: Any) -> Any:
@@ -466,18 +482,7 @@ def _cpu_conv_layout(torch: Any, func: Any, args: Any, kwargs: Any, out: Any) ->
     backend = torch._C._select_conv_backend(source, weight, **select)
     if weight.ndim == 3:  # 1-d: as 2-d, as the backend sees it
         source, weight = source.contiguous().unsqueeze(2), weight.unsqueeze(2)
-    layout = torch._C._conv_determine_backend_memory_format(source, weight, backend)
-
-    def convert(t: Any) -> Any:
-        if t is None:
-            return t
-        if t.dim() == 3 and layout == torch.channels_last:
-            return t.unsqueeze(2).to(memory_format=layout).squeeze(2)
-        return t.to(memory_format=layout)
-
-    if func is torch.ops.aten.convolution.default:
-        return convert(out)
-    return (convert(out[0]), convert(out[1]), out[2])
+    return torch._C._conv_determine_backend_memory_format(source, weight, backend)
 
 
 def _named_args(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -523,9 +528,9 @@ DEPTHWISE_WEIGHT_GRAD_WORKSPACE = 1028
 
 def _cpu_workspace_bytes(torch: Any, node: Any) -> int:
     """Scratch that CPU's kernel for a traced node allocates while it runs, beyond its outputs: so
-    far a depthwise ``convolution_backward``'s weight gradient from a channels-last input
-    (:data:`DEPTHWISE_WEIGHT_GRAD_WORKSPACE` per weight element, kernels of 5 x 5 or more); 0
-    for anything else."""
+    far a depthwise ``convolution_backward``'s weight gradient when CPU's kernel runs it
+    channels-last (:func:`_cpu_conv_format`; :data:`DEPTHWISE_WEIGHT_GRAD_WORKSPACE` per weight
+    element, kernels of 5 x 5 or more); 0 for anything else."""
     if node.target is not torch.ops.aten.convolution_backward.default:
         return 0
     named = _named_args(node.target, node.args, node.kwargs)
@@ -536,10 +541,10 @@ def _cpu_workspace_bytes(torch: Any, node: Any) -> int:
         return 0
     channels, kh, kw = source.shape[1], weight.shape[2], weight.shape[3]
     depthwise = named.get("groups") == channels > 1 and weight.shape[0] == channels and weight.shape[1] == 1
-    channels_last = source.stride()[1] == 1 and source.shape[2] * source.shape[3] > 1
-    if depthwise and channels_last and min(kh, kw) >= 5:
-        return channels * kh * kw * DEPTHWISE_WEIGHT_GRAD_WORKSPACE
-    return 0
+    if not depthwise or min(kh, kw) < 5:
+        return 0
+    layout = _cpu_conv_format(torch, {**named, "input": source, "weight": weight})
+    return channels * kh * kw * DEPTHWISE_WEIGHT_GRAD_WORKSPACE if layout == torch.channels_last else 0
 
 
 def _first_tensor(value: Any, tensor_type: type) -> Any:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -387,7 +387,7 @@ def _grad_contiguous_class(copy: bool = False) -> Any:
     class GradContiguous(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: Any) -> Any:
-            ctx.layout = layout_of(x)
+            ctx.layout = _memory_format(x)
             return x.clone() if copy else x.view_as(x)
 
         @staticmethod
@@ -397,9 +397,9 @@ def _grad_contiguous_class(copy: bool = False) -> Any:
     return GradContiguous
 
 
-def layout_of(value: Any) -> Any:
-    """``value``'s dense memory format: channels-last (3-d) when it is laid out so and not also
-    plainly contiguous, else contiguous (a strided view is sent as a contiguous copy)."""
+def _memory_format(value: Any) -> Any:
+    """``value``'s memory format: channels-last (3-d) when it is laid out so and not also plainly
+    contiguous, else contiguous."""
     import torch
 
     for rank, layout in ((4, torch.channels_last), (5, torch.channels_last_3d)):
@@ -408,16 +408,37 @@ def layout_of(value: Any) -> Any:
     return torch.contiguous_format
 
 
+def dense_order(strides: Sequence[int], shape: Sequence[int]) -> list[int] | None:
+    """The order of dimensions in which a tensor of ``shape`` and ``strides`` is plainly
+    contiguous (its permutation by it is), or None when its elements do not fill their storage
+    without gaps. Dimensions by stride, largest first, ties in index order.
+
+    >>> dense_order((256, 1, 256, 256), (8, 256, 1, 1))  # a channels-last 1 x 1 map
+    [0, 2, 3, 1]
+    >>> dense_order((1, 4), (4, 1)), dense_order((4, 1), (2, 2)) is None  # dense; every other column
+    ([1, 0], True)
+    """
+    order = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
 def contiguous(value: Any) -> Any:
     """``value`` in contiguous memory (itself when it is): what torch's pipeline stages send."""
     return value.contiguous()
 
 
 def dense(value: Any) -> Any:
-    """``value`` in dense memory (itself when it is) in its own memory format: what a makespan
-    plan's run sends (:mod:`~baechi_cli.runtime.makespan` sends a channels-last one as its NHWC
-    view), so its reader runs the kernels, and holds the scratch, it does in one process."""
-    return value.contiguous(memory_format=layout_of(value))
+    """``value`` itself when its elements fill their storage without gaps, in whatever order of
+    dimensions (its strides kept: a channels-last activation, a 1 x 1 map's), else a contiguous
+    copy: what a makespan plan's run sends (:mod:`~baechi_cli.runtime.makespan` sends it as its
+    :func:`dense_order` view), so its reader runs the kernels, and holds the scratch, it runs in
+    one process."""
+    return value if dense_order(value.stride(), value.shape) is not None else value.contiguous()
 
 
 def _placeholder(graph: Any, name: str) -> Any:

@@ -146,8 +146,8 @@ class MakespanStep:
             while coming is not None and coming[0] < position:
                 _, kind, v, c, i = coming
                 coming = next(pending, None)
-                shape, dtype, _, layout = self.metas[c][0][i]  # a value and its gradient alike
-                buffer = torch.empty(shape, dtype=getattr(torch, dtype), memory_format=getattr(torch, layout))
+                shape, dtype, _, strides = self.metas[c][0][i]  # a value and its gradient alike
+                buffer = torch.empty_strided(shape, strides, dtype=getattr(torch, dtype))
                 wire = _wire(buffer)  # the buffer's storage, as gloo receives it
                 if kind == 0:  # run c's input v, from the run that made it
                     src, tag = self.run_rank[self.cut.made_in[v]], self.tags[(v, c)]
@@ -223,10 +223,12 @@ class MakespanStep:
                 if src < 0 or self.run_rank[src] == self.rank or not self.metas[k][0][i][2]:
                     continue
                 g = taps.pop((k, v), None)
-                shape, dtype, _, layout = self.metas[k][0][i]
-                if g is None:
-                    g = torch.zeros(shape, dtype=getattr(torch, dtype))
-                g = _wire(g.contiguous(memory_format=getattr(torch, layout)))
+                shape, dtype, _, strides = self.metas[k][0][i]  # sent as its value was
+                if g is None or tuple(g.stride()) != tuple(strides):
+                    g = torch.empty_strided(shape, strides, dtype=getattr(torch, dtype)).copy_(
+                        torch.zeros(()) if g is None else g
+                    )
+                g = _wire(g)
                 work = dist.isend(g, self.run_rank[src], tag=offset + self.tags[(v, k)])
                 sends.append((self.due(self.run_rank[src], last - k), work))
                 del g
@@ -236,16 +238,12 @@ class MakespanStep:
 
 
 def _wire(value: Any) -> Any:
-    """A dense tensor as gloo sends and receives it, plainly contiguous: a channels-last one as
-    its NHWC (NDHWC) view of the same storage, anything else made contiguous."""
-    from baechi_cli.runtime.cut import layout_of
+    """A dense tensor as gloo sends and receives it, plainly contiguous: its view in
+    :func:`~baechi_cli.runtime.cut.dense_order` (the same storage; a channels-last one as NHWC)."""
+    from baechi_cli.runtime.cut import dense_order
 
-    layout = str(layout_of(value))
-    if layout.endswith("channels_last"):
-        return value.permute(0, 2, 3, 1)
-    if layout.endswith("channels_last_3d"):
-        return value.permute(0, 2, 3, 4, 1)
-    return value.contiguous()
+    order = dense_order(value.stride(), value.shape)
+    return value.contiguous() if order is None else value.permute(order)
 
 
 def _settle(sends: list[tuple[int, Any]], position: int) -> list[tuple[int, Any]]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from baechi_cli.core.errors import InputError
 from baechi_cli.io.pt2 import export
-from baechi_cli.runtime.cut import CutProgram, cut_program, layout_of
+from baechi_cli.runtime.cut import CutProgram, cut_program
 from baechi_cli.runtime.plan import Plan, stages_from_modules
 
 
@@ -40,15 +40,15 @@ class Prepared:
     cut: CutProgram
     plan: Plan
     stage_of: dict[str, int]  # what the program was cut by
-    # per stage, (inputs, outputs) as (shape, dtype name, requires_grad, memory format name): one
-    # microbatch's values
+    # per stage, (inputs, outputs) as (shape, dtype name, requires_grad, strides): one microbatch's
+    # values
     metas: list[tuple[list[Meta], list[Meta]]] | None = None
     inputs: list[tuple[Any, ...]] | None = None  # each stage's inputs on microbatch 0 (detached)
     # zbv: the stages whose backward torch cannot split into input and weight gradients (tried)
     whole_backward: list[int] = field(default_factory=list)
 
 
-Meta = tuple[tuple[int, ...], str, bool, str]
+Meta = tuple[tuple[int, ...], str, bool, tuple[int, ...]]
 
 
 def stage_metas(prepared: Prepared) -> list[tuple[list[Meta], list[Meta]]]:
@@ -58,8 +58,7 @@ def stage_metas(prepared: Prepared) -> list[tuple[list[Meta], list[Meta]]]:
     import torch
 
     def meta(t: Any) -> Meta:
-        layout = str(layout_of(t)).removeprefix("torch.")
-        return tuple(t.shape), str(t.dtype).removeprefix("torch."), bool(t.requires_grad), layout
+        return tuple(t.shape), str(t.dtype).removeprefix("torch."), bool(t.requires_grad), tuple(t.stride())
 
     user = prepared.program.graph_signature.user_inputs
     env = dict(zip(user, prepared.microbatches[0], strict=True))
@@ -326,10 +325,10 @@ def build(
 
     def examples(metas: list[Meta]) -> tuple[Any, ...]:  # what the stage receives or sends: sizes only
         return tuple(
-            torch.empty(
-                shape, dtype=getattr(torch, dtype), device=device, memory_format=getattr(torch, layout)
-            ).requires_grad_(grad)
-            for shape, dtype, grad, layout in metas
+            torch.empty_strided(shape, strides, dtype=getattr(torch, dtype), device=device).requires_grad_(
+                grad
+            )
+            for shape, dtype, grad, strides in metas
         )
 
     # Given the sizes, torch does not run a stage on uninitialised inputs to find them (which
