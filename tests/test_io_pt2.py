@@ -376,6 +376,38 @@ def test_a_depthwise_convolutions_cpu_workspace_is_the_one_torch_allocates(tmp_p
         assert charged > 0 and abs(measured - charged) <= 0.02 * charged
 
 
+class TypeAs(nn.Module):
+    """DeBERTa's ``type_as``: a mask cast to the dtype of a later layer's output, which the traced
+    step reads for its dtype alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.b(torch.tanh(self.a(x)))
+        return h * (x > 0).type_as(h)
+
+
+def test_a_node_taking_a_tensor_for_its_dtype_alone_is_ordered_after_it(tmp_path):
+    """The runtime runs ``type_as`` with the tensor it takes, so a plan must not put it before
+    that tensor's node: the reader adds the edge the traced ops (a cast of the mask) lack."""
+    from baechi_cli.core.graph import CONTROL_PORT
+
+    g = read_pt2_with_notes(
+        save(tmp_path, TypeAs(), torch.randn(4, 16), name="type_as.pt2"), training="sgd"
+    ).graph
+    forward = [v for v in range(g.num_ops) if not g.is_backward[v] and "_source" in g.attrs[v]]
+    ops_of: dict[str, list[int]] = {}
+    for v in forward:
+        ops_of.setdefault(g.attrs[v]["_source"], []).append(v)
+    (cast,) = [n for n in ops_of if n.startswith("type_as")]
+    made = ops_of["linear_1"]
+    into = {(s, d) for s, d, port in zip(g.edge_src, g.edge_dst, g.edge_port) if d in ops_of[cast]}
+    assert any(s in made for s, _ in into)
+    assert (made[-1], ops_of[cast][0]) in into and CONTROL_PORT in g.edge_port
+
+
 class DepthwiseOnePixel(nn.Module):
     """ConvNeXt's last stage at a small input: a 1 x 1 map, channels-last from a permute, through a
     7 x 7 depthwise convolution. Its size-1 dimensions make it plainly contiguous too; its strides

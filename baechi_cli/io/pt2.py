@@ -301,9 +301,11 @@ class _Reader:
         groups = self.graph.get("baechi_write_groups") or []
         if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
             raise InputError("the traced step's baechi_write_groups is not a list of node lists")
-        return Pt2Read(
-            _with_sources_together(own_initializers(builder.build(), inits, consumers), groups), self.notes
-        )
+        takes = self.graph.get("baechi_program_inputs") or {}
+        if not isinstance(takes, dict):
+            raise InputError("the traced step's baechi_program_inputs is not a mapping of node lists")
+        graph = _in_program_order(own_initializers(builder.build(), inits, consumers), takes)
+        return Pt2Read(_with_sources_together(graph, groups), self.notes)
 
     def _inputs(self) -> dict[str, str]:
         """Placeholder name -> its kind (user_input, parameter, buffer, ...), in graph order."""
@@ -640,6 +642,39 @@ def _with_sources_together(graph: OpGraph, write_groups: Sequence[Sequence[str]]
             union(forward, v)
     group = [find(v) for v in range(graph.num_ops)]
     return graph if group == graph.group else graph.replace(group=group)
+
+
+def _in_program_order(graph: OpGraph, takes: Mapping[str, Any]) -> OpGraph:
+    """``graph`` with a control edge from a program node's last forward op to the first of each
+    node that takes its tensor (``takes``: node -> the nodes it takes) where their traced ops share
+    no edge: a node reading another's tensor for its dtype or size (``type_as``, ``zeros_like``)
+    traces ops that do not read it, but the runtime runs the node, which needs the tensor, so a
+    plan must not put it before that tensor. O(V + E)."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for v, attrs in enumerate(graph.attrs):
+        source = attrs.get("_source")
+        if source is None or graph.is_backward[v] or "_phase" not in attrs:
+            continue
+        first.setdefault(source, v)
+        last[source] = v
+    linked = {
+        (graph.attrs[s].get("_source"), graph.attrs[d].get("_source"))
+        for s, d in zip(graph.edge_src, graph.edge_dst, strict=True)
+    }
+    missing = [
+        (last[m], first[n])
+        for n, makers in sorted(takes.items())
+        if n in first
+        for m in makers
+        if m in last and (m, n) not in linked
+    ]
+    if not missing:
+        return graph
+    builder = GraphBuilder.from_graph(graph)
+    for src, dst in missing:
+        builder.add_edge(src, dst, CONTROL_PORT)
+    return builder.build()
 
 
 def _weight_views(graph: OpGraph) -> dict[int, str]:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from baechi_cli.core.errors import InputError, MissingDependencyError, one_line
-from baechi_cli.io.aliasing import program_groups
+from baechi_cli.io.aliasing import program_groups, tensor_names
 
 #: torch dtype name -> the export schema's ScalarType value (the inverse of pt2.DTYPES).
 _SCALAR_TYPES = {
@@ -104,7 +104,30 @@ def joint_program(
     step["graph_module"]["graph"]["baechi_write_groups"] = program_groups(
         graph["nodes"], functools.partial(_schema, torch)
     )
+    step["graph_module"]["graph"]["baechi_program_inputs"] = _program_inputs(graph["nodes"])
     return step
+
+
+def _program_inputs(nodes: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Per program node, the program nodes whose tensors it takes (``type_as``'s ``other``,
+    ``zeros_like``'s input: read for their dtype or size alone, so the traced ops may not read
+    them), in program order."""
+    made_by: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
+    for node in nodes:
+        name = str(node.get("name"))
+        takes = []
+        for item in node.get("inputs") or []:
+            for tensor in tensor_names(item.get("arg") or {}):
+                maker = made_by.get(tensor)
+                if maker is not None and maker != name and maker not in takes:
+                    takes.append(maker)
+        if takes:
+            out[name] = takes
+        for item in node.get("outputs") or []:
+            for tensor in tensor_names(item):
+                made_by[tensor] = name
+    return out
 
 
 def _schema(torch: Any, target: str) -> Any:
