@@ -352,7 +352,11 @@ def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
         "trained one step on gloo ranks with every gradient within 1e-5 (relative L2) of one",
         "process's, its stage count, and the worst gradient's relative L2.",
         "",
-        f"Machine: {os.cpu_count()} cores; load at the start {results['load']}; torch {results['torch']}.",
+        f"Machine: {os.cpu_count()} cores; load at the start {results['load']}; torch {results['torch']}."
+        + "".join(
+            f" Re-run {', '.join(r['models'])} ({r['why']}; load at the start {r['load']})."
+            for r in results.get("rerun") or []
+        ),
         "",
     ]
     total = ok = 0
