@@ -271,11 +271,8 @@ def cell(row: dict[str, Any] | None) -> str:
         return f"**fails** ({row.get('stages')} st)"
     worst = row["worst"]["relative_l2"]
     mark = "ok" if row["gradients_match"] else "**differs**"
-    if row.get("as_placed") is False:  # ran, but not the plan: nodes split or moved by the runtime
-        mark += (
-            f" **not as placed** ({row.get('split_nodes')} nodes split, "
-            f"{row.get('displaced_nodes', 0)} moved)"
-        )
+    if row.get("as_placed") is False:
+        mark += f" **not as placed** ({not_placed(row)})"
     return f"{mark} {row['stages']} st, {worst:.0e}" if worst is not None else f"{mark} {row['stages']} st"
 
 
@@ -303,6 +300,11 @@ def summary(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def not_placed(row: dict[str, Any]) -> str:
+    """Why a plan that ran did not run as placed: nodes it split, nodes the runtime moved."""
+    return f"{row.get('split_nodes')} nodes split, {row.get('displaced_nodes', 0)} moved"
+
+
 def peak_ratios(row: dict[str, Any]) -> str:
     """A plan's ranks' measured peak over the predicted one, comma-separated."""
     return ", ".join(
@@ -323,9 +325,7 @@ def makespan_section(results: dict[str, Any]) -> list[str]:
         if not row or not row.get("ran"):
             continue
         peaks = peak_ratios(row)
-        placed = {True: "yes", False: f"**no** ({row.get('split_nodes')} nodes split)"}.get(
-            row.get("as_placed"), "-"
-        )
+        placed = {True: "yes", False: f"**no** ({not_placed(row)})"}.get(row.get("as_placed"), "-")
         rows.append(f"| {name} | {row['stages']} | {row.get('devices_used', '-')} | {placed} | {peaks} |")
     if not rows:
         return []

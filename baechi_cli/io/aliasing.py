@@ -118,10 +118,10 @@ def write_groups(nodes: Sequence[Access]) -> list[list[str]]:
     return [[nodes[i].node for i in g] for g in groups]
 
 
-def program_groups(nodes: Sequence[Mapping[str, Any]], schema_of: Callable[[str], Any]) -> list[list[str]]:
-    """:func:`write_groups` of a program's nodes in torch's export schema (JSON: ``inputs`` by
-    schema argument name, ``outputs``); ``schema_of(target)`` is the op's schema (None: no views,
-    no writes)."""
+def program_accesses(nodes: Sequence[Mapping[str, Any]], schema_of: Callable[[str], Any]) -> list[Access]:
+    """The :class:`Access` of each of a program's nodes in torch's export schema (JSON: ``inputs``
+    by schema argument name, ``outputs``), for :func:`write_groups`; ``schema_of(target)`` is the
+    op's schema (None: no views, no writes)."""
     accesses = []
     for node in nodes:
         args = {str(item.get("name")): item.get("arg") or {} for item in node.get("inputs") or []}
@@ -134,7 +134,7 @@ def program_groups(nodes: Sequence[Mapping[str, Any]], schema_of: Callable[[str]
             else (set(), set())
         )
         accesses.append(Access(str(node.get("name")), makes, reads, frozenset(views), frozenset(writes)))
-    return write_groups(accesses)
+    return accesses
 
 
 def tensor_names(arg: Any, keep_none: bool = False) -> list[str]:

@@ -620,15 +620,11 @@ def _with_sources_together(graph: OpGraph, write_groups: Sequence[Sequence[str]]
         if a != b:
             parent[max(a, b)] = min(a, b)
 
-    first: dict[str, int] = {}
-    for v, attrs in enumerate(graph.attrs):
-        source = attrs.get("_source")
-        if source is None or graph.is_backward[v] or "_phase" not in attrs:
-            continue
-        if source in first:
-            union(first[source], v)
-        else:
-            first[source] = v
+    ops_of = _forward_ops(graph)
+    first = {source: ops[0] for source, ops in ops_of.items()}
+    for ops in ops_of.values():
+        for v in ops[1:]:
+            union(ops[0], v)
     for names in write_groups:
         ops = [first[str(n)] for n in names if str(n) in first]
         for v in ops[1:]:
@@ -650,24 +646,17 @@ def _in_program_order(graph: OpGraph, takes: Mapping[str, Any]) -> OpGraph:
     no edge: a node reading another's tensor for its dtype or size (``type_as``, ``zeros_like``)
     traces ops that do not read it, but the runtime runs the node, which needs the tensor, so a
     plan must not put it before that tensor. O(V + E)."""
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for v, attrs in enumerate(graph.attrs):
-        source = attrs.get("_source")
-        if source is None or graph.is_backward[v] or "_phase" not in attrs:
-            continue
-        first.setdefault(source, v)
-        last[source] = v
+    ops_of = _forward_ops(graph)
     linked = {
         (graph.attrs[s].get("_source"), graph.attrs[d].get("_source"))
         for s, d in zip(graph.edge_src, graph.edge_dst, strict=True)
     }
     missing = [
-        (last[m], first[n])
+        (ops_of[m][-1], ops_of[n][0])
         for n, makers in sorted(takes.items())
-        if n in first
+        if n in ops_of
         for m in makers
-        if m in last and (m, n) not in linked
+        if m in ops_of and (m, n) not in linked
     ]
     if not missing:
         return graph
@@ -675,6 +664,16 @@ def _in_program_order(graph: OpGraph, takes: Mapping[str, Any]) -> OpGraph:
     for src, dst in missing:
         builder.add_edge(src, dst, CONTROL_PORT)
     return builder.build()
+
+
+def _forward_ops(graph: OpGraph) -> dict[str, list[int]]:
+    """Each program node's forward ops in a traced step (``_source``, with a ``_phase``), in order. O(V)."""
+    ops_of: dict[str, list[int]] = {}
+    for v, attrs in enumerate(graph.attrs):
+        source = attrs.get("_source")
+        if source is not None and not graph.is_backward[v] and "_phase" in attrs:
+            ops_of.setdefault(source, []).append(v)
+    return ops_of
 
 
 def _weight_views(graph: OpGraph) -> dict[int, str]:

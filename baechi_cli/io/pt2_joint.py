@@ -23,7 +23,8 @@ node whose CPU kernel allocates scratch beyond its outputs, ``metadata["baechi_w
 (:func:`_cpu_workspace_bytes`). The graph's ``baechi_saved`` lists [tensor, sequence number] per
 tensor an autograd node saved (the recorder's trace only); its ``baechi_write_groups``, the
 program nodes that must run in one process (a tensor written in place and read around the write,
-:func:`~baechi_cli.io.aliasing.write_groups`).
+:func:`~baechi_cli.io.aliasing.write_groups`); its ``baechi_program_inputs``, per program node the
+nodes whose tensors it takes (:func:`_program_inputs`).
 Needs torch (``MissingDependencyError`` without it). O(nodes) traced ops.
 """
 
@@ -38,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from baechi_cli.core.errors import InputError, MissingDependencyError, one_line
-from baechi_cli.io.aliasing import program_groups, tensor_names
+from baechi_cli.io.aliasing import Access, program_accesses, write_groups
 
 #: torch dtype name -> the export schema's ScalarType value (the inverse of pt2.DTYPES).
 _SCALAR_TYPES = {
@@ -101,32 +102,28 @@ def joint_program(
     step = _as_program(
         torch, traced, placeholders, params, state_names, trace.marks, specs, trace.sources, trace.saved
     )
-    step["graph_module"]["graph"]["baechi_write_groups"] = program_groups(
-        graph["nodes"], functools.partial(_schema, torch)
-    )
-    step["graph_module"]["graph"]["baechi_program_inputs"] = _program_inputs(graph["nodes"])
+    accesses = program_accesses(graph["nodes"], functools.partial(_schema, torch))
+    step["graph_module"]["graph"]["baechi_write_groups"] = write_groups(accesses)
+    step["graph_module"]["graph"]["baechi_program_inputs"] = _program_inputs(accesses)
     return step
 
 
-def _program_inputs(nodes: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+def _program_inputs(accesses: Sequence[Access]) -> dict[str, list[str]]:
     """Per program node, the program nodes whose tensors it takes (``type_as``'s ``other``,
     ``zeros_like``'s input: read for their dtype or size alone, so the traced ops may not read
     them), in program order."""
     made_by: dict[str, str] = {}
     out: dict[str, list[str]] = {}
-    for node in nodes:
-        name = str(node.get("name"))
+    for access in accesses:
         takes = []
-        for item in node.get("inputs") or []:
-            for tensor in tensor_names(item.get("arg") or {}):
-                maker = made_by.get(tensor)
-                if maker is not None and maker != name and maker not in takes:
-                    takes.append(maker)
+        for tensor in access.reads:
+            maker = made_by.get(tensor)
+            if maker is not None and maker != access.node and maker not in takes:
+                takes.append(maker)
         if takes:
-            out[name] = takes
-        for item in node.get("outputs") or []:
-            for tensor in tensor_names(item):
-                made_by[tensor] = name
+            out[access.node] = takes
+        for tensor in access.makes:
+            made_by[tensor] = access.node
     return out
 
 

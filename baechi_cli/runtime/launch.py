@@ -35,12 +35,12 @@ import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from baechi_cli.core.errors import InputError, one_line
 from baechi_cli.runtime.plan import Plan, read_plan
-from baechi_cli.runtime.stages import Prepared, attribute_of, loss_of, prepare, reload, share_tied
+from baechi_cli.runtime.stages import Prepared, attribute_of, each_once, loss_of, prepare, reload, share_tied
 
 RTOL = 1e-5  # relative L2 of a gradient against one process's
 # A gradient's norm is held to at least this share of the model's largest: one that is zero in exact
@@ -279,15 +279,15 @@ def _run_rank(
             copies = [
                 getattr(modules[s], attribute_of(cut.stages[s].parameters, fqn)) for s in held if s in modules
             ]
-            syncs.append((fqn, _each_once(copies), group))
+            syncs.append((fqn, each_once(copies), group))
     losses: list[float] = []
     worst: dict[str, float] = {}
     step_s: list[float] = []
     peak = 0
-    parameters = _each_once(p for m in modules.values() for p in m.parameters())
+    parameters = each_once(p for m in modules.values() for p in m.parameters())
     resident = sum(  # before the first step: weights and buffers (no gradients yet), each once
         t.numel() * t.element_size()
-        for t in [*parameters, *_each_once(b for m in modules.values() for b in m.buffers())]
+        for t in [*parameters, *each_once(b for m in modules.values() for b in m.buffers())]
     )
     for step in range(steps):
         for p in parameters:
@@ -367,11 +367,6 @@ def _stepper(prepared: Prepared, rank: int, device: Any) -> Any:
         return losses
 
     return pipeline_step
-
-
-def _each_once(tensors: Iterable[Any]) -> list[Any]:
-    """``tensors`` without repeats (by identity: runs of one rank share a tied weight), in order."""
-    return list({id(t): t for t in tensors}.values())
 
 
 def _sync_tied(syncs: list[tuple[str, list[Any], Any]]) -> None:
@@ -461,6 +456,7 @@ def _summary(
     threads: int,
 ) -> dict[str, Any]:
     plan, cut = prepared.plan, prepared.cut
+    displaced = _displaced(plan, cut)
     predicted_peak, predicted_compute = _predictions(report, plan)
     measured: dict[int, float] = {}
     for result in results.values():
@@ -512,14 +508,14 @@ def _summary(
         "tied": [{"parameter": fqn, "stages": stages} for fqn, stages in sorted(cut.tied.items())],
         "moved_nodes": cut.moved,
         # nodes the runtime ran in another stage (a makespan plan: on another device) than planned
-        "displaced_nodes": _displaced(plan, cut),
+        "displaced_nodes": displaced,
         # zbv stages whose weight gradients are computed with their input gradients (no split)
         "whole_backward": prepared.whole_backward,
         "unplanned_nodes": len(cut.unplanned),
         # nodes the plan split over stages or devices: the runtime runs each whole, so the plan
         # did not run as placed (a plan of this version's reader never has any)
         "split_nodes": list(plan.graph_split),
-        "as_placed": not plan.graph_split and not _displaced(plan, cut),
+        "as_placed": not plan.graph_split and not displaced,
         "per_rank": [
             {
                 "rank": r,

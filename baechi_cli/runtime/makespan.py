@@ -225,9 +225,8 @@ class MakespanStep:
                 g = taps.pop((k, v), None)
                 shape, dtype, _, strides = self.metas[k][0][i]  # sent as its value was
                 if g is None or tuple(g.stride()) != tuple(strides):
-                    g = torch.empty_strided(shape, strides, dtype=getattr(torch, dtype)).copy_(
-                        torch.zeros(()) if g is None else g
-                    )
+                    buffer = torch.empty_strided(shape, strides, dtype=getattr(torch, dtype))
+                    g = buffer.zero_() if g is None else buffer.copy_(g)
                 g = _wire(g)
                 work = dist.isend(g, self.run_rank[src], tag=offset + self.tags[(v, k)])
                 sends.append((self.due(self.run_rank[src], last - k), work))

@@ -21,7 +21,7 @@ Example (one process, stages run in turn; launch.py runs them on ranks)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -384,11 +384,16 @@ def attribute_of(parameters: Mapping[str, str], fqn: str) -> str:
     return next(attr for attr, f in parameters.items() if f == fqn)
 
 
+def each_once(tensors: Iterable[Any]) -> list[Any]:
+    """``tensors`` without repeats (by identity: stages of one rank share a tied weight), in order."""
+    return list({id(t): t for t in tensors}.values())
+
+
 def _averaging(step: Callable[..., Any], parameters: list[Any], count: int) -> Callable[..., Any]:
     """``step``, then each of ``parameters``' gradients (each once) divided by ``count``."""
     import torch
 
-    once = list({id(p): p for p in parameters}.values())
+    once = each_once(parameters)
 
     def step_then_average(*args: Any, **kwargs: Any) -> Any:
         out = step(*args, **kwargs)
