@@ -56,6 +56,7 @@ targets are reported, not enforced: the script exits 0 either way.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.metadata
 import importlib.util
 import json
@@ -770,7 +771,9 @@ def run_export(source: Source, model: Any, inputs: tuple[Any, ...], path: str) -
     if os.path.exists(path):
         os.remove(path)  # a stale file must not pass for this export
     try:
-        source.export(model, inputs, path)
+        # A copy each: an exporter may change the model it traces (the TorchScript one leaves
+        # Swin's window size a traced tensor, which torch.export then cannot guard on).
+        source.export(copy.deepcopy(model), inputs, path)
     except Exception as err:  # any exporter failure is a result here
         log(f"  {source.key}: export failed: {first_line(err)}")
         return {"path": rel(path), "error": first_line(err), "export_s": time.perf_counter() - t0}

@@ -31,6 +31,7 @@ from baechi_cli.costs.registry import (
     rule_for,
 )
 from baechi_cli.costs.rules_aten import ARGS_READ, VIEW_OPS, aten_view
+from baechi_cli.io.pt2_joint import load_op_library
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.export's own deprecations
@@ -381,11 +382,31 @@ def test_views_are_free_and_listed_for_the_reader():
 
 def test_every_rule_names_an_aten_op():
     reader_ops = {"Input", "OptimizerStep"}  # the pt2 reader's own ops, not torch's
-    missing = [
-        t for t in ATEN_RULES if t not in reader_ops and not hasattr(torch.ops.aten, t.removeprefix("aten."))
-    ]
+
+    def exists(op_type: str) -> bool:
+        namespace, _, name = op_type.partition(".")
+        if namespace != "aten":  # a custom op: its package is one the tracer knows to import
+            return load_op_library(namespace) and hasattr(getattr(torch.ops, namespace), name)
+        return hasattr(torch.ops.aten, name)
+
+    missing = [t for t in ATEN_RULES if t not in reader_ops and not exists(t)]
     assert missing == []
     assert all(t in ATEN_RULES for t in ARGS_READ)
+
+
+def test_a_grouped_product_counts_each_groups_product():
+    """Rows cut by offsets into groups, each through its group's matrix (a mixture of experts):
+    2 S K N forward; the fallback's backward computes both gradients, 4 S K N."""
+    for op in ("aten._grouped_mm", "transformers.grouped_mm_fallback"):
+        assert _count(op, [(12, 16), (4, 16, 8), (4,)], [(12, 8)]).flops == 2 * 12 * 16 * 8
+    backward = _count(
+        "transformers.grouped_mm_fallback_backward",
+        [(12, 16), (4, 16, 8), (4,), (12, 8)],
+        [(12, 16), (4, 16, 8)],
+    )
+    assert backward.flops == 4 * 12 * 16 * 8
+    assert _count("aten._grouped_mm", [(3, 5, 16), (3, 16, 8)], [(3, 5, 8)]).flops == 2 * 3 * 5 * 16 * 8
+    assert _count("aten._grouped_mm", [(5, 16), (16, 8), (3,)], [(3, 5, 8)]).flops == 2 * 5 * 16 * 8
 
 
 def _view(op_type, inputs, outputs, args=None, dtype="float32"):

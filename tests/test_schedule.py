@@ -20,6 +20,7 @@ from baechi_cli.pipeline.schedules import (
     SCHEDULES,
     PipelineTiming,
     StageCosts,
+    get,
     op_order,
     simulate_pipeline,
 )
@@ -225,9 +226,28 @@ def check_timing(costs: StageCosts, microbatches: int, schedule: str, timing: Pi
         bubble = 1 - busy / timing.minibatch_us if timing.minibatch_us > 0 else 0.0
         assert timing.bubble_fraction[s] == pytest.approx(bubble)
         assert timing.peak_in_flight[s] == brute_force_in_flight(events, costs.training)
-        assert timing.peak_bytes[s] == (
-            costs.persistent_bytes[s] + timing.peak_in_flight[s] * costs.activation_bytes[s]
+        assert timing.peak_bytes[s] == costs.persistent_bytes[s] + brute_force_held(
+            events, costs, s, get(schedule).holds_sent_gradients
         )
+
+
+def brute_force_held(events, costs: StageCosts, s: int, holds: bool) -> int:
+    """Most bytes a stage's microbatches hold as any of its ops runs (each op's peak its
+    microbatch's activations, as ``activation_bytes`` alone gives): the activations of the
+    microbatches alive then, and the gradients sent back by the backwards before it (all of them
+    where the schedule holds them, else the last)."""
+    position = {(e.kind, e.microbatch): i for i, e in enumerate(events)}
+    frees = "B" if costs.training else "F"
+    microbatches = [m for k, m in position if k == "F"]
+    held = 0
+    for now, e in enumerate(events):
+        if e.kind not in ("F", "B"):
+            continue
+        alive = sum(position["F", m] <= now <= position[frees, m] for m in microbatches)
+        sent = sum(k == "B" and i < now for (k, _), i in position.items())
+        sends = sent if holds else min(sent, 1)
+        held = max(held, alive * costs.activation_bytes[s] + sends * costs.sent_gradient_bytes[s])
+    return held
 
 
 def brute_force_in_flight(events, training: bool) -> int:
@@ -256,6 +276,7 @@ def random_costs(rng: random.Random, stages: int, training: bool) -> StageCosts:
         send_backward_us=times(stages - 1),
         persistent_bytes=[rng.randrange(1000) for _ in range(stages)],
         activation_bytes=[rng.randrange(100) for _ in range(stages)],
+        sent_gradient_bytes=[0] + [rng.randrange(50) for _ in range(stages - 1)] if training else None,
         optimizer_us=times(stages) if training else None,
     )
 
@@ -270,6 +291,25 @@ def test_random_cases_respect_every_constraint(schedule, training):
         timing = simulate_pipeline(costs, microbatches, schedule)
         check_timing(costs, microbatches, schedule, timing)
         assert timing.events == tuple(sorted(timing.events, key=lambda e: e.stage))  # grouped by stage
+
+
+def test_sent_gradients_are_held_as_torchs_schedules_hold_them():
+    """The input gradient each backward sends back: GPipe waits for its sends when the step ends,
+    so they pile up as the microbatches' activations are freed (torch's ScheduleGPipe); 1F1B
+    waits for each before the next, so one is held. Stage 1 of 2, 4 microbatches: its backward
+    peaks 5 bytes above nothing kept, and sends 3."""
+    costs = StageCosts(
+        [1.0, 1.0],
+        [1.0, 1.0],
+        activation_bytes=[0, 0],
+        backward_peak_bytes=[0, 5],
+        sent_gradient_bytes=[0, 3],
+    )
+    assert simulate_pipeline(costs, 4, "gpipe").peak_bytes[1] == 3 * 3 + 5  # three held at the last
+    assert simulate_pipeline(costs, 4, "1f1b").peak_bytes[1] == 3 + 5
+    # Held beside the activations still kept: at GPipe's first backward nothing was sent yet.
+    kept = dataclasses.replace(costs, activation_bytes=[0, 10], backward_peak_bytes=[0, 12])
+    assert simulate_pipeline(kept, 4, "gpipe").peak_bytes[1] == 40 - 10 + 12
 
 
 def test_1f1b_never_needs_more_memory_than_gpipe_on_random_costs():

@@ -115,3 +115,83 @@ def test_without_torch_it_notes_that_and_exits_0(tmp_path, monkeypatch, capsys):
 
 def test_only_predict_without_a_zoo_json_says_so(tmp_path):
     assert zoo.main(["--only", "predict", "--out", str(tmp_path)]) == 2
+
+
+def test_each_exporter_traces_a_model_no_other_exporter_changed(tmp_path):
+    """The TorchScript exporter leaves Swin's clamped window size a traced tensor on the model;
+    the exporters after it then fail on a data-dependent guard unless each gets its own copy."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    model, inputs = zoo.build(zoo.CASE_BY_NAME["swin_t"], quick=True)
+    for source in zoo.SOURCES:
+        record = zoo.run_export(source, model, inputs, str(tmp_path / f"swin{source.suffix}"))
+        assert "error" not in record, (source.key, record["error"])
+
+
+def _mixtral(experts: str):
+    import dataclasses
+
+    case = zoo.CASE_BY_NAME["mixtral"]
+    case = dataclasses.replace(case, config={**case.config, "experts_implementation": experts})
+    return zoo.build(case, quick=True)
+
+
+def test_a_mixture_of_experts_on_transformers_default_experts_plans_its_training_step(tmp_path):
+    """transformers' default experts (grouped_mm) export, in float32 on CPU, through its own
+    operator ``transformers::grouped_mm_fallback``: tracing the step imports the package that
+    registers it, and the grouped product and its backward are costed as matrix products."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from baechi_cli.app.place import place_model
+    from baechi_cli.app.report import build_report
+    from baechi_cli.search.candidates import PlaceOptions
+
+    model, inputs = _mixtral("grouped_mm")
+    path = str(tmp_path / "mixtral.pt2")
+    torch.export.save(torch.export.export(model, inputs), path)
+    options = PlaceOptions(training=True)
+    report = build_report(place_model(path, parse_devices("2x1GB"), options), options)
+    uncovered = report["costs"]["uncovered"]
+    assert not [op for op in uncovered if "grouped_mm" in op or op == "aten.histc"], uncovered
+
+
+def test_the_eager_experts_loop_is_refused_with_what_exports():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from baechi_cli.core.errors import InputError
+    from baechi_cli.io.pt2 import export
+
+    model, inputs = _mixtral("eager")
+    with pytest.raises(InputError) as err:
+        export(model, inputs)
+    said = str(err.value)
+    assert "torch.export cannot export the model" in said and "batched_mm" in said and "\n" not in said
+
+
+@pytest.mark.slow
+def test_a_pipeline_plan_of_transformers_default_experts_trains_on_ranks(tmp_path):
+    """Each rank loads the program in a fresh process: the package registering its custom
+    operator is imported there too, and the plan trains with one process's gradients."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from baechi_cli.app.place import place_model
+    from baechi_cli.app.report import build_report
+    from baechi_cli.runtime.launch import verify_torch
+    from baechi_cli.search.candidates import PlaceOptions
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            return self.inner(*args).float().pow(2).mean()
+
+    inner, inputs = _mixtral("grouped_mm")
+    model = WithLoss(inner)
+    path = str(tmp_path / "mixtral.pt2")
+    torch.export.save(torch.export.export(model, inputs), path)
+    options = PlaceOptions(training=True, objective="throughput", microbatches=2, schedule="1f1b")
+    report = build_report(place_model(path, parse_devices("2x1GB"), options), options)
+    result = verify_torch(model, inputs, report, steps=1)
+    assert result["ran"] and result["gradients_match"] and result["as_placed"], result["error"]

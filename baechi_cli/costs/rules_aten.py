@@ -272,6 +272,29 @@ def _baddbmm(view: OpView) -> OpCount:
     return with_flops(view, 2 * a[0] * a[1] * a[2] * b[2])
 
 
+@register("aten._grouped_mm", "transformers.grouped_mm_fallback", kind=FLOPS, op_set=ATEN, compute_class=GEMM)
+def _grouped_mm(view: OpView) -> OpCount:
+    """2 * M * K * N of each group's product, summed: rows [S, K] x groups [G, K, N] (a mixture
+    of experts' tokens, each through its expert), [G, M, K] x [G, K, N], or a side cut by offsets"""
+    a, b = known_shape(view.input_shapes, 0, "self"), known_shape(view.input_shapes, 1, "mat2")
+    if (len(a), len(b)) == (2, 2):  # [M, K] x [K, N], K cut into groups
+        return with_flops(view, 2 * a[0] * a[1] * b[1])
+    if (len(a), len(b)) == (2, 3):  # [S, K] x [G, K, N], the rows cut into groups
+        return with_flops(view, 2 * a[0] * a[1] * b[2])
+    if (len(a), len(b)) == (3, 2):  # [G, M, K] x [K, N], the columns cut into groups
+        return with_flops(view, 2 * a[1] * a[2] * b[1])
+    if (len(a), len(b)) == (3, 3):
+        return with_flops(view, 2 * a[0] * a[1] * a[2] * b[2])
+    raise CannotCount("self and mat2 are not 2-D or 3-D")
+
+
+@register("transformers.grouped_mm_fallback_backward", kind=FLOPS, op_set=ATEN, compute_class=GEMM)
+def _grouped_mm_backward(view: OpView) -> OpCount:
+    """4 * S * K * N: the input's and the weights' gradients of rows [S, K] x groups [G, K, N]"""
+    a, b = _matrix(view, 0, "input", 2), _matrix(view, 1, "weight", 3)
+    return with_flops(view, 4 * a[0] * a[1] * b[2])
+
+
 @register("aten.mv", "aten.dot", "aten.vdot", kind=FLOPS, op_set=ATEN, compute_class=GEMM)
 def _mv(view: OpView) -> OpCount:
     """2 * self elements (a matrix-vector or dot product)"""
@@ -897,7 +920,7 @@ register(
         "slice_scatter select_scatter diagonal_scatter as_strided_scatter slice_backward select_backward "
         "unfold_backward diagonal_backward pixel_shuffle pixel_unshuffle channel_shuffle im2col col2im "
         "one_hot _local_scalar_dense item nonzero sort argsort topk kthvalue _unique _unique2 unique_dim "
-        "unique_consecutive searchsorted bucketize "
+        "unique_consecutive searchsorted bucketize histc bincount "
         # the functionalized *_copy views: real copies
         "view_copy _reshape_copy permute_copy t_copy transpose_copy expand_copy unsqueeze_copy "
         "squeeze_copy slice_copy select_copy split_copy split_with_sizes_copy unbind_copy alias_copy "

@@ -150,7 +150,20 @@ def export(model: Any, args: tuple[Any, ...]) -> Any:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
             return torch.export.export(model, args)
     except Exception as err:  # torch's many export errors: the user's model, said in one line
-        raise InputError(f"torch.export cannot export the model: {_reason(err)}") from None
+        raise InputError(f"torch.export cannot export the model: {_reason(err)}{_hint(model)}") from None
+
+
+def _hint(model: Any) -> str:
+    """What makes a model that torch.export refused export, where baechi knows: transformers'
+    eager mixture-of-experts loop (its tokens per expert are data-dependent sizes) has
+    export-friendly implementations the model's config selects."""
+    configs = [getattr(m, "config", None) for m in model.modules()] if hasattr(model, "modules") else []
+    if any(getattr(c, "_experts_implementation", None) == "eager" for c in configs):
+        return (
+            "; the model runs transformers' eager experts loop, whose sizes depend on the routing: "
+            "config._experts_implementation = 'batched_mm' exports"
+        )
+    return ""
 
 
 def _reason(err: BaseException) -> str:

@@ -623,8 +623,44 @@ def torch_dtype(torch: Any, code: int) -> Any:
     return getattr(torch, name)
 
 
+# The installed package that registers a namespace's custom ops, by namespace: imported when a
+# program needs one of them (that package's own code, never anything from the file). transformers
+# exports its mixture-of-experts layers (the default ``grouped_mm`` experts, in float32 or on CPU)
+# through ``transformers::grouped_mm_fallback``.
+OP_LIBRARIES: dict[str, str] = {"transformers": "transformers.integrations.moe"}
+
+
+def load_op_library(namespace: str) -> bool:
+    """Import the package :data:`OP_LIBRARIES` names for ``namespace``; whether one was imported
+    (False: no entry, or the package is not installed)."""
+    import importlib
+
+    module = OP_LIBRARIES.get(namespace)
+    if module is None:
+        return False
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def op_namespaces(graph: Any) -> list[str]:
+    """The namespaces of an fx graph's custom operators (not ``aten``/``prims``), sorted."""
+    return sorted(
+        {
+            getattr(node.target, "namespace", "")
+            for node in graph.nodes
+            if node.op == "call_function"
+            and getattr(node.target, "namespace", "aten") not in ("aten", "prims")
+        }
+        - {""}
+    )
+
+
 def _resolve(torch: Any, target: str) -> Any:
-    """``torch.ops.aten.mm.default`` -> that registered operator; nothing else is looked up."""
+    """``torch.ops.aten.mm.default`` -> that registered operator; nothing else is looked up. A
+    custom op not yet registered is looked up again after :func:`load_op_library`."""
     parts = target.split(".")
     if (
         len(parts) != 5
@@ -632,10 +668,15 @@ def _resolve(torch: Any, target: str) -> Any:
         or not all(_IDENTIFIER.fullmatch(p) for p in parts[2:])
     ):
         raise InputError(f"--training: cannot trace a node whose target is {target!r}")
-    try:
-        return getattr(getattr(getattr(torch.ops, parts[2]), parts[3]), parts[4])
-    except (AttributeError, RuntimeError):
-        raise InputError(f"--training: torch has no operator {target} (a custom op not loaded?)") from None
+    for attempt in range(2):
+        try:
+            return getattr(getattr(getattr(torch.ops, parts[2]), parts[3]), parts[4])
+        except (AttributeError, RuntimeError):
+            if attempt or not load_op_library(parts[2]):
+                break
+    package = OP_LIBRARIES.get(parts[2])
+    needs = f"install {package.split('.')[0]}, which registers it" if package else "a custom op not loaded?"
+    raise InputError(f"--training: torch has no operator {target} ({needs})") from None
 
 
 def interpret(

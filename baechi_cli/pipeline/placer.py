@@ -529,8 +529,7 @@ def _info(
     if per_op is None or options.microbatches is None:
         return info
     m = options.microbatches
-    sends_held = m if schedules.get(options.schedule).holds_sent_gradients else 1
-    costs = _stage_costs(model, split, per_op, m, device_of_stage, sends_held)
+    costs = _stage_costs(model, split, per_op, m, device_of_stage)
     if costs.gradient_syncs:
         info["tied_weights"] = [
             {
@@ -590,13 +589,12 @@ def _stage_costs(
     per_op: _PerOp,
     microbatches: int,
     device_of_stage: list[int] | None = None,
-    sends_held: int | None = None,
 ) -> StageCosts:
     """Per stage and microbatch: forward and backward compute (and the weight gradients' part),
-    boundary transfers, bytes; per minibatch, the all-reduce of each tied weight split across
-    devices (``device_of_stage``; None: one stage per device), whose copies on other devices
-    count in memory. ``sends_held``: of the input gradients a stage sends back, how many
-    microbatches' it holds at once (None: all)."""
+    boundary transfers, bytes (the input gradients a stage sends back apart: the schedule says how
+    long they are held); per minibatch, the all-reduce of each tied weight split across devices
+    (``device_of_stage``; None: one stage per device), whose copies on other devices count in
+    memory."""
     stages = len(split.stage_device)
     stage_of = _stage_of(split)
     k = model.accelerators
@@ -619,6 +617,7 @@ def _stage_costs(
             accumulate = per_op.accumulate_us[v] * (microbatches - 1) / microbatches
             backward[s] += accumulate
             weight_us[s] += accumulate
+    sent_gradient = [0] * stages
     send_forward = [0.0] * max(0, stages - 1)
     send_backward = [0.0] * max(0, stages - 1)
     training = any(model.is_backward)
@@ -628,14 +627,14 @@ def _stage_costs(
         if model.tensor_bytes and not model.is_backward[src] and readers and max(readers) > a:
             # A value crossing boundaries a..b-1 (threaded through the stages between), as torch's
             # stages hold it: each receiver a buffer per microbatch all step (and in training the
-            # gradient it sends back, for ``sends_held`` microbatches: until the schedule waits
-            # for the send); each sender the value per microbatch in flight (until its backward:
-            # the sweep of ``per_op.memory``) and a buffer per microbatch for the gradient it
-            # receives.
+            # gradient it sends back: ``sent_gradient``, until the schedule waits for the send);
+            # each sender the value per microbatch in flight (until its backward: the sweep of
+            # ``per_op.memory``) and a buffer per microbatch for the gradient it receives.
             nbytes = model.tensor_bytes[t]
-            sent_back = math.ceil(nbytes * (sends_held or microbatches) / microbatches) if training else 0
             for s in range(a + 1, max(readers) + 1):
-                persistent[s] += nbytes + sent_back
+                persistent[s] += nbytes
+                if training:
+                    sent_gradient[s] += math.ceil(nbytes / microbatches)
             for s in range(a, max(readers)):
                 if training:
                     persistent[s] += nbytes
@@ -671,6 +670,7 @@ def _stage_costs(
         activation_bytes=activation,
         forward_peak_bytes=forward_peak,
         backward_peak_bytes=backward_peak,
+        sent_gradient_bytes=sent_gradient,
         weight_us=[min(w, b) for w, b in zip(weight_us, backward)],  # float sums may overshoot
         gradient_syncs=syncs,
     )

@@ -86,6 +86,10 @@ class StageCosts:
     # temporaries included (None: its activation_bytes).
     forward_peak_bytes: Sequence[int] | None = None
     backward_peak_bytes: Sequence[int] | None = None
+    # One microbatch's input gradients the stage sends back, held from its backward (``I``) until
+    # torch waits for the send: the step's end where the schedule ``holds_sent_gradients``, else
+    # the stage's next send.
+    sent_gradient_bytes: Sequence[int] | None = None
     optimizer_us: Sequence[float] | None = None  # once per minibatch, after the last backward
     # The part of backward_us that computes the weight gradient (zbv runs it apart, as W).
     weight_us: Sequence[float] | None = None
@@ -117,6 +121,9 @@ class StageCosts:
             ),
             "backward_peak_bytes": _as_tuple(
                 "backward_peak_bytes", self.backward_peak_bytes, stages, integral=True
+            ),
+            "sent_gradient_bytes": _as_tuple(
+                "sent_gradient_bytes", self.sent_gradient_bytes, stages, integral=True
             ),
             "optimizer_us": _as_tuple("optimizer_us", self.optimizer_us, stages, integral=False),
             "weight_us": _as_tuple("weight_us", self.weight_us, stages, integral=False),
@@ -667,6 +674,7 @@ def simulate_pipeline(
         for op in order:
             stage_orders[op[1]].append(op)
     peak_in_flight = tuple(_peak_in_flight(order, training) for order in stage_orders)
+    holds = get(schedule).holds_sent_gradients
     device_busy = [0.0] * num_devices
     device_persistent = [0] * num_devices
     for s in range(stages):
@@ -687,7 +695,7 @@ def simulate_pipeline(
         bubble_fraction=tuple(bubble(busy) for busy in busy_us),
         peak_in_flight=peak_in_flight,
         peak_bytes=tuple(
-            persistent + _peak_activation_bytes(order, costs, training)
+            persistent + _peak_activation_bytes(order, costs, training, holds)
             for persistent, order in zip(costs.persistent_bytes, stage_orders)
         ),
         events=tuple(event for events in stage_events for event in events),
@@ -695,25 +703,32 @@ def simulate_pipeline(
         stage_device=tuple(device_of),
         device_bubble_fraction=tuple(bubble(busy) for busy in device_busy),
         device_peak_bytes=tuple(
-            persistent + _peak_activation_bytes(order, costs, training)
+            persistent + _peak_activation_bytes(order, costs, training, holds)
             for persistent, order in zip(device_persistent, orders)
         ),
     )
 
 
-def _peak_activation_bytes(order: list[tuple[OpKind, int, int]], costs: StageCosts, training: bool) -> int:
+def _peak_activation_bytes(
+    order: list[tuple[OpKind, int, int]], costs: StageCosts, training: bool, holds: bool = True
+) -> int:
     """Most microbatch bytes held at once on a device that runs ``order``: while an op of a stage
     runs, its microbatch's peak there (``forward_peak_bytes``, ``backward_peak_bytes``) beside what
     every other microbatch in flight keeps (``activation_bytes``; in flight as in
-    :func:`_peak_in_flight`)."""
+    :func:`_peak_in_flight`) and the input gradients sent back and not yet waited for
+    (``sent_gradient_bytes``: every backward's so far where the schedule ``holds`` them, else
+    each stage's last one)."""
     kept = peak = 0
+    sent = [0] * len(costs.activation_bytes)
     for kind, stage, _ in order:
         keeps = costs.activation_bytes[stage]
         if kind == "F":
-            peak = max(peak, kept + costs.forward_peak_bytes[stage])
+            peak = max(peak, kept + sum(sent) + costs.forward_peak_bytes[stage])
             kept += keeps
         elif kind in ("B", "I"):
-            peak = max(peak, kept - keeps + costs.backward_peak_bytes[stage])
+            peak = max(peak, kept + sum(sent) - keeps + costs.backward_peak_bytes[stage])
+            gradient = costs.sent_gradient_bytes[stage]
+            sent[stage] = sent[stage] + gradient if holds else gradient
         if kind in ("B", "W") or not training:  # a zbv microbatch's activations live until its W
             kept -= keeps
     return peak

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from baechi_cli.core.errors import InputError, one_line
+from baechi_cli.io.pt2_joint import op_namespaces
 from baechi_cli.runtime.plan import Plan, read_plan
 from baechi_cli.runtime.stages import Prepared, attribute_of, each_once, loss_of, prepare, reload, share_tied
 
@@ -94,6 +95,7 @@ def verify_torch(
                 "metas": prepared.metas,
                 "inputs": prepared.inputs,
                 "whole_backward": prepared.whole_backward,
+                "namespaces": op_namespaces(prepared.program.graph),
             },
             payload_path,
         )
@@ -238,6 +240,7 @@ def _rank_main(
             payload["inputs"],
             rank,
             payload["whole_backward"],
+            payload["namespaces"],
         )
         result = _run_rank(rank, prepared, payload["reference"], steps, measure)
     except Exception as err:  # a stage or torch failing: said in one line, and the run stops

@@ -27,6 +27,7 @@ from typing import Any
 
 from baechi_cli.core.errors import InputError
 from baechi_cli.io.pt2 import export
+from baechi_cli.io.pt2_joint import load_op_library
 from baechi_cli.runtime.cut import CutProgram, cut_program
 from baechi_cli.runtime.plan import Plan, stages_from_modules
 
@@ -84,11 +85,15 @@ def reload(
     inputs: list[tuple[Any, ...]],
     rank: int,
     whole_backward: Sequence[int],
+    namespaces: Sequence[str] = (),
 ) -> Prepared:
     """Rank ``rank``'s stages in another process, from the program ``torch.export.save`` wrote
-    (fx modules cannot be pickled without being traced again, which loses calls like ``owned``)."""
+    (fx modules cannot be pickled without being traced again, which loses calls like ``owned``);
+    the packages registering its custom ops' ``namespaces`` imported first."""
     import torch
 
+    for namespace in namespaces:
+        load_op_library(namespace)
     program = torch.export.load(program_path)
     local = {s for s in range(plan.num_stages) if plan.stage_rank[s] == rank}
     cut = cut_program(
