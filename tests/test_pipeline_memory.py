@@ -31,6 +31,21 @@ def test_a_view_of_a_weight_counts_nothing_and_a_view_of_an_activation_keeps_its
     assert held.backward_peak == 800  # x kept, dx made
 
 
+def test_a_kernels_copy_of_its_weights_is_not_divided_by_the_microbatches():
+    """A convolution (1000 weight bytes) whose kernel holds 1600 bytes beyond its output: its
+    weights' copy (1000) per call, the rest (600) per sample; its backward's likewise, by the
+    weights of its forward op. 4 microbatches of a 4000-byte output."""
+    b = GraphBuilder()
+    conv = b.add_op("conv", "aten.convolution", [4000], persistent_bytes=1000, temporary_bytes=1600)
+    grad = b.add_op(
+        "grad", "aten.convolution_backward", [400], is_backward=True, forward_op=conv, temporary_bytes=1400
+    )
+    b.add_edge(conv, grad)
+    (held,) = MicrobatchMemory(b.build()).per_stage([0, 0], 1, 4)
+    assert held.forward_peak == 1000 + (1600 - 1000) / 4 + 1000  # its output, a quarter of 4000
+    assert held.backward_peak == 1000 + 1000 + (1400 - 1000) / 4 + 100
+
+
 def _gradients(tied: bool):
     """A weight's gradient (400 bytes, the weight's size at any microbatch) read by its update;
     ``tied``: two readers' gradients summed first."""

@@ -17,7 +17,9 @@ the ops in ``skip`` and their outputs (optimizer updates: the gradients they rea
 persistent ``.grad``), the inputs the caller feeds, values a stage receives (the receive buffers
 are persistent) and gradients it sends back. Sizes are the graph's (one minibatch) divided by the
 microbatches, but for the weight gradients an update reads (a microbatch's is the weight's
-size); a stage's gradients of one weight live until the last of them is made (autograd sums them
+size) and an op's temporaries up to the bytes of the weights it reads (those of its forward op,
+for a backward op): a kernel's copy of its weights (oneDNN reorders a convolution's into its
+blocked layout on every call) is as large for a microbatch; a stage's gradients of one weight live until the last of them is made (autograd sums them
 before ``.grad``), and the sum of a tied weight's gradients allocates nothing. A stage runs as a
 graph module, which frees each value after its last use: the eager caller's holds
 (``OpGraph.scope_holds``) do not apply.
@@ -164,6 +166,11 @@ class MicrobatchMemory:
         temporary = [v for v in range(n) if graph.temporary_bytes[v] > 0 and not skipped[v]]
         self.temp_op = np.array(temporary, dtype=np.int64)
         self.temp_bytes = np.array([graph.temporary_bytes[v] for v in temporary], dtype=np.float64)
+        weights = [
+            graph.persistent_bytes[graph.forward_op[v] if backward[v] and graph.forward_op[v] >= 0 else v]
+            for v in temporary
+        ]
+        self.temp_per_call = np.minimum(self.temp_bytes, np.array(weights, dtype=np.float64))
 
     def per_stage(self, stage_of: Sequence[int], stages: int, microbatches: int) -> list[StageMemory]:
         """Per stage, one microbatch's :class:`StageMemory` under ``stage_of`` (a stage per op)."""
@@ -196,7 +203,7 @@ class MicrobatchMemory:
             last[grads] = np.maximum(last[grads], ready[group])
         # Events: allocations at 2*pos, frees at 2*last+1; live bytes after each, per stage.
         nbytes = np.where(self.per_sample, self.nbytes / microbatches, self.nbytes)
-        temp = self.temp_bytes / microbatches
+        temp = self.temp_per_call + (self.temp_bytes - self.temp_per_call) / microbatches
         keys = np.concatenate([2 * pos[src], 2 * last + 1, 2 * pos[self.temp_op], 2 * pos[self.temp_op] + 1])
         deltas = np.concatenate([nbytes, -nbytes, temp, -temp])
         owner = np.concatenate([stage[src], stage[src], stage[self.temp_op], stage[self.temp_op]])
