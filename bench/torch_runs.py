@@ -352,6 +352,26 @@ def makespan_section(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def _cpu_text(record: dict[str, Any]) -> str:
+    return f" ({record['cpu']})" if record.get("cpu") else ""
+
+
+def _plans_text(record: dict[str, Any]) -> str:
+    return f" ({', '.join(record['plans'])} plans)" if record.get("plans") else ""
+
+
+def cpu_name() -> str:
+    """This machine's CPU model, as /proc/cpuinfo names it ('' where it does not)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
     lines = [
         "# Plans that run: baechi's pipeline plans trained in PyTorch",
@@ -360,9 +380,11 @@ def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
         "trained one step on gloo ranks with every gradient within 1e-5 (relative L2) of one",
         "process's, its stage count, and the worst gradient's relative L2.",
         "",
-        f"Machine: {os.cpu_count()} cores; load at the start {results['load']}; torch {results['torch']}."
+        f"Machine: {os.cpu_count()} cores{_cpu_text(results)}; load at the start {results['load']}; "
+        f"torch {results['torch']}."
         + "".join(
-            f" Re-run {', '.join(r['models'])} ({r['why']}; load at the start {r['load']})."
+            f" Re-run {', '.join(r['models'])}{_plans_text(r)} ({r['why']}{_cpu_text(r)}; load at the start "
+            f"{r['load']})."
             for r in results.get("rerun") or []
         ),
         "",
@@ -465,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         device = spec(args.allow_noisy)
     results: dict[str, Any] = {
         "load": load,
+        "cpu": cpu_name(),
         "torch": torch.__version__,
         "device": device,
         "costs": "measured" if args.measure else "analytic",
