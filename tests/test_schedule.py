@@ -312,6 +312,21 @@ def test_sent_gradients_are_held_as_torchs_schedules_hold_them():
     assert simulate_pipeline(kept, 4, "gpipe").peak_bytes[1] == 40 - 10 + 12
 
 
+@pytest.mark.parametrize("schedule", ["interleaved", "zbv"])
+def test_torchs_runtime_schedules_hold_the_values_they_sent_until_the_step_ends(schedule):
+    """torch's interleaved and zero-bubble schedules wait for every send when the step ends: a
+    value a stage sent on stays held after its backward freed it, while later ops run; GPipe
+    waits for its forward sends before its backwards, so it does not."""
+    base = StageCosts([1.0] * 4, [2.0] * 4, activation_bytes=[10] * 4, weight_us=[1.0] * 4)
+    held = dataclasses.replace(base, sent_activation_bytes=[5, 5, 5, 0])
+    plain, sending = (simulate_pipeline(c, 4, schedule, devices=2) for c in (base, held))
+    assert all(s >= p for s, p in zip(sending.device_peak_bytes, plain.device_peak_bytes))
+    assert sending.device_peak_bytes != plain.device_peak_bytes
+    one_per_device = [dataclasses.replace(c, weight_us=None) for c in (base, held)]
+    gpipe = [simulate_pipeline(c, 4, "gpipe").peak_bytes for c in one_per_device]
+    assert gpipe[0] == gpipe[1]
+
+
 def test_1f1b_never_needs_more_memory_than_gpipe_on_random_costs():
     rng = random.Random(7)
     for _ in range(100):

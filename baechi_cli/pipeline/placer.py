@@ -618,6 +618,11 @@ def _stage_costs(
             backward[s] += accumulate
             weight_us[s] += accumulate
     sent_gradient = [0] * stages
+    sent_activation = [0] * stages
+
+    def device(s: int) -> int:
+        return device_of_stage[s] if device_of_stage else s
+
     send_forward = [0.0] * max(0, stages - 1)
     send_backward = [0.0] * max(0, stages - 1)
     training = any(model.is_backward)
@@ -631,13 +636,16 @@ def _stage_costs(
             # each sender the value per microbatch in flight (until its backward: the sweep of
             # ``per_op.memory``) and a buffer per microbatch for the gradient it receives.
             nbytes = model.tensor_bytes[t]
+            one = math.ceil(nbytes / microbatches)
             for s in range(a + 1, max(readers) + 1):
                 persistent[s] += nbytes
-                if training:
-                    sent_gradient[s] += math.ceil(nbytes / microbatches)
+                if training and device(s - 1) != device(s):  # torch hands it over on one device
+                    sent_gradient[s] += one
             for s in range(a, max(readers)):
                 if training:
                     persistent[s] += nbytes
+                    if device(s) != device(s + 1):
+                        sent_activation[s] += one
         for b in readers:
             if a < b:  # an activation: it crosses every boundary between a and b
                 for s in range(a, b):
@@ -671,6 +679,7 @@ def _stage_costs(
         forward_peak_bytes=forward_peak,
         backward_peak_bytes=backward_peak,
         sent_gradient_bytes=sent_gradient,
+        sent_activation_bytes=sent_activation,
         weight_us=[min(w, b) for w, b in zip(weight_us, backward)],  # float sums may overshoot
         gradient_syncs=syncs,
     )

@@ -86,10 +86,13 @@ class StageCosts:
     # temporaries included (None: its activation_bytes).
     forward_peak_bytes: Sequence[int] | None = None
     backward_peak_bytes: Sequence[int] | None = None
-    # One microbatch's input gradients the stage sends back, held from its backward (``I``) until
-    # torch waits for the send: the step's end where the schedule ``holds_sent_gradients``, else
-    # the stage's next send.
+    # One microbatch's input gradients the stage sends to another device, held from its backward
+    # (``I``) until torch waits for the send: the step's end where the schedule
+    # ``holds_sent_gradients``, else the stage's next send.
     sent_gradient_bytes: Sequence[int] | None = None
+    # One microbatch's values the stage sends on to another device: where the schedule
+    # ``holds_sent_activations``, still held after its backward frees them, until the step's end.
+    sent_activation_bytes: Sequence[int] | None = None
     optimizer_us: Sequence[float] | None = None  # once per minibatch, after the last backward
     # The part of backward_us that computes the weight gradient (zbv runs it apart, as W).
     weight_us: Sequence[float] | None = None
@@ -124,6 +127,9 @@ class StageCosts:
             ),
             "sent_gradient_bytes": _as_tuple(
                 "sent_gradient_bytes", self.sent_gradient_bytes, stages, integral=True
+            ),
+            "sent_activation_bytes": _as_tuple(
+                "sent_activation_bytes", self.sent_activation_bytes, stages, integral=True
             ),
             "optimizer_us": _as_tuple("optimizer_us", self.optimizer_us, stages, integral=False),
             "weight_us": _as_tuple("weight_us", self.weight_us, stages, integral=False),
@@ -236,7 +242,9 @@ class Schedule:
     tries it; ``torch_class`` names the ``torch.distributed.pipelining`` schedule that runs it;
     ``needs_training`` refuses an inference step (:func:`device_orders`); ``holds_sent_gradients``
     says whether the torch class waits for its gradient sends only when the step ends (each
-    stage then holds every microbatch's input gradient until then; else one). A schedule with one
+    stage then holds every microbatch's input gradient until then; else one), and
+    ``holds_sent_activations`` whether it waits so for its forward sends too (each value a
+    stage sent stays held after its backward until then). A schedule with one
     stage per device may instead subclass :class:`OneStagePerDevice` and give each stage's
     ``op_order``.
     """
@@ -247,6 +255,7 @@ class Schedule:
     compared_by_default: bool = True
     needs_training: bool = False
     holds_sent_gradients: bool = True
+    holds_sent_activations: bool = False
 
     def stage_devices(self, num_stages: int, num_devices: int) -> list[int]:
         """The device of each stage: ``s % num_devices`` unless the schedule says otherwise. O(S)."""
@@ -349,6 +358,7 @@ class Interleaved(Schedule):
 
     name = "interleaved"
     torch_class = "ScheduleInterleaved1F1B"
+    holds_sent_activations = True  # torch's runtime schedules wait for every send at the step's end
     stages_per_device = 2
 
     def check_devices(self, num_stages: int, num_devices: int) -> None:
@@ -414,6 +424,7 @@ class ZeroBubbleV(Schedule):
 
     name = "zbv"
     torch_class = "ScheduleZBVZeroBubble"
+    holds_sent_activations = True  # torch's runtime schedules wait for every send at the step's end
     stages_per_device = 2
     needs_training = True
 
@@ -674,7 +685,7 @@ def simulate_pipeline(
         for op in order:
             stage_orders[op[1]].append(op)
     peak_in_flight = tuple(_peak_in_flight(order, training) for order in stage_orders)
-    holds = get(schedule).holds_sent_gradients
+    holds = get(schedule)
     device_busy = [0.0] * num_devices
     device_persistent = [0] * num_devices
     for s in range(stages):
@@ -710,14 +721,15 @@ def simulate_pipeline(
 
 
 def _peak_activation_bytes(
-    order: list[tuple[OpKind, int, int]], costs: StageCosts, training: bool, holds: bool = True
+    order: list[tuple[OpKind, int, int]], costs: StageCosts, training: bool, holds: Schedule | None = None
 ) -> int:
     """Most microbatch bytes held at once on a device that runs ``order``: while an op of a stage
     runs, its microbatch's peak there (``forward_peak_bytes``, ``backward_peak_bytes``) beside what
     every other microbatch in flight keeps (``activation_bytes``; in flight as in
-    :func:`_peak_in_flight`) and the input gradients sent back and not yet waited for
-    (``sent_gradient_bytes``: every backward's so far where the schedule ``holds`` them, else
-    each stage's last one)."""
+    :func:`_peak_in_flight`) and what was sent and not yet waited for, as the schedule ``holds``
+    it (default: every gradient sent back, no value sent on once its backward ended)."""
+    gradients = holds is None or holds.holds_sent_gradients
+    values = holds is not None and holds.holds_sent_activations
     kept = peak = 0
     sent = [0] * len(costs.activation_bytes)
     for kind, stage, _ in order:
@@ -728,9 +740,11 @@ def _peak_activation_bytes(
         elif kind in ("B", "I"):
             peak = max(peak, kept + sum(sent) - keeps + costs.backward_peak_bytes[stage])
             gradient = costs.sent_gradient_bytes[stage]
-            sent[stage] = sent[stage] + gradient if holds else gradient
+            sent[stage] = sent[stage] + gradient if gradients else gradient
         if kind in ("B", "W") or not training:  # a zbv microbatch's activations live until its W
             kept -= keeps
+            if values and training:
+                sent[stage] += costs.sent_activation_bytes[stage]
     return peak
 
 
