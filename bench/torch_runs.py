@@ -35,6 +35,8 @@ import traceback
 from dataclasses import replace
 from typing import Any
 
+from baechi_cli.costs.measured import cpu_model
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -360,18 +362,6 @@ def _plans_text(record: dict[str, Any]) -> str:
     return f" ({', '.join(record['plans'])} plans)" if record.get("plans") else ""
 
 
-def cpu_name() -> str:
-    """This machine's CPU model, as /proc/cpuinfo names it ('' where it does not)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def render(results: dict[str, Any], plans: list[tuple[str, int]]) -> str:
     lines = [
         "# Plans that run: baechi's pipeline plans trained in PyTorch",
@@ -487,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         device = spec(args.allow_noisy)
     results: dict[str, Any] = {
         "load": load,
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
         "torch": torch.__version__,
         "device": device,
         "costs": "measured" if args.measure else "analytic",
