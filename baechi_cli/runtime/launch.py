@@ -416,27 +416,36 @@ def _profiled_peak(run_step: Any) -> tuple[int, Any]:
     return peak, result
 
 
-def _stage_times(prepared: Prepared, modules: Mapping[int, Any], reps: int = 5) -> dict[int, float]:
-    """Median forward-and-backward time of one microbatch through each local stage (µs)."""
+def _stage_times(
+    prepared: Prepared, modules: Mapping[int, Any], reps: int = 7, warmup: int = 2
+) -> dict[int, float]:
+    """Median forward-and-backward time of one microbatch through each local stage (µs), after
+    ``warmup`` untimed runs (the first ones allocate and pick kernels).
+
+    On one thread the time is the process's CPU time, not the wall clock's: ranks and other work
+    sharing the cores would otherwise be timed too. With more threads CPU time sums them, so the
+    wall clock is used."""
     import torch
 
     assert prepared.inputs is not None and prepared.metas is not None
+    clock = time.process_time if torch.get_num_threads() == 1 else time.perf_counter
     times = {}
     for s, module in modules.items():
         samples = []
-        for _ in range(reps):
+        for _ in range(warmup + reps):
             args = [
                 a.detach().requires_grad_(grad)
                 for a, (_, _, grad, _) in zip(prepared.inputs[s], prepared.metas[s][0], strict=True)
             ]
-            t0 = time.perf_counter()
+            t0 = clock()
             outs = [o for o in module(*args) if isinstance(o, torch.Tensor) and o.requires_grad]
             if outs:
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-            samples.append((time.perf_counter() - t0) * 1e6)
+            samples.append((clock() - t0) * 1e6)
             for p in module.parameters():
                 p.grad = None
-        times[s] = sorted(samples)[len(samples) // 2]
+        samples = sorted(samples[warmup:])
+        times[s] = samples[len(samples) // 2]
     return times
 
 
