@@ -720,3 +720,44 @@ def test_a_module_torch_cannot_export_is_refused_in_process_in_one_line():
     with pytest.raises(InputError) as err:
         place_module(Branchy(), (torch.randn(8),), parse_devices("2x1GB"), _in_process_options())
     assert "torch.export cannot export the model" in str(err.value) and "\n" not in str(err.value)
+
+
+class DoubledConvNet(ConvNet):
+    """ConvNet's loss times two: from the same weights, every gradient exactly twice ConvNet's."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def test_a_run_following_the_reference_takes_each_step_from_its_weights():
+    """With ``follow``, a run updates by the followed run's gradients, so each step's gradients
+    are computed from the same weights (here: exactly twice the reference's, at every step);
+    updating by its own would put step 2 on other weights."""
+    from baechi_cli.runtime.launch import _reference
+
+    model, (x,) = make_convnet()
+    microbatches = [(x[:2],), (x[2:],)]
+    reference = _reference(model, microbatches, 3)
+    doubled = DoubledConvNet()
+    doubled.load_state_dict(model.state_dict())
+    followed = _reference(doubled, microbatches, 3, follow=reference)
+    own = _reference(doubled, microbatches, 3)
+    for step in range(3):
+        for name, g in reference["grads"][step].items():
+            assert torch.equal(followed["grads"][step][name], 2 * g)
+    assert not torch.equal(own["grads"][1]["fc.weight"], 2 * reference["grads"][1]["fc.weight"])
+
+
+def test_fp32_noise_is_measured_against_float64():
+    """Each gradient's rounding in float32, against the same steps in float64: small, not zero,
+    for every parameter; a model in other floats gets none (its float64 run would not be it)."""
+    from baechi_cli.runtime.launch import RTOL, _float64_run, _noise, _reference
+
+    model, (x,) = make_convnet()
+    microbatches = [(x[:2],), (x[2:],)]
+    reference = _reference(model, microbatches, 2)
+    noise = _noise(_float64_run(model, microbatches, 2, reference), reference)
+    assert set(noise) == set(reference["grads"][0])
+    assert all(0 < v < RTOL for v in noise.values()), noise
+    assert model.conv1.weight.dtype == torch.float32  # the caller's model is left as it was
+    assert _float64_run(make_convnet()[0].half(), microbatches, 1, reference) == {"grads": []}

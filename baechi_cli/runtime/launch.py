@@ -10,6 +10,8 @@ rank, the plan's torch schedule) and trains the same steps. It returns a JSON-ab
 * ``gradients_match``: every parameter's gradient, at every step, within ``RTOL`` relative L2 of
   the reference's (tied copies summed first; the norm divided by is at least ``FLOOR`` times the
   largest gradient's, as a gradient zero in exact arithmetic is noise), the losses likewise;
+  every step from the reference's weights: after comparing, a rank updates by the reference's
+  gradients, so rounding does not compound over the steps;
 * ``threaded``: values passed through stages between their maker and reader; ``tied``: weights
   copied into several stages, their gradients all-reduced; ``cut_by``: program nodes or modules;
 * ``as_placed``: the report splits no program node from its own traced ops (``split_nodes``:
@@ -48,7 +50,9 @@ RTOL = 1e-5  # relative L2 of a gradient against one process's
 # arithmetic (a bias before a batch norm, a key's bias in attention) is float noise in both runs.
 FLOOR = 1e-2
 # A gradient may differ from one process's by this times the float noise between two one-process
-# runs (eager and the exported program), when that is more than RTOL.
+# runs (eager and the exported program; eager in float32 and in float64), when that is more than
+# RTOL: a sum that nearly cancels (a bias's gradient) is computed by a stage from a received tensor
+# of another layout, and so by other kernels, with that much rounding.
 NOISE_FACTOR = 10.0
 LR = 0.01
 
@@ -72,13 +76,17 @@ def verify_torch(
     plan = prepared.plan  # a makespan plan knows its runs once cut
     threads = threads or max(1, (os.cpu_count() or 1) // plan.ranks)
     # One process, with the threads a rank has (a kernel's summation order follows its threads):
-    # the reference, and fp32's own noise, the same steps by the exported program (other kernels;
-    # a deep network with batch norm on small batches amplifies rounding past RTOL).
+    # the reference, and fp32's own noise: the same steps by the exported program (other kernels;
+    # a deep network with batch norm on small batches amplifies rounding past RTOL) and in float64.
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        reference = _reference(model, prepared, steps)
-        reference["noise"] = _noise(_reference(prepared.program.module(), prepared, steps), reference)
+        microbatches = prepared.microbatches
+        reference = _reference(model, microbatches, steps)
+        exported = _reference(prepared.program.module(), microbatches, steps, follow=reference)
+        reference["noise"] = _noise(exported, reference)
+        for fqn, value in _noise(_float64_run(model, microbatches, steps, reference), reference).items():
+            reference["noise"][fqn] = max(reference["noise"].get(fqn, 0.0), value)
     finally:
         torch.set_num_threads(before)
     ctx = torch.multiprocessing.get_context("spawn")
@@ -129,8 +137,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _reference(model: Any, prepared: Prepared, steps: int) -> dict[str, Any]:
-    """One process: ``steps`` SGD steps over the microbatches; losses and gradients by FQN."""
+def _reference(
+    model: Any, microbatches: Sequence[Sequence[Any]], steps: int, follow: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """One process: ``steps`` SGD steps over the microbatches; losses and gradients by FQN. With
+    ``follow`` (another run's result), each step updates by its gradients, not this run's own, so
+    every step starts from its weights."""
     import torch
 
     with warnings.catch_warnings():  # torch's own deprecation, copying an exported module's specs
@@ -140,13 +152,13 @@ def _reference(model: Any, prepared: Prepared, steps: int) -> dict[str, Any]:
     for name, p in ref.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
     params = [p for p in ref.parameters()]
-    m = len(prepared.microbatches)
+    m = len(microbatches)
     losses, grads = [], []
-    for _ in range(steps):
+    for step in range(steps):
         for p in params:
             p.grad = None
         total = 0.0
-        for mb in prepared.microbatches:
+        for mb in microbatches:
             loss = loss_of(ref(*mb))
             (loss / m).backward()
             total += float(loss.detach())
@@ -157,11 +169,34 @@ def _reference(model: Any, prepared: Prepared, steps: int) -> dict[str, Any]:
                 for name in names[id(p)]:
                     step_grads[name] = p.grad.detach().clone()
         grads.append(step_grads)
+        update = follow["grads"][step] if follow is not None else step_grads
         with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-LR)
+            for p in params:  # by any of its names; one the followed run lacks: by its own
+                g = next((update[n] for n in names[id(p)] if n in update), p.grad)
+                if g is not None:
+                    p.add_(g, alpha=-LR)
     return {"losses": losses, "grads": grads, "aliases": [v for v in names.values() if len(v) > 1]}
+
+
+def _float64_run(
+    model: Any, microbatches: Sequence[Sequence[Any]], steps: int, reference: Mapping[str, Any]
+) -> dict[str, Any]:
+    """:func:`_reference` on a float64 copy of a float32 model, following ``reference``; no
+    gradients where the model holds other floats or an op has no float64 kernel."""
+    import torch
+
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        return {"grads": []}
+
+    def wide(x: Any) -> Any:
+        return x.double() if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x
+
+    try:
+        return _reference(
+            copy.deepcopy(model).double(), [tuple(map(wide, mb)) for mb in microbatches], steps, reference
+        )
+    except Exception:  # noqa: BLE001 - an op without a float64 kernel: the other noise run stands
+        return {"grads": []}
 
 
 def _noise(other: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, float]:
@@ -314,10 +349,17 @@ def _run_rank(
                 if expected is None and got is None:
                     continue
                 worst[fqn] = max(worst.get(fqn, 0.0), _relative_l2(got, expected, scale))
+        # The reference's update, not this rank's own: every step's gradients are then computed
+        # from the reference's weights, and rounding (a kernel picking another algorithm for a
+        # received tensor's layout) does not compound over the steps into a false mismatch.
         with torch.no_grad():
-            for p in parameters:  # a weight two runs of this rank share: updated once
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-LR)
+            updated: set[int] = set()  # a weight two runs of this rank share: updated once
+            for s, module in modules.items():
+                for attr, fqn in cut.stages[s].parameters.items():
+                    p = getattr(module, attr)
+                    if id(p) not in updated and fqn in grads:
+                        updated.add(id(p))
+                        p.add_(grads[fqn], alpha=-LR)
     out: dict[str, Any] = {"stages": local, "losses": losses, "worst": worst, "step_s": step_s}
     if measure:
         # One rank at a time: ranks sharing cores (4 on 2) would time each other's work.
