@@ -138,16 +138,22 @@ def _free_port() -> int:
 
 
 def _reference(
-    model: Any, microbatches: Sequence[Sequence[Any]], steps: int, follow: Mapping[str, Any] | None = None
+    model: Any,
+    microbatches: Sequence[Sequence[Any]],
+    steps: int,
+    follow: Mapping[str, Any] | None = None,
+    dtype: Any = None,
 ) -> dict[str, Any]:
-    """One process: ``steps`` SGD steps over the microbatches; losses and gradients by FQN. With
-    ``follow`` (another run's result), each step updates by its gradients, not this run's own, so
-    every step starts from its weights."""
+    """One process: ``steps`` SGD steps over the microbatches on a copy of ``model`` (in ``dtype``
+    if given); losses and gradients by FQN. With ``follow`` (another run's result), each step
+    updates by its gradients, not this run's own, so every step starts from its weights."""
     import torch
 
     with warnings.catch_warnings():  # torch's own deprecation, copying an exported module's specs
         warnings.simplefilter("ignore", FutureWarning)
         ref = copy.deepcopy(model)
+    if dtype is not None:
+        ref = ref.to(dtype)
     names: dict[int, list[str]] = {}
     for name, p in ref.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
@@ -193,7 +199,7 @@ def _float64_run(
 
     try:
         return _reference(
-            copy.deepcopy(model).double(), [tuple(map(wide, mb)) for mb in microbatches], steps, reference
+            model, [tuple(map(wide, mb)) for mb in microbatches], steps, reference, dtype=torch.float64
         )
     except Exception:  # noqa: BLE001 - an op without a float64 kernel: the other noise run stands
         return {"grads": []}
@@ -342,24 +348,21 @@ def _run_rank(
         _sync_tied(syncs)
         grads = reference["grads"][step]
         scale = FLOOR * max((float(g.double().norm()) for g in grads.values()), default=0.0)
-        for s, module in modules.items():
-            for attr, fqn in cut.stages[s].parameters.items():
-                expected = grads.get(fqn)
-                got = getattr(module, attr).grad
-                if expected is None and got is None:
-                    continue
-                worst[fqn] = max(worst.get(fqn, 0.0), _relative_l2(got, expected, scale))
-        # The reference's update, not this rank's own: every step's gradients are then computed
-        # from the reference's weights, and rounding (a kernel picking another algorithm for a
-        # received tensor's layout) does not compound over the steps into a false mismatch.
+        # Each gradient compared, then the reference's update, not this rank's own: every step's
+        # gradients are computed from the reference's weights, and rounding (a kernel picking
+        # another algorithm for a received tensor's layout) does not compound over the steps.
+        updated: set[int] = set()  # a weight two runs of this rank share: updated once
         with torch.no_grad():
-            updated: set[int] = set()  # a weight two runs of this rank share: updated once
             for s, module in modules.items():
                 for attr, fqn in cut.stages[s].parameters.items():
                     p = getattr(module, attr)
-                    if id(p) not in updated and fqn in grads:
+                    expected = grads.get(fqn)
+                    if expected is None and p.grad is None:
+                        continue
+                    worst[fqn] = max(worst.get(fqn, 0.0), _relative_l2(p.grad, expected, scale))
+                    if expected is not None and id(p) not in updated:
                         updated.add(id(p))
-                        p.add_(grads[fqn], alpha=-LR)
+                        p.add_(expected, alpha=-LR)
     out: dict[str, Any] = {"stages": local, "losses": losses, "worst": worst, "step_s": step_s}
     if measure:
         # One rank at a time: ranks sharing cores (4 on 2) would time each other's work.
