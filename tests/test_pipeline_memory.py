@@ -179,3 +179,36 @@ def test_a_stages_gradients_of_one_weight_live_until_the_last_of_them():
     stage_of = [0, 0, 1, 0, 0, 1, 1, 1, 1, 1]
     held = MicrobatchMemory(graph, skip={step, update}).per_stage(stage_of, 2, 4)
     assert held[0].backward_peak == 1000 + 1000 + 400 + 400  # x, y kept (sent on); dx, dy at once
+
+
+def test_a_pipeline_plan_fits_by_its_schedules_peak_not_the_unpipelined_steps():
+    """The evaluator's unpipelined step holds all 8 microbatches' activations at once (471 MB on
+    the last device); 1F1B holds at most 4 (86 MB). On 100 MB devices the plan fits by its
+    schedule, and the report's per-device peaks are the schedule's: before, the unpipelined peak
+    judged it over memory and the placement failed."""
+    from baechi_cli.app.place import place_model
+    from baechi_cli.app.report import build_report
+    from baechi_cli.core.devices import parse_devices
+    from baechi_cli.evaluator.evaluate import evaluate
+    from baechi_cli.search.candidates import PlaceOptions
+
+    options = PlaceOptions(
+        training=True,
+        objective="throughput",
+        microbatches=8,
+        schedule="1f1b",
+        batch_size=64,
+        dims={"seq": 256},
+    )
+    model = "testdata/torch_transformer.onnx"
+    ample = place_model(model, parse_devices("4x8GB"), options)
+    unpipelined = evaluate(ample.prepared.graph, ample.prepared.devices, ample.chosen.placement).timeline
+    scheduled = ample.chosen.placement.info["pipeline"]["schedule"]["peak_bytes"]
+    assert ample.sim.peak_bytes == scheduled  # one stage per device, in device order
+    assert max(scheduled) < 100e6 < max(unpipelined.peak_bytes)
+
+    tight = build_report(place_model(model, parse_devices("4x100MB"), options), options)
+    peaks = [d["peak_bytes"] for d in tight["per_device"]]
+    assert tight["pipeline"]["schedule"]["within_memory"] and tight["result"]["feasible"]
+    assert peaks == tight["pipeline"]["schedule"]["peak_bytes"]
+    assert all(0 < b <= 100e6 for b in peaks)

@@ -309,6 +309,28 @@ def test_bad_options_are_one_line_errors(tmp_path, args, message):
     assert not report.exists()
 
 
+def test_when_no_default_schedule_fits_the_error_names_every_one_tried(tmp_path):
+    report = tmp_path / "r.json"
+    args = ["--training", "--objective", "throughput", "--microbatches", "8", "-d", "2x20MB"]
+    result = CliRunner().invoke(
+        main,
+        [
+            "place",
+            "testdata/torch_transformer.onnx",
+            "--batch-size",
+            "64",
+            "--dim",
+            "seq=256",
+            "--report",
+            str(report),
+            *args,
+        ],
+    )
+    assert result.exit_code == 3, result.output
+    assert "under any of 1f1b, interleaved, zbv" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not report.exists()
+
+
 def test_a_workload_without_max_fpgas_needs_devices(tmp_path):
     doc = json.loads(open(f"{WORKLOADS}/throughput_LayerGraphs_gnmt_training.json").read())
     del doc["maxFPGAs"]

@@ -122,6 +122,10 @@ def _place_for_throughput(graph: OpGraph, devices: DeviceSpec, options: Pipeline
                 best = found  # on a tie the first: the simpler schedule
         if best is None:
             assert first_error is not None
+            if len(tried) > 1:  # the default compared several: none fits under any of them
+                first_error.problem = first_error.problem.replace(
+                    f"under {tried[0]}", f"under any of {', '.join(tried)}", 1
+                )
             raise first_error
         split, info = best
         minibatch = info["schedule"]["minibatch_us"]

@@ -422,7 +422,7 @@ def run_candidate(
             raise err.with_path(prepared.path) from None
         if attempt.graph is not graph:
             placement = expand(placement, attempt.graph, graph, attempt.expands_sequence)
-        evaluation = prepared.judge(placement)
+        evaluation = scheduled_memory(prepared.judge(placement), placement)
         if evaluation.feasible:
             break
         next_attempt = attempt.after_over_memory(variant, spec, evaluation.timeline.peak_bytes, capacity)
@@ -439,6 +439,47 @@ def run_candidate(
     # hundreds of MB at 1M ops) is dropped, since auto keeps every candidate.
     placement.schedule = None
     return Candidate(spec.name, seconds, placement, evaluation, variant=variant.options)
+
+
+def schedule_devices(pipeline: dict[str, Any]) -> list[int]:
+    """The device of each entry of a pipeline section's per-device schedule lists (``peak_bytes``,
+    ``bubble_fraction``): the devices in order under a schedule of several stages per device, else
+    each stage's device. O(stages).
+
+    >>> schedule_devices({"stages": [{"device": 1}, {"device": 0}], "schedule": {"devices": None}})
+    [1, 0]
+    >>> schedule_devices({"stages": [{"device": 0}, {"device": 1}, {"device": 1}, {"device": 0}], "schedule": {"devices": 2}})
+    [0, 1]
+    """
+    devices = pipeline["schedule"].get("devices")
+    return list(range(devices)) if devices else [stage["device"] for stage in pipeline["stages"]]
+
+
+def scheduled_memory(evaluation: Evaluation, placement: Placement) -> Evaluation:
+    """``evaluation`` with a pipeline plan's peak per device as its schedule holds it.
+
+    The evaluator runs the minibatch as one unpipelined step, with every microbatch's activations
+    alive at once; a pipeline schedule holds only those in flight (1F1B: at most one per later
+    stage), which is what runs and what ``baechi verify --torch`` measures. So a pipeline plan's
+    peaks, and whether it fits, are its simulated schedule's (``pipeline.schedule.peak_bytes``:
+    per device under a schedule of several stages per device, else per stage); any other
+    evaluation is returned as it is. O(devices).
+
+    >>> from baechi_cli.evaluator.sim import SimResult
+    >>> sim = SimResult([0, 1], [0.0] * 2, [1.0] * 2, [[0], [1]], [], 1.0, [1.0, 1.0], [900, 700], [0, 0], [[], []], [800, 800])
+    >>> info = {"pipeline": {"stages": [{"device": 1}, {"device": 0}], "schedule": {"peak_bytes": [300, 750]}}}
+    >>> judged = scheduled_memory(Evaluation("makespan", 1.0, sim), Placement([0, 1], info=info))
+    >>> judged.timeline.peak_bytes, judged.feasible
+    ([750, 300], True)
+    """
+    pipeline = (placement.info or {}).get("pipeline") or {}
+    schedule = pipeline.get("schedule")
+    if not schedule or not schedule.get("peak_bytes"):
+        return evaluation
+    peaks = list(evaluation.timeline.peak_bytes)
+    for d, nbytes in zip(schedule_devices(pipeline), schedule["peak_bytes"], strict=True):
+        peaks[d] = nbytes
+    return replace(evaluation, timeline=replace(evaluation.timeline, peak_bytes=peaks))
 
 
 def over_memory(sim: SimResult, graph: OpGraph, devices: DeviceSpec, path: str) -> InfeasibleError:

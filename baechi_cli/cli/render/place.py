@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from baechi_cli.cli.render.common import fmt_bytes, fmt_us, make_console, make_table, memory_bar
 from baechi_cli.io.formats import FORMATS
+from baechi_cli.search.candidates import schedule_devices
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -117,11 +118,14 @@ def render_pipeline(console: Console, pipeline: dict, device_names: list[str]) -
     console.print(f"stages: {stages}")
     schedule = pipeline.get("schedule")
     if schedule is not None:
-        others = [
-            f"{name} {fmt_us(us) if us is not None else 'does not fit'}"
-            for name, us in schedule.get("compared_minibatch_us", {}).items()
-            if name != schedule["name"]
-        ]
+        compared = {
+            n: us for n, us in schedule.get("compared_minibatch_us", {}).items() if n != schedule["name"]
+        }
+        faster = [f"{name} {fmt_us(us)}" for name, us in compared.items() if us is not None]
+        unfit = [name for name, us in compared.items() if us is None]
+        others = [f"faster than {', '.join(faster)}"] if faster else []
+        if unfit:
+            others.append(f"{' and '.join(unfit)} {'does' if len(unfit) == 1 else 'do'} not fit")
         layout = (
             f", {len(pipeline['stages'])} stages on {schedule['devices']} devices"
             if schedule.get("devices")
@@ -130,7 +134,7 @@ def render_pipeline(console: Console, pipeline: dict, device_names: list[str]) -
         console.print(
             f"{schedule['name']}{layout}, {schedule['microbatches']} microbatches: minibatch "
             f"{fmt_us(schedule['minibatch_us'])}, {schedule['speedup_vs_one_device']:.2f}x one device"
-            + (f" (faster than {', '.join(others)})" if others else "")
+            + (f" ({'; '.join(others)})" if others else "")
         )
         for line in schedule["timeline"]:
             console.print(line, markup=False, highlight=False)
@@ -190,6 +194,13 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
             ("peak memory", "left"),
         ],
     )
+    compute = list(sim.compute_us)
+    busy = [us / step if step > 0 else None for us in compute]
+    schedule = info.get("pipeline", {}).get("schedule")
+    if schedule:  # a pipeline's devices: their work and busy share over the scheduled minibatch
+        for d, bubble in zip(schedule_devices(info["pipeline"]), schedule["bubble_fraction"], strict=True):
+            busy[d] = 1 - bubble
+            compute[d] = busy[d] * schedule["minibatch_us"]
     for first, last in device_rows(spec, sim):
         dev = spec.devices[first]
         name = (
@@ -200,8 +211,8 @@ def render_summary(outcome: PlaceOutcome, written: list[str]) -> None:
         table.add_row(
             name,
             str(len(sim.order[first])),
-            fmt_us(sim.compute_us[first]),
-            f"{sim.compute_us[first] / step:.0%}" if step > 0 else "-",
+            fmt_us(compute[first]),
+            "-" if busy[first] is None else f"{busy[first]:.0%}",
             f"{memory_bar(sim.peak_bytes[first], dev.memory_bytes, console.is_terminal)} "
             f"{fmt_bytes(sim.peak_bytes[first])} / {fmt_bytes(dev.memory_bytes)}",
         )
