@@ -616,3 +616,66 @@ def test_cli_run_reports_a_silent_re_placement(tmp_path: Path) -> None:
         "'conv0/Conv2D/ReadVariableOp' is placed on /device:GPU:1 but ran on /device:CPU:0",
     ]
     assert "FAIL TensorFlow (1 step on 2 CPU devices)" in r.output
+
+
+def _torch_doc(schedule: str, stages_of_rank: list[list[int]]) -> dict:
+    """A ``baechi verify --torch --json`` document of a run that passed, ``stages_of_rank[r]`` on rank r."""
+    rank_of = {s: r for r, stages in enumerate(stages_of_rank) for s in stages}
+    return {
+        "ok": True,
+        "ran": True,
+        "error": None,
+        "gradients_match": True,
+        "rtol": 1e-5,
+        "worst": {"parameter": "w", "relative_l2": 1e-7, "tolerance": 1e-5},
+        "loss": {"pipeline": [0.5], "one_process": [0.5], "relative": 0.0},
+        "parameters_compared": 1,
+        "parameters_missing": [],
+        "schedule": schedule,
+        "torch_schedule": "Schedule1F1B",
+        "stages": len(rank_of),
+        "ranks": len(stages_of_rank),
+        "microbatches": 4,
+        "steps": 1,
+        "cut_by": "program nodes",
+        "threaded": [],
+        "tied": [],
+        "moved_nodes": [],
+        "displaced_nodes": [],
+        "split_nodes": [],
+        "per_rank": [
+            {"rank": r, "stages": stages, "peak_bytes": 2_000_000, "predicted_peak_bytes": 2_100_000}
+            for r, stages in enumerate(stages_of_rank)
+        ],
+        "per_stage": [
+            {"stage": s, "rank": rank_of[s], "compute_us": 1000.0 * (s + 1), "predicted_compute_us": None}
+            for s in sorted(rank_of)
+        ],
+        "minibatch_us": {"measured": 9000.0, "predicted": 8000.0, "threads_per_rank": 1},
+        "compute_imbalance": {"measured": 1.5, "predicted": None},
+    }
+
+
+def test_a_makespan_runs_compute_is_summed_per_rank_and_a_pipelines_shown_per_stage():
+    """A makespan plan has tens to hundreds of runs of a few ops: the summary gives each rank's
+    runs and their summed compute (each run stays in --json), and no balance line, which its runs
+    do not aim for; a pipeline's stages are listed one per line."""
+    from rich.console import Console
+
+    from baechi_cli.cli.render.verify import render_torch_result
+
+    console = Console(record=True, width=200)
+    render_torch_result(console, _torch_doc("makespan", [[0, 2, 4], [1, 3]]))
+    text = console.export_text()
+    assert (
+        "rank 0 (3 runs): peak 2.00 MB, predicted 2.10 MB (0.95x); forward+backward of its runs 9.000 ms"
+        in text
+    )
+    assert "rank 1 (2 runs)" in text and "forward+backward of its runs 6.000 ms" in text
+    assert "run 0" not in text and "slowest" not in text and "step: 9.000 ms measured" in text
+
+    console = Console(record=True, width=200)
+    render_torch_result(console, _torch_doc("1f1b", [[0], [1]]))
+    text = console.export_text()
+    assert "rank 0 (stage 0): peak" in text and "stage 1 (rank 1): forward+backward 2.000 ms" in text
+    assert "slowest stage / mean: measured 1.50" in text and "minibatch: 9.000 ms" in text

@@ -250,21 +250,38 @@ def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
             f"gradients: {doc['parameters_compared']} parameters, worst {escape(worst['parameter'])} "
             f"{shown} relative L2 (within {doc['rtol']:g})",
         )
+    makespan = doc["schedule"] == "makespan"
+    # A makespan plan's runs (tens to hundreds of them, a few ops each): per rank here, each in --json.
+    run_us: dict[int, float] = {}
+    for s in doc["per_stage"]:
+        if s["compute_us"] is not None:
+            run_us[s["rank"]] = run_us.get(s["rank"], 0.0) + s["compute_us"]
     for r in doc["per_rank"]:
         measured, predicted = r.get("peak_bytes"), r.get("predicted_peak_bytes")
         if measured is None:
             continue
         ratio = f" ({measured / predicted:.2f}x)" if predicted else ""
+        held = (
+            f"{len(r['stages'])} runs"
+            if makespan and len(r["stages"]) > 1
+            else f"{'run' if makespan else 'stage'}{'s' if len(r['stages']) > 1 else ''} "
+            + ", ".join(map(str, r["stages"]))
+        )
         say(
-            f"rank {r['rank']} (stages {', '.join(map(str, r['stages']))}): peak {fmt_bytes(measured)}, "
+            f"rank {r['rank']} ({held}): peak {fmt_bytes(measured)}, "
             f"predicted {fmt_bytes(predicted) if predicted else '-'}{ratio}"
+            + (
+                f"; forward+backward of its runs {run_us[r['rank']] / 1e3:.3f} ms"
+                if makespan and r["rank"] in run_us
+                else ""
+            )
         )
     for s in doc["per_stage"]:
-        if s["compute_us"] is None:
+        if s["compute_us"] is None or makespan:
             continue
         predicted = s["predicted_compute_us"]
         say(
-            f"{'run' if doc['schedule'] == 'makespan' else 'stage'} {s['stage']} (rank {s['rank']}): "
+            f"stage {s['stage']} (rank {s['rank']}): "
             f"forward+backward {s['compute_us'] / 1e3:.3f} ms a microbatch"
             + (f", predicted {predicted / 1e3:.3f} ms" if predicted else "")
         )
@@ -281,7 +298,7 @@ def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
             )
         )
     imbalance = doc.get("compute_imbalance") or {}
-    if imbalance.get("measured") is not None:
+    if imbalance.get("measured") is not None and not makespan:  # a makespan plan's runs are not balanced
         say(
             f"slowest stage / mean: measured {imbalance['measured']:.2f}, predicted "
             + (f"{imbalance['predicted']:.2f}" if imbalance.get("predicted") is not None else "-")
