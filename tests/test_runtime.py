@@ -483,6 +483,23 @@ def test_the_plan_in_other_tools_formats_lies_beside_the_report(decoder_pt2):
     assert layout is None or layout.count("|") == len(lists) - 1  # None: a stage cut inside a layer
 
 
+def test_verify_torch_fails_a_plan_whose_ranks_peak_is_over_its_devices_memory(decoder_pt2):
+    """The report says which devices the plan was made for; a rank whose measured peak is over
+    its device's memory fails the check (exit 1), though it trained. The same plan on its own
+    devices (1 GiB each) fits."""
+    report = _place(decoder_pt2, "1f1b")
+    code, doc = _verify(decoder_pt2, "1f1b")
+    assert code == 0 and doc["within_memory"] is True
+    assert all(r["fits"] and r["device"] == f"/device:GPU:{r['rank']}" for r in doc["per_rank"])
+    small = min(r["peak_bytes"] for r in doc["per_rank"]) - 1
+    for device in report["devices"]:
+        device["memory_bytes"] = small
+    (decoder_pt2 / "1f1b_small.json").write_text(json.dumps(report))
+    code, doc = _verify(decoder_pt2, "1f1b_small")
+    assert code == 1 and doc["ran"] and doc["gradients_match"] and doc["within_memory"] is False
+    assert not any(r["fits"] for r in doc["per_rank"]) and not doc["ok"]
+
+
 def test_verify_torch_runs_a_makespan_plan_op_for_op(decoder_pt2):
     """A makespan plan on the program (every node on its device) runs as runs of consecutive ops,
     each value sent straight to the runs that read it, with gradients equal to one process."""

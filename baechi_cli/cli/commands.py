@@ -637,7 +637,9 @@ def _verify_torch(report_path: str, spec: str, steps: int, as_json: str | None) 
         "schema": "baechi.verify/v1",
         "kind": "torch",
         "report": report_path,
-        "ok": bool(result["gradients_match"] and result["as_placed"]),
+        "ok": bool(
+            result["gradients_match"] and result["as_placed"] and result["within_memory"] is not False
+        ),
         **result,
     }
     if as_json == "-":

@@ -579,6 +579,7 @@ def _summary(
                 "stages": results[r].get("stages"),
                 "peak_bytes": results[r].get("peak_bytes"),
                 "predicted_peak_bytes": predicted_peak[r] if r < len(predicted_peak) else None,
+                **_device_memory(report, plan, r, results[r].get("peak_bytes")),
             }
             for r in sorted(results)
         ],
@@ -603,6 +604,10 @@ def _summary(
         "predicted": predicted_step,
         "threads_per_rank": threads,
     }
+    # Whether the plan ran within the memory it was made for: every rank's measured peak (None:
+    # none measured) within its device's.
+    fits = [r["fits"] for r in out["per_rank"] if r["fits"] is not None]
+    out["within_memory"] = all(fits) if fits else None
     out["compute_imbalance"] = {
         "measured": _imbalance(measured.values()),
         "predicted": _imbalance(predicted_compute),
@@ -626,6 +631,26 @@ def _predictions(report: Mapping[str, Any], plan: Any) -> tuple[list[Any], list[
             by_rank[plan.stage_rank[s]] = b
         peaks = by_rank
     return peaks, [float(x) for x in schedule.get("stage_compute_us") or []]
+
+
+def _device_memory(report: Mapping[str, Any], plan: Plan, rank: int, peak: int | None) -> dict[str, Any]:
+    """The device ``rank`` stands for (the plan's devices in index order, one rank each), its
+    memory, and whether the rank's measured ``peak`` fits it (None when either is unknown):
+    ``{device, memory_bytes, fits}``."""
+    if plan.kind == "makespan":
+        used = sorted(set((plan.graph_devices or plan.module_devices or {}).values()))
+    else:
+        used = sorted({int(s["device"]) for s in (report.get("pipeline") or {}).get("stages") or ()})
+    devices = report.get("devices") or []
+    if rank >= len(used) or used[rank] >= len(devices):
+        return {"device": None, "memory_bytes": None, "fits": None}
+    device = devices[used[rank]]
+    memory = device.get("memory_bytes")
+    return {
+        "device": device.get("name"),
+        "memory_bytes": memory,
+        "fits": None if peak is None or memory is None else bool(peak <= memory),
+    }
 
 
 def _imbalance(values: Any) -> float | None:

@@ -276,6 +276,13 @@ def render_torch_result(console: Any, doc: dict[str, Any]) -> None:
                 else ""
             )
         )
+    over = [r for r in doc["per_rank"] if r.get("fits") is False]
+    for r in over:
+        verdict(
+            False,
+            f"rank {r['rank']}'s peak {fmt_bytes(r['peak_bytes'])} is over {escape(str(r['device']))}'s "
+            f"{fmt_bytes(r['memory_bytes'])}: the plan does not fit the devices it was made for",
+        )
     for s in doc["per_stage"]:
         if s["compute_us"] is None or makespan:
             continue
