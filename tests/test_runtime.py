@@ -778,3 +778,47 @@ def test_fp32_noise_is_measured_against_float64():
     assert all(0 < v < RTOL for v in noise.values()), noise
     assert model.conv1.weight.dtype == torch.float32  # the caller's model is left as it was
     assert _float64_run(make_convnet()[0].half(), microbatches, 1, reference) == {"grads": []}
+
+
+class Scaled(torch.nn.Module):
+    """A linear layer whose loss is ``scale`` times its output's mean square: large gradients."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 8)
+        self.scale = scale
+
+    def forward(self, x):
+        return self.scale * self.fc(x).pow(2).mean()
+
+
+def test_a_step_is_clipped_to_a_global_gradient_norm_and_a_non_finite_loss_is_refused():
+    """Unclipped, SGD at 0.01 on gradients of norm ~1e6 blows the loss up (2.5e6 to 1.8e16 in one
+    step, here); each step's rate
+    is cut so the update's norm is at most LR * CLIP_NORM, the losses stay finite, and a rank
+    updates at the reference's rate. A reference whose loss or gradient is not finite is refused:
+    inf - inf would match any run."""
+    import math
+
+    import baechi_cli.runtime.launch as launch
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)) * 100
+    microbatches = [(x[:2],), (x[2:],)]
+    run = launch._reference(Scaled(1e3), microbatches, 3)
+    assert all(math.isfinite(v) for v in run["losses"]) and run["losses"][2] < run["losses"][0]
+    for grads, lr in zip(run["grads"], run["lr"]):
+        norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
+        assert norm > launch.CLIP_NORM and lr * norm == pytest.approx(launch.LR * launch.CLIP_NORM)
+    launch._check_finite(run)
+    followed = launch._reference(Scaled(1e3), microbatches, 3, follow=run)
+    assert followed["lr"] == run["lr"] and followed["losses"] == run["losses"]
+
+    bad = {"losses": [1.0, math.inf], "grads": run["grads"][:2]}
+    with pytest.raises(InputError, match="the loss is not finite at step 2"):
+        launch._check_finite(bad)
+    nan = {"losses": [1.0], "grads": [{"fc.weight": torch.full((2,), math.nan)}]}
+    with pytest.raises(InputError, match="the gradient of fc.weight is not finite at step 1"):
+        launch._check_finite(nan)
+    inf = torch.full((2,), math.inf)
+    assert launch._relative_l2(inf, inf) == math.inf  # no difference is computed: none agrees

@@ -55,6 +55,10 @@ FLOOR = 1e-2
 # of another layout, and so by other kernels, with that much rounding.
 NOISE_FACTOR = 10.0
 LR = 0.01
+# Each step's gradients are scaled to at most this global L2 norm before the update (as
+# torch.nn.utils.clip_grad_norm_ does): a randomly initialised deep network's first gradients can
+# be large enough that one unclipped step makes the next loss overflow.
+CLIP_NORM = 1.0
 
 
 def verify_torch(
@@ -83,6 +87,7 @@ def verify_torch(
     try:
         microbatches = prepared.microbatches
         reference = _reference(model, microbatches, steps)
+        _check_finite(reference)
         exported = _reference(prepared.program.module(), microbatches, steps, follow=reference)
         reference["noise"] = _noise(exported, reference)
         for fqn, value in _noise(_float64_run(model, microbatches, steps, reference), reference).items():
@@ -145,8 +150,10 @@ def _reference(
     dtype: Any = None,
 ) -> dict[str, Any]:
     """One process: ``steps`` SGD steps over the microbatches on a copy of ``model`` (in ``dtype``
-    if given); losses and gradients by FQN. With ``follow`` (another run's result), each step
-    updates by its gradients, not this run's own, so every step starts from its weights."""
+    if given), each at learning rate ``lr`` (:data:`LR`, less where the gradients' global norm is
+    over :data:`CLIP_NORM`); losses, gradients by FQN and each step's ``lr``. With ``follow``
+    (another run's result), each step updates by its gradients and rate, not this run's own, so
+    every step starts from its weights."""
     import torch
 
     with warnings.catch_warnings():  # torch's own deprecation, copying an exported module's specs
@@ -159,7 +166,7 @@ def _reference(
         names.setdefault(id(p), []).append(name)
     params = [p for p in ref.parameters()]
     m = len(microbatches)
-    losses, grads = [], []
+    losses, grads, rates = [], [], []
     for step in range(steps):
         for p in params:
             p.grad = None
@@ -175,13 +182,39 @@ def _reference(
                 for name in names[id(p)]:
                     step_grads[name] = p.grad.detach().clone()
         grads.append(step_grads)
+        norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None))
+        rates.append(LR * min(1.0, CLIP_NORM / norm) if norm > 0 else LR)
         update = follow["grads"][step] if follow is not None else step_grads
+        lr = follow["lr"][step] if follow is not None else rates[-1]
         with torch.no_grad():
             for p in params:  # by any of its names; one the followed run lacks: by its own
                 g = next((update[n] for n in names[id(p)] if n in update), p.grad)
                 if g is not None:
-                    p.add_(g, alpha=-LR)
-    return {"losses": losses, "grads": grads, "aliases": [v for v in names.values() if len(v) > 1]}
+                    p.add_(g, alpha=-lr)
+    return {
+        "losses": losses,
+        "grads": grads,
+        "lr": rates if follow is None else list(follow["lr"]),
+        "aliases": [v for v in names.values() if len(v) > 1],
+    }
+
+
+def _check_finite(reference: Mapping[str, Any]) -> None:
+    """InputError when one process's loss or a gradient is not finite at some step: a plan's run
+    compared with it could match without meaning anything (inf - inf is no difference)."""
+    import torch
+
+    for step, (loss, grads) in enumerate(zip(reference["losses"], reference["grads"], strict=True)):
+        bad = "the loss" if not math.isfinite(loss) else None
+        if bad is None:
+            bad = next(
+                (f"the gradient of {n}" for n, g in grads.items() if not bool(torch.isfinite(g).all())), None
+            )
+        if bad is not None:
+            raise InputError(
+                f"in one process {bad} is not finite at step {step + 1} (loss {loss:.4g}): there is "
+                "nothing to compare a plan's run with; make the model's forward give a finite loss"
+            )
 
 
 def _float64_run(
@@ -362,7 +395,7 @@ def _run_rank(
                     worst[fqn] = max(worst.get(fqn, 0.0), _relative_l2(p.grad, expected, scale))
                     if expected is not None and id(p) not in updated:
                         updated.add(id(p))
-                        p.add_(expected, alpha=-LR)
+                        p.add_(expected, alpha=-reference["lr"][step])
     out: dict[str, Any] = {"stages": local, "losses": losses, "worst": worst, "step_s": step_s}
     if measure:
         # One rank at a time: ranks sharing cores (4 on 2) would time each other's work.
@@ -439,6 +472,8 @@ def _relative_l2(got: Any, expected: Any, floor: float = 0.0) -> float:
         return math.inf
     ref = float(expected.double().norm())
     diff = float((got.double() - expected.double()).norm())
+    if not math.isfinite(diff):  # a non-finite value on either side: nothing agrees with it
+        return math.inf
     return 0.0 if diff == 0.0 else diff / max(ref, floor, 1e-30)
 
 
