@@ -95,6 +95,44 @@ def test_an_output_sent_on_is_kept_until_its_stages_last_backward_op():
     assert second == StageMemory(retained=40, forward_peak=40, backward_peak=440)
 
 
+def test_a_split_backward_holds_the_output_gradients_its_weight_pass_reads():
+    """``y = x @ W``: the weight gradient ``dW = x^T dy`` reads ``dy`` (200 bytes a minibatch), made
+    by the backward; the input gradient ``dx = dy W^T`` reads it too. Split (zbv), torch keeps
+    ``dy`` from I to W: counted once, per microbatch. ``x`` is an activation (already retained)."""
+    b = GraphBuilder()
+    x = b.add_op("x", "aten.relu", [400])
+    w = b.add_op("w", "Variable", [0], persistent_bytes=64)
+    y = b.add_op("y", "aten.mm", [200])
+    dy = b.add_op("dy", "aten.mul", [200], is_backward=True, forward_op=y)
+    dw = b.add_op("dw", "aten.mm", [64], is_backward=True, forward_op=y)
+    dx = b.add_op("dx", "aten.mm", [400], is_backward=True, forward_op=y)
+    bias = b.add_op("db", "aten.sum", [8], is_backward=True, forward_op=y)
+    update = b.add_op("update", "aten.add_", [0], is_backward=True)
+    for src, dst in ((x, y), (w, y), (y, dy), (dy, dw), (x, dw), (dy, dx), (w, dx), (dy, bias), (dw, update)):
+        b.add_edge(src, dst)
+    (held,) = MicrobatchMemory(b.build(), skip={update}).per_stage([0] * 8, 1, 2)
+    assert held.weight_pending == 100  # dy once, though dW and the bias's sum (no update) read it
+    (unsplit,) = MicrobatchMemory(b.build(), skip=set()).per_stage([0] * 8, 1, 2)
+    assert unsplit.weight_pending == 0  # no update: no weight gradient to wait for
+
+
+def test_zbv_holds_a_microbatchs_pending_gradients_from_its_i_to_its_w():
+    """Two stages on one device (zbv, D = 1, one microbatch: F0 F1 I1 W1 I0 W0). Stage 1's I and W
+    are adjacent; stage 0's too, so the pending bytes add to the peak only at the I that makes
+    them: 10 (stage 0's activations) + 20 (stage 1's) + 1000 (its pending) at I1's end."""
+    costs = StageCosts(
+        forward_us=[1, 1],
+        backward_us=[2, 2],
+        weight_us=[1, 1],
+        activation_bytes=[10, 20],
+        weight_pending_bytes=[0, 1000],
+    )
+    assert simulate_pipeline(costs, 1, "zbv", devices=1).device_peak_bytes == (1030,)
+    none = StageCosts(forward_us=[1, 1], backward_us=[2, 2], weight_us=[1, 1], activation_bytes=[10, 20])
+    assert simulate_pipeline(none, 1, "zbv", devices=1).device_peak_bytes == (30,)
+    assert simulate_pipeline(costs, 1, "1f1b").peak_bytes == (10, 20)  # B runs I and W as one
+
+
 def test_a_stage_map_of_another_length_is_refused():
     b = GraphBuilder()
     b.add_op("x", "aten.relu", [8])

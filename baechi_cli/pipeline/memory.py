@@ -7,7 +7,11 @@
 * ``retained``: between its forward and its backward, the tensors the stage's backward reads
   and the outputs it sent on (a torch ``PipelineStage`` keeps them for ``backward``);
 * ``forward_peak`` and ``backward_peak``: the most it holds at once while its forward (its
-  backward) runs, temporaries included.
+  backward) runs, temporaries included;
+* ``weight_pending``: under a schedule that splits the backward (zbv), what it holds from its
+  input gradient to its weight gradient beyond ``retained``: the gradients, made by the backward,
+  that the ops computing weight gradients read (a layer's output gradient: torch keeps them for
+  the weight pass), each counted once.
 
 The stage runs its forward ops in program (topological) order, then its backward ops. A tensor is
 allocated when its op runs and freed after its last reader on the stage; a forward tensor another
@@ -34,7 +38,7 @@ Example: a forward op whose 400-byte output its backward reads, with 100 bytes o
     >>> dx = b.add_op("dx", "ReluGrad", [400], is_backward=True, forward_op=x)
     >>> _ = b.add_edge(x, dx)
     >>> MicrobatchMemory(b.build()).per_stage([0, 0], 1, 2)
-    [StageMemory(retained=200, forward_peak=250, backward_peak=400)]
+    [StageMemory(retained=200, forward_peak=250, backward_peak=400, weight_pending=0)]
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class StageMemory(NamedTuple):
     retained: int
     forward_peak: int
     backward_peak: int
+    weight_pending: int = 0  # held from its input gradient (I) to its weight gradient (W), split
 
 
 class MicrobatchMemory:
@@ -152,6 +157,16 @@ class MicrobatchMemory:
                         grad.add(t)
                         weight.setdefault(t, owner)
         gradients = sorted(grad)
+        # The backward's own tensors that an op making a weight gradient reads (its output's
+        # gradient), by that op: held from the input-gradient pass to the weight pass when split.
+        makers = {src_of[t] for t in gradients}
+        pending: set[tuple[int, int]] = set()
+        for t, v in zip(reads_t, reads_op):
+            if v in makers and t not in grad and backward[src_of[t]]:
+                pending.add((t, v))
+        ordered = sorted(pending)
+        self.pending_t = np.array([t for t, _ in ordered], dtype=np.int64)
+        self.pending_op = np.array([v for _, v in ordered], dtype=np.int64)
         self.src = np.array(src_of, dtype=np.int64)
         for t in summed:
             nbytes[t] = 0
@@ -207,6 +222,11 @@ class MicrobatchMemory:
         keys = np.concatenate([2 * pos[src], 2 * last + 1, 2 * pos[self.temp_op], 2 * pos[self.temp_op] + 1])
         deltas = np.concatenate([nbytes, -nbytes, temp, -temp])
         owner = np.concatenate([stage[src], stage[src], stage[self.temp_op], stage[self.temp_op]])
+        # What a split backward holds from I to W: each such tensor once per stage reading it.
+        pending = np.zeros(stages)
+        if len(self.pending_t):
+            pairs = np.unique(np.stack([stage[self.pending_op], self.pending_t]), axis=1)
+            np.add.at(pending, pairs[0], nbytes[pairs[1]])
         out = []
         by = np.lexsort((keys, owner))
         keys, deltas, owner = keys[by], deltas[by], owner[by]
@@ -222,7 +242,7 @@ class MicrobatchMemory:
                 StageMemory(
                     *(
                         int(np.ceil(max(0.0, x)))
-                        for x in (retained, forward_peak, max(backward_peak, retained))
+                        for x in (retained, forward_peak, max(backward_peak, retained), pending[s])
                     )
                 )
             )

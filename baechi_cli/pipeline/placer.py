@@ -667,12 +667,14 @@ def _stage_costs(
         for s in first_on_device.values():
             persistent[s] += weight.replica_bytes
         syncs.append((held, weight.allreduce_us(len(set(device_of.values())))))
-    activation = forward_peak = backward_peak = None
+    activation = forward_peak = backward_peak = pending = None
     if per_op.memory is not None:
         kept = per_op.memory.per_stage(stage_of, stages, microbatches)
         activation = [one.retained for one in kept]
         forward_peak = [one.forward_peak for one in kept]
         backward_peak = [one.backward_peak for one in kept]
+        # torch never splits the first stage's backward (its inputs need no gradient): W runs it whole.
+        pending = [0] + [one.weight_pending for one in kept[1:]]
     return StageCosts(
         forward_us=forward,
         backward_us=backward,
@@ -682,6 +684,7 @@ def _stage_costs(
         activation_bytes=activation,
         forward_peak_bytes=forward_peak,
         backward_peak_bytes=backward_peak,
+        weight_pending_bytes=pending,
         sent_gradient_bytes=sent_gradient,
         sent_activation_bytes=sent_activation,
         weight_us=[min(w, b) for w, b in zip(weight_us, backward)],  # float sums may overshoot

@@ -96,6 +96,9 @@ class StageCosts:
     optimizer_us: Sequence[float] | None = None  # once per minibatch, after the last backward
     # The part of backward_us that computes the weight gradient (zbv runs it apart, as W).
     weight_us: Sequence[float] | None = None
+    # What one microbatch holds beyond its activations from its input gradient (I) until its weight
+    # gradient (W) where the schedule runs them apart: the gradients W reads.
+    weight_pending_bytes: Sequence[int] | None = None
     # (stages, µs): an all-reduce of a weight those stages each hold a copy of, once per
     # minibatch, after their devices' last forward or backward and before their optimizer steps.
     gradient_syncs: Sequence[tuple[Sequence[int], float]] = ()
@@ -133,6 +136,9 @@ class StageCosts:
             ),
             "optimizer_us": _as_tuple("optimizer_us", self.optimizer_us, stages, integral=False),
             "weight_us": _as_tuple("weight_us", self.weight_us, stages, integral=False),
+            "weight_pending_bytes": _as_tuple(
+                "weight_pending_bytes", self.weight_pending_bytes, stages, integral=True
+            ),
         }
         for i, (w, b) in enumerate(zip(normalized["weight_us"], normalized["backward_us"])):
             if w > b:
@@ -727,13 +733,15 @@ def _peak_activation_bytes(
     runs, its microbatch's peak there (``forward_peak_bytes``, ``backward_peak_bytes``) beside what
     every other microbatch in flight keeps (``activation_bytes``; in flight as in
     :func:`_peak_in_flight`) and what was sent and not yet waited for, as the schedule ``holds``
-    it (default: every gradient sent back, no value sent on once its backward ended)."""
+    it (default: every gradient sent back, no value sent on once its backward ended); from a
+    microbatch's ``I`` to its ``W``, the gradients its ``W`` reads (``weight_pending_bytes``)."""
     gradients = holds is None or holds.holds_sent_gradients
     values = holds is not None and holds.holds_sent_activations
     kept = peak = 0
     sent = [0] * len(costs.activation_bytes)
     for kind, stage, _ in order:
         keeps = costs.activation_bytes[stage]
+        pending = costs.weight_pending_bytes[stage]
         if kind == "F":
             peak = max(peak, kept + sum(sent) + costs.forward_peak_bytes[stage])
             kept += keeps
@@ -741,6 +749,11 @@ def _peak_activation_bytes(
             peak = max(peak, kept + sum(sent) - keeps + costs.backward_peak_bytes[stage])
             gradient = costs.sent_gradient_bytes[stage]
             sent[stage] = sent[stage] + gradient if gradients else gradient
+            if kind == "I":  # W reads what I made: held until W ends
+                kept += pending
+                peak = max(peak, kept + sum(sent))
+        elif kind == "W":
+            kept -= pending
         if kind in ("B", "W") or not training:  # a zbv microbatch's activations live until its W
             kept -= keeps
             if values and training:
