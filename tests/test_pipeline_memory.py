@@ -46,6 +46,26 @@ def test_a_kernels_copy_of_its_weights_is_not_divided_by_the_microbatches():
     assert held.backward_peak == 1000 + 1000 + (1400 - 1000) / 4 + 100
 
 
+def test_a_workspace_sized_by_the_weights_is_held_whole_by_every_microbatch():
+    """A depthwise convolution's backward whose CPU kernel takes a 25,700-byte workspace (the traced
+    step's ``_workspace_bytes``: 1,028 per weight element, whatever the batch) over 100 weight
+    bytes: a microbatch's backward holds all of it, not the weights' copy and a quarter of the rest."""
+    b = GraphBuilder()
+    conv = b.add_op("conv", "aten.convolution", [4000], persistent_bytes=100)
+    grad = b.add_op(
+        "grad",
+        "aten.convolution_backward",
+        [400],
+        is_backward=True,
+        forward_op=conv,
+        temporary_bytes=25_700,
+        attrs={"_workspace_bytes": 25_700},
+    )
+    b.add_edge(conv, grad)
+    (held,) = MicrobatchMemory(b.build()).per_stage([0, 0], 1, 4)
+    assert held.backward_peak == 1000 + 25_700 + 100
+
+
 def _gradients(tied: bool):
     """A weight's gradient (400 bytes, the weight's size at any microbatch) read by its update;
     ``tied``: two readers' gradients summed first."""

@@ -540,9 +540,10 @@ def _saved_tensors(torch: Any, loss: Any, node_name: Callable[[Any], str | None]
 
 
 # Bytes per weight element that CPU's oneDNN (torch 2.13) allocates while computing a depthwise
-# convolution's weight gradient from a channels-last input with a kernel of 5 x 5 or more: measured
-# with torch.profiler's allocations (k = 5, 7, 9; C = 32 to 256; batch, image size, stride and
-# threads changed nothing). A 3 x 3 kernel takes another path that allocates almost nothing.
+# convolution's weight gradient from a channels-last input with a kernel of 5 x 5 or more, or with
+# an input fewer rows high than the kernel: measured with torch.profiler's allocations (k = 3, 5,
+# 7, 9; C = 16 to 640; batch, image size, stride and threads changed nothing). A 3 x 3 kernel on
+# an input of 3 rows or more takes another path that allocates almost nothing.
 DEPTHWISE_WEIGHT_GRAD_WORKSPACE = 1028
 
 
@@ -550,7 +551,8 @@ def _cpu_workspace_bytes(torch: Any, node: Any) -> int:
     """Scratch that CPU's kernel for a traced node allocates while it runs, beyond its outputs: so
     far a depthwise ``convolution_backward``'s weight gradient when CPU's kernel runs it
     channels-last (:func:`_cpu_conv_format`; :data:`DEPTHWISE_WEIGHT_GRAD_WORKSPACE` per weight
-    element, kernels of 5 x 5 or more); 0 for anything else."""
+    element, kernels of 5 x 5 or more or inputs fewer rows high than the kernel); 0 for anything
+    else. It is per call: a microbatch's is the minibatch's."""
     if node.target is not torch.ops.aten.convolution_backward.default:
         return 0
     named = _named_args(node.target, node.args, node.kwargs)
@@ -561,7 +563,7 @@ def _cpu_workspace_bytes(torch: Any, node: Any) -> int:
         return 0
     channels, kh, kw = source.shape[1], weight.shape[2], weight.shape[3]
     depthwise = named.get("groups") == channels > 1 and weight.shape[0] == channels and weight.shape[1] == 1
-    if not depthwise or min(kh, kw) < 5:
+    if not depthwise or (min(kh, kw) < 5 and source.shape[2] >= kh):
         return 0
     layout = _cpu_conv_format(torch, {**named, "input": source, "weight": weight})
     return channels * kh * kw * DEPTHWISE_WEIGHT_GRAD_WORKSPACE if layout == torch.channels_last else 0

@@ -22,8 +22,9 @@ persistent ``.grad``), the inputs the caller feeds, values a stage receives (the
 are persistent) and gradients it sends back. Sizes are the graph's (one minibatch) divided by the
 microbatches, but for the weight gradients an update reads (a microbatch's is the weight's
 size) and an op's temporaries up to the bytes of the weights it reads (those of its forward op,
-for a backward op): a kernel's copy of its weights (oneDNN reorders a convolution's into its
-blocked layout on every call) is as large for a microbatch; a stage's gradients of one weight live until the last of them is made (autograd sums them
+for a backward op) or up to its workspace (``attrs["_workspace_bytes"]``): a kernel's copy of
+its weights (oneDNN reorders a convolution's into its blocked layout on every call), and a
+workspace sized by the weights, are as large for a microbatch; a stage's gradients of one weight live until the last of them is made (autograd sums them
 before ``.grad``), and the sum of a tied weight's gradients allocates nothing. A stage runs as a
 graph module, which frees each value after its last use: the eager caller's holds
 (``OpGraph.scope_holds``) do not apply.
@@ -185,7 +186,13 @@ class MicrobatchMemory:
             graph.persistent_bytes[graph.forward_op[v] if backward[v] and graph.forward_op[v] >= 0 else v]
             for v in temporary
         ]
-        self.temp_per_call = np.minimum(self.temp_bytes, np.array(weights, dtype=np.float64))
+        # A kernel's workspace that does not grow with the batch (the traced step's: its reader's
+        # ``_workspace_bytes``) is a call's too.
+        fixed = [(graph.attrs[v] or {}).get("_workspace_bytes", 0) for v in temporary]
+        self.temp_per_call = np.minimum(
+            self.temp_bytes,
+            np.maximum(np.array(weights, dtype=np.float64), np.array(fixed, dtype=np.float64)),
+        )
 
     def per_stage(self, stage_of: Sequence[int], stages: int, microbatches: int) -> list[StageMemory]:
         """Per stage, one microbatch's :class:`StageMemory` under ``stage_of`` (a stage per op)."""
