@@ -44,6 +44,7 @@ bench:  ## benchmarks; results are committed under bench/
 	$(BIN)/python bench/torch_runs.py --measure  # the same on each model's measured step (baechi profile --measure)
 	$(BIN)/python bench/torch_accuracy.py  # likewise, on an idle machine: 2-stage plans timed and measured on one-thread ranks
 	$(BIN)/python bench/torch_accuracy.py --measure  # the same planned on measured costs
+	$(BIN)/python bench/real_models.py  # likewise: 4 real-size models (25-86M) placed on too-small devices and trained as placed
 	$(BIN)/python bench/search.py  # after framework.py: it places the ONNX exports that leaves in bench/cache
 	$(BIN)/python bench/pipeline.py > bench/pipeline.md
 	$(BIN)/python bench/latency.py > bench/latency.md
