@@ -8,10 +8,8 @@
   and the outputs it sent on (a torch ``PipelineStage`` keeps them for ``backward``);
 * ``forward_peak`` and ``backward_peak``: the most it holds at once while its forward (its
   backward) runs, temporaries included;
-* ``weight_pending``: under a schedule that splits the backward (zbv), what it holds from its
-  input gradient to its weight gradient beyond ``retained``: the gradients, made by the backward,
-  that the ops computing weight gradients read (a layer's output gradient: torch keeps them for
-  the weight pass), each counted once.
+* ``weight_pending``: where the backward is split (zbv), what it holds from its input gradient
+  to its weight gradient beyond ``retained``: the backward's tensors that weight-gradient ops read.
 
 The stage runs its forward ops in program (topological) order, then its backward ops. A tensor is
 allocated when its op runs and freed after its last reader on the stage; a forward tensor another
@@ -21,13 +19,12 @@ the ops in ``skip`` and their outputs (optimizer updates: the gradients they rea
 persistent ``.grad``), the inputs the caller feeds, values a stage receives (the receive buffers
 are persistent) and gradients it sends back. Sizes are the graph's (one minibatch) divided by the
 microbatches, but for the weight gradients an update reads (a microbatch's is the weight's
-size) and an op's temporaries up to the bytes of the weights it reads (those of its forward op,
-for a backward op) or up to its workspace (``attrs["_workspace_bytes"]``): a kernel's copy of
-its weights (oneDNN reorders a convolution's into its blocked layout on every call), and a
-workspace sized by the weights, are as large for a microbatch; a stage's gradients of one weight live until the last of them is made (autograd sums them
-before ``.grad``), and the sum of a tied weight's gradients allocates nothing. A stage runs as a
-graph module, which frees each value after its last use: the eager caller's holds
-(``OpGraph.scope_holds``) do not apply.
+size) and an op's temporaries up to the bytes of the weights it reads (its forward op's, for a
+backward op) or its workspace (``attrs["_workspace_bytes"]``): a kernel's copy of its weights
+(oneDNN's reorder) and a workspace sized by them are as large for a microbatch. A stage's
+gradients of one weight live until the last of them is made (autograd sums them before
+``.grad``); the sum of a tied weight's gradients allocates nothing. A stage runs as a graph
+module, which frees each value after its last use (``OpGraph.scope_holds`` do not apply).
 
 Complexity: O(V + E) to index, O(V + E) per call (numpy).
 
