@@ -182,8 +182,9 @@ def _reference(
                 for name in names[id(p)]:
                     step_grads[name] = p.grad.detach().clone()
         grads.append(step_grads)
-        norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None))
-        rates.append(LR * min(1.0, CLIP_NORM / norm) if norm > 0 else LR)
+        if follow is None:
+            norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None))
+            rates.append(LR * min(1.0, CLIP_NORM / norm) if norm > 0 else LR)
         update = follow["grads"][step] if follow is not None else step_grads
         lr = follow["lr"][step] if follow is not None else rates[-1]
         with torch.no_grad():
@@ -548,6 +549,7 @@ def _summary(
     threads: int,
 ) -> dict[str, Any]:
     plan, cut = prepared.plan, prepared.cut
+    used = _rank_devices(report, plan)
     displaced = _displaced(plan, cut)
     predicted_peak, predicted_compute = _predictions(report, plan)
     measured: dict[int, float] = {}
@@ -614,7 +616,7 @@ def _summary(
                 "stages": results[r].get("stages"),
                 "peak_bytes": results[r].get("peak_bytes"),
                 "predicted_peak_bytes": predicted_peak[r] if r < len(predicted_peak) else None,
-                **_device_memory(report, plan, r, results[r].get("peak_bytes")),
+                **_device_memory(report, used, r, results[r].get("peak_bytes")),
             }
             for r in sorted(results)
         ],
@@ -668,14 +670,19 @@ def _predictions(report: Mapping[str, Any], plan: Any) -> tuple[list[Any], list[
     return peaks, [float(x) for x in schedule.get("stage_compute_us") or []]
 
 
-def _device_memory(report: Mapping[str, Any], plan: Plan, rank: int, peak: int | None) -> dict[str, Any]:
-    """The device ``rank`` stands for (the plan's devices in index order, one rank each), its
-    memory, and whether the rank's measured ``peak`` fits it (None when either is unknown):
-    ``{device, memory_bytes, fits}``."""
+def _rank_devices(report: Mapping[str, Any], plan: Plan) -> list[int]:
+    """The report's device index each rank stands for: the devices the plan uses, in index order."""
     if plan.kind == "makespan":
-        used = sorted(set((plan.graph_devices or plan.module_devices or {}).values()))
-    else:
-        used = sorted({int(s["device"]) for s in (report.get("pipeline") or {}).get("stages") or ()})
+        return sorted(set((plan.graph_devices or plan.module_devices or {}).values()))
+    return sorted({int(s["device"]) for s in (report.get("pipeline") or {}).get("stages") or ()})
+
+
+def _device_memory(
+    report: Mapping[str, Any], used: Sequence[int], rank: int, peak: int | None
+) -> dict[str, Any]:
+    """The device ``rank`` stands for (``used[rank]``: :func:`_rank_devices`), its memory, and
+    whether the rank's measured ``peak`` fits it (None when either is unknown):
+    ``{device, memory_bytes, fits}``."""
     devices = report.get("devices") or []
     if rank >= len(used) or used[rank] >= len(devices):
         return {"device": None, "memory_bytes": None, "fits": None}
